@@ -1,0 +1,137 @@
+//! How an arena grows, shrinks and aligns.
+
+use crate::ArenaError;
+
+/// One GiB: the default cap on a single power-of-two extension, as in ONNX
+/// Runtime's `max_power_of_two_extend_bytes`.
+pub const DEFAULT_MAX_EXTEND: usize = 1 << 30;
+
+/// How the arena sizes a new region when no cached block fits a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Growth {
+    /// The next power of two at least as large as the request and as the
+    /// bytes already reserved (so the reservation roughly doubles), but no
+    /// more than `max_extend` bytes beyond the request.
+    PowerOfTwo {
+        /// Upper bound on one extension (unless the request itself is larger).
+        max_extend: usize,
+    },
+    /// Exactly the request (rounded up to the alignment).
+    Exact,
+}
+
+/// When the arena gives cached memory back on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum ShrinkPolicy {
+    /// Only when [`Arena::shrink`](crate::Arena::shrink) or
+    /// [`Arena::shrink_to`](crate::Arena::shrink_to) is called.
+    #[default]
+    Manual,
+    /// After every run, down to the watermark.
+    AfterEveryRun,
+    /// After `runs` consecutive runs that each needed at least 1/8 less
+    /// than what is reserved, down to the largest need among them.
+    AfterRunsBelow {
+        /// How many consecutive runs below the reservation trigger a shrink.
+        runs: u32,
+    },
+}
+
+/// Whether the arena may lay its regions out again when a run ends with no
+/// block live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Relayout {
+    /// When a run had to grow the arena (or the arena holds more than one
+    /// region) and no block is live at its end, replace every region by one
+    /// region sized to the largest need seen since the last shrink. The next
+    /// run of any shape seen since then fits it with no backing call.
+    #[default]
+    AfterGrowth,
+    /// Never: regions stay as they grew until a shrink or drop.
+    Never,
+}
+
+/// Configuration of an [`Arena`](crate::Arena).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ArenaConfig {
+    /// Every block starts at a multiple of this and its size is rounded up
+    /// to it. A power of two; default 64 (a cache line, enough for AVX-512).
+    pub alignment: usize,
+    /// The largest alignment a request may ask for; regions are aligned to
+    /// it. A power of two, at least `alignment`; default 4096 (a page).
+    pub max_align: usize,
+    /// How new regions are sized.
+    pub growth: Growth,
+    /// Minimum size of the first region (0: sized by the first request). The
+    /// arena still allocates nothing until the first request.
+    pub initial_region: usize,
+    /// Hard cap on reserved bytes; a request that would exceed it fails with
+    /// [`ArenaError::OverCap`]. Default: no cap (`usize::MAX`).
+    pub max_reserved: usize,
+    /// How many recent runs the watermark covers (at least 1; default 1: the
+    /// last run).
+    pub watermark_window: usize,
+    /// When to shrink automatically.
+    pub shrink_policy: ShrinkPolicy,
+    /// Whether regions are laid out again after a run that grew the arena.
+    pub relayout: Relayout,
+}
+
+impl Default for ArenaConfig {
+    fn default() -> Self {
+        Self {
+            alignment: 64,
+            max_align: 4096,
+            growth: Growth::PowerOfTwo {
+                max_extend: DEFAULT_MAX_EXTEND,
+            },
+            initial_region: 0,
+            max_reserved: usize::MAX,
+            watermark_window: 1,
+            shrink_policy: ShrinkPolicy::Manual,
+            relayout: Relayout::AfterGrowth,
+        }
+    }
+}
+
+impl ArenaConfig {
+    /// Checks that the fields are consistent.
+    ///
+    /// # Errors
+    /// [`ArenaError::InvalidConfig`] naming the first bad field.
+    pub fn validate(&self) -> Result<(), ArenaError> {
+        if !self.alignment.is_power_of_two() {
+            return Err(ArenaError::InvalidConfig(
+                "alignment must be a power of two",
+            ));
+        }
+        if !self.max_align.is_power_of_two() || self.max_align < self.alignment {
+            return Err(ArenaError::InvalidConfig(
+                "max_align must be a power of two no smaller than alignment",
+            ));
+        }
+        if self.max_align > 1 << 30 {
+            return Err(ArenaError::InvalidConfig("max_align must be at most 1 GiB"));
+        }
+        if self.watermark_window == 0 {
+            return Err(ArenaError::InvalidConfig(
+                "watermark_window must be at least 1",
+            ));
+        }
+        if let ShrinkPolicy::AfterRunsBelow { runs: 0 } = self.shrink_policy {
+            return Err(ArenaError::InvalidConfig(
+                "ShrinkPolicy::AfterRunsBelow needs runs >= 1",
+            ));
+        }
+        if let Growth::PowerOfTwo { max_extend: 0 } = self.growth {
+            return Err(ArenaError::InvalidConfig(
+                "Growth::PowerOfTwo needs max_extend >= 1",
+            ));
+        }
+        Ok(())
+    }
+}

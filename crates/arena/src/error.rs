@@ -1,0 +1,84 @@
+//! The crate's one error type.
+
+use core::fmt;
+
+/// Why an arena operation failed. Every fallible call returns it, and after
+/// any of them the arena is unchanged and usable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ArenaError {
+    /// The size, once rounded up to the arena's alignment, does not fit in
+    /// `isize::MAX` bytes.
+    CapacityOverflow {
+        /// Bytes requested.
+        requested: usize,
+    },
+    /// The alignment is zero or not a power of two.
+    InvalidAlignment {
+        /// The alignment asked for.
+        align: usize,
+    },
+    /// The alignment is larger than the arena's regions are aligned to
+    /// ([`ArenaConfig::max_align`](crate::ArenaConfig::max_align)).
+    AlignmentTooLarge {
+        /// The alignment asked for.
+        align: usize,
+        /// The largest alignment this arena serves.
+        max: usize,
+    },
+    /// Serving the request would take the reserved bytes over the cap
+    /// ([`ArenaConfig::max_reserved`](crate::ArenaConfig::max_reserved)).
+    OverCap {
+        /// Bytes requested (rounded up to the arena's alignment).
+        requested: usize,
+        /// Bytes reserved when the request was refused.
+        reserved: usize,
+        /// The cap.
+        limit: usize,
+    },
+    /// The backing allocator refused a region.
+    BackingFailed {
+        /// Bytes requested by the caller.
+        requested: usize,
+        /// Size of the region the arena asked the backing allocator for.
+        region: usize,
+    },
+    /// A run is already open on this arena; runs do not nest.
+    RunAlreadyOpen,
+    /// The configuration is inconsistent; the message says which field.
+    InvalidConfig(&'static str),
+}
+
+impl fmt::Display for ArenaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::CapacityOverflow { requested } => write!(
+                f,
+                "capacity overflow: {requested} bytes cannot be allocated (over isize::MAX once aligned)"
+            ),
+            Self::InvalidAlignment { align } => {
+                write!(f, "invalid alignment {align}: must be a non-zero power of two")
+            }
+            Self::AlignmentTooLarge { align, max } => write!(
+                f,
+                "alignment {align} is larger than the arena's maximum alignment {max}"
+            ),
+            Self::OverCap {
+                requested,
+                reserved,
+                limit,
+            } => write!(
+                f,
+                "over the memory cap: requested {requested} bytes with {reserved} bytes reserved, limit {limit} bytes"
+            ),
+            Self::BackingFailed { requested, region } => write!(
+                f,
+                "the backing allocator refused a region of {region} bytes (for a request of {requested} bytes)"
+            ),
+            Self::RunAlreadyOpen => f.write_str("a run is already open on this arena"),
+            Self::InvalidConfig(why) => write!(f, "invalid arena configuration: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for ArenaError {}

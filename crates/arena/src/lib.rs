@@ -1,0 +1,24 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod arena;
+mod backing;
+mod config;
+mod error;
+mod freemap;
+mod pool;
+mod shared;
+mod stats;
+
+pub use allocator_api2;
+pub use arena::{Arena, Block, Run};
+pub use config::{ArenaConfig, Growth, Relayout, ShrinkPolicy, DEFAULT_MAX_EXTEND};
+pub use error::ArenaError;
+pub use shared::{SharedArena, SharedBlock};
+pub use stats::{LiveBlock, RunReport, Stats};
+
+/// The workspace README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct WorkspaceReadme;

@@ -1,0 +1,208 @@
+//! [`SharedArena`]: the same arena behind a `parking_lot::Mutex`.
+
+use crate::arena::Arena;
+use crate::config::ArenaConfig;
+use crate::freemap::RegionId;
+use crate::stats::Stats;
+use crate::ArenaError;
+use allocator_api2::alloc::{AllocError, Allocator, Global, Layout};
+use core::fmt;
+use core::ops::{Deref, DerefMut};
+use core::panic::Location;
+use core::ptr::NonNull;
+use parking_lot::{Mutex, MutexGuard};
+
+/// An [`Arena`] shared by several threads: every call takes one lock.
+///
+/// Blocks ([`SharedBlock`]) are `Send`: one thread may allocate a block and
+/// another free it. For a thread that allocates a lot, prefer an `Arena` of
+/// its own (no lock at all).
+pub struct SharedArena<A: Allocator = Global> {
+    inner: Mutex<Arena<A>>,
+}
+
+impl SharedArena<Global> {
+    /// A shared arena drawing from the global allocator.
+    ///
+    /// # Panics
+    /// If `config` is inconsistent ([`ArenaConfig::validate`]).
+    pub fn new(config: ArenaConfig) -> Self {
+        Self::from_arena(Arena::new(config))
+    }
+}
+
+impl<A: Allocator> SharedArena<A> {
+    /// A shared arena drawing its regions from `alloc`.
+    ///
+    /// # Panics
+    /// If `config` is inconsistent ([`ArenaConfig::validate`]).
+    pub fn with_backing(config: ArenaConfig, alloc: A) -> Self {
+        Self::from_arena(Arena::with_backing(config, alloc))
+    }
+
+    /// Wraps an existing arena.
+    pub fn from_arena(arena: Arena<A>) -> Self {
+        Self {
+            inner: Mutex::new(arena),
+        }
+    }
+
+    /// Unwraps the arena.
+    pub fn into_inner(self) -> Arena<A> {
+        self.inner.into_inner()
+    }
+
+    /// Locks the arena for a sequence of calls (a run, say). Blocks taken
+    /// from the guard borrow it; [`SharedBlock`]s need not.
+    pub fn lock(&self) -> MutexGuard<'_, Arena<A>> {
+        self.inner.lock()
+    }
+
+    /// A block of `len` bytes; see [`Arena::try_alloc`].
+    ///
+    /// # Errors
+    /// As [`Arena::try_alloc`].
+    #[track_caller]
+    pub fn try_alloc(&self, len: usize) -> Result<SharedBlock<'_, A>, ArenaError> {
+        self.alloc_inner(len, 1, Location::caller())
+    }
+
+    /// A block for `layout`; see [`Arena::try_alloc_layout`].
+    ///
+    /// # Errors
+    /// As [`Arena::try_alloc_layout`].
+    #[track_caller]
+    pub fn try_alloc_layout(&self, layout: Layout) -> Result<SharedBlock<'_, A>, ArenaError> {
+        self.alloc_inner(layout.size(), layout.align(), Location::caller())
+    }
+
+    fn alloc_inner(
+        &self,
+        len: usize,
+        align: usize,
+        location: &'static Location<'static>,
+    ) -> Result<SharedBlock<'_, A>, ArenaError> {
+        if len == 0 {
+            if !align.is_power_of_two() {
+                return Err(ArenaError::InvalidAlignment { align });
+            }
+            return Ok(SharedBlock {
+                shared: self,
+                ptr: NonNull::dangling(),
+                len: 0,
+                at: None,
+            });
+        }
+        let raw = self.inner.lock().alloc_raw(len, align, location)?;
+        Ok(SharedBlock {
+            shared: self,
+            ptr: raw.ptr,
+            len,
+            at: Some((raw.rid, raw.off)),
+        })
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        self.inner.lock().stats()
+    }
+
+    /// Shrinks to the watermark; see [`Arena::shrink`]. Live blocks (of any
+    /// thread) pin their regions.
+    pub fn shrink(&self) -> usize {
+        self.inner.lock().shrink()
+    }
+
+    /// Shrinks towards `bytes`; see [`Arena::shrink_to`].
+    pub fn shrink_to(&self, bytes: usize) -> usize {
+        self.inner.lock().shrink_to(bytes)
+    }
+}
+
+impl<A: Allocator> fmt::Debug for SharedArena<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedArena")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+// SAFETY: delegates to the `Arena` implementation under the lock, which
+// upholds the contract; the lock adds no way to break it.
+unsafe impl<A: Allocator> Allocator for &SharedArena<A> {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let arena = self.inner.lock();
+        (&*arena).allocate(layout)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        let arena = self.inner.lock();
+        // SAFETY: the caller's obligations for this call are those of
+        // `Arena::deallocate`, and the block was allocated by this arena.
+        unsafe { (&*arena).deallocate(ptr, layout) }
+    }
+}
+
+/// A buffer from a [`SharedArena`]; may be sent to and freed on another thread.
+pub struct SharedBlock<'a, A: Allocator = Global> {
+    shared: &'a SharedArena<A>,
+    /// Valid for `len` bytes, initialized, owned by this block alone.
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Region and offset, `None` for an empty block.
+    at: Option<(RegionId, usize)>,
+}
+
+// SAFETY: the block owns its bytes exclusively (no other block overlaps
+// them), and giving it back goes through the arena's mutex, so moving it to
+// another thread or sharing `&SharedBlock` (read-only bytes) is sound when the
+// arena itself may be shared.
+unsafe impl<A: Allocator + Send> Send for SharedBlock<'_, A> {}
+// SAFETY: `&SharedBlock` only gives `&[u8]`; see `Send`.
+unsafe impl<A: Allocator + Send> Sync for SharedBlock<'_, A> {}
+
+impl<A: Allocator> SharedBlock<'_, A> {
+    /// Bytes requested.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the block is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<A: Allocator> Deref for SharedBlock<'_, A> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialized bytes that no other
+        // block overlaps, and the region stays allocated while the span is
+        // live (or `len == 0` with a dangling pointer).
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<A: Allocator> DerefMut for SharedBlock<'_, A> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes this the only access.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<A: Allocator> Drop for SharedBlock<'_, A> {
+    fn drop(&mut self) {
+        if let Some((rid, off)) = self.at {
+            self.shared.inner.lock().release(rid, off);
+        }
+    }
+}
+
+impl<A: Allocator> fmt::Debug for SharedBlock<'_, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedBlock")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}

@@ -1,0 +1,110 @@
+//! What an arena holds and has done: plain `Copy` structs with public fields.
+
+/// A snapshot of an arena's counters, from [`Arena::stats`](crate::Arena::stats).
+///
+/// Byte figures count blocks as handed out, that is rounded up to the arena's
+/// alignment. Counters only grow, except `peak_in_use`, which
+/// [`Arena::reset_peak`](crate::Arena::reset_peak) lowers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Stats {
+    /// Bytes in live blocks now.
+    pub in_use: usize,
+    /// Highest `in_use` since the arena was made or the peak was reset.
+    pub peak_in_use: usize,
+    /// Bytes held from the backing allocator now (the sum of region sizes).
+    pub reserved: usize,
+    /// What the recent runs needed: the largest high-water mark among the
+    /// last [`ArenaConfig::watermark_window`](crate::ArenaConfig::watermark_window)
+    /// runs (0 before the first run). [`Arena::shrink`](crate::Arena::shrink)
+    /// shrinks to it.
+    pub watermark: usize,
+    /// Blocks handed out (zero-size requests excluded).
+    pub allocs: u64,
+    /// Blocks given back.
+    pub frees: u64,
+    /// Allocations served from cached memory with no backing call.
+    pub cache_hits: u64,
+    /// Regions drawn from the backing allocator.
+    pub backing_allocs: u64,
+    /// Regions returned to the backing allocator.
+    pub backing_frees: u64,
+    /// Bytes returned to the backing allocator (by shrink, relayout or cap
+    /// pressure; a relayout's new region is not subtracted).
+    pub bytes_released: u64,
+    /// Size of the largest free span: the largest request served with no
+    /// backing call (at the default alignment).
+    pub largest_free_block: usize,
+    /// Bytes reserved but not in use (`reserved - in_use`).
+    pub free_bytes: usize,
+    /// Regions held now.
+    pub regions: usize,
+    /// Live blocks now.
+    pub live_blocks: usize,
+    /// Runs finished.
+    pub runs: u64,
+    /// Shrinks that released memory (manual or by policy).
+    pub shrinks: u64,
+    /// Relayouts after growth (see [`Relayout`](crate::Relayout)).
+    pub relayouts: u64,
+}
+
+impl Stats {
+    /// Share of free bytes that the largest free span does not cover:
+    /// 0.0 when all free memory is one span (or there is none), towards 1.0
+    /// as it splinters.
+    pub fn fragmentation(&self) -> f64 {
+        if self.free_bytes == 0 {
+            0.0
+        } else {
+            1.0 - self.largest_free_block as f64 / self.free_bytes as f64
+        }
+    }
+}
+
+/// What one run did, from [`Run::finish`](crate::Run::finish).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RunReport {
+    /// The run's id (1 for the arena's first run, then counting up).
+    pub run: u64,
+    /// Blocks allocated during the run.
+    pub allocs: u64,
+    /// Blocks freed during the run (including blocks from before it).
+    pub frees: u64,
+    /// Highest bytes in use during the run (arena-wide).
+    pub peak_in_use: usize,
+    /// The run's high-water mark: how far into one wholly free region the
+    /// run's allocations reach when replayed alone. A region this large
+    /// serves the same run again with no backing call.
+    pub high_water: usize,
+    /// Regions drawn from the backing allocator during the run.
+    pub backing_allocs: u64,
+    /// Regions returned during the run, including at its end.
+    pub backing_frees: u64,
+    /// Blocks allocated in the run and still live at its end.
+    pub leaked_blocks: usize,
+    /// Bytes of those blocks.
+    pub leaked_bytes: usize,
+    /// Bytes reserved after the run (after any relayout or shrink).
+    pub reserved: usize,
+    /// Net bytes given back at the end of the run (relayout or shrink policy).
+    pub released: usize,
+    /// Whether the regions were laid out again at the end of the run.
+    pub relaid_out: bool,
+}
+
+/// A block still live, from [`Arena::live_blocks`](crate::Arena::live_blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveBlock {
+    /// Address of its first byte.
+    pub addr: usize,
+    /// Bytes requested.
+    pub len: usize,
+    /// Bytes held (the request rounded up to the alignment).
+    pub size: usize,
+    /// The run it was allocated in, if any.
+    pub run: Option<u64>,
+    /// Where it was allocated (debug builds only).
+    pub location: Option<&'static core::panic::Location<'static>>,
+}

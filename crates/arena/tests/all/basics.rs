@@ -1,0 +1,302 @@
+//! Allocation, runs, caching, shrink, leaks and collections.
+
+use crate::common::Counting;
+use allocator_api2::vec::Vec as AVec;
+use tensor_arena::{Arena, ArenaConfig, Growth, Relayout, ShrinkPolicy};
+
+/// A run shaped like a small network: a chain of layers whose outputs die
+/// one step later, plus one long-lived skip tensor.
+fn pattern(arena: &Arena<impl allocator_api2::alloc::Allocator>, scale: usize) -> usize {
+    let run = arena.begin_run();
+    let skip = run.try_alloc(3000 * scale).unwrap();
+    let mut prev = run.try_alloc(10_000 * scale).unwrap();
+    for layer in 0..20 {
+        let mut next = run.try_alloc((layer % 5 + 1) * 4000 * scale).unwrap();
+        next.fill(layer as u8);
+        drop(prev);
+        prev = next;
+    }
+    drop(prev);
+    drop(skip);
+    let report = run.finish();
+    assert_eq!(report.leaked_blocks, 0);
+    report.high_water
+}
+
+#[test]
+fn an_empty_arena_allocates_nothing() {
+    let counting = Counting::default();
+    let arena = Arena::with_backing(ArenaConfig::default(), &counting);
+    assert_eq!(arena.stats().reserved, 0);
+    drop(arena.begin_run());
+    assert_eq!(counting.calls.get(), 0);
+}
+
+#[test]
+fn blocks_are_aligned_sized_and_writable() {
+    let arena = Arena::new(ArenaConfig::default());
+    let mut blocks: Vec<_> = (1..50).map(|i| arena.try_alloc(i * 37).unwrap()).collect();
+    for (i, b) in blocks.iter_mut().enumerate() {
+        assert_eq!(b.as_ptr() as usize % 64, 0);
+        assert_eq!(b.len(), (i + 1) * 37);
+        assert!(b.capacity() >= b.len() && b.capacity() % 64 == 0);
+        b.fill(i as u8);
+    }
+    for (i, b) in blocks.iter().enumerate() {
+        assert!(b.iter().all(|&x| x == i as u8));
+    }
+    let mut f = arena.try_alloc(64).unwrap();
+    f.pod_mut::<f32>().unwrap().copy_from_slice(&[1.5; 16]);
+    assert_eq!(f.pod::<f32>().unwrap(), &[1.5; 16]);
+    assert!(arena.try_alloc(6).unwrap().pod::<f32>().is_err());
+    let big = arena.try_alloc_aligned(100, 4096).unwrap();
+    assert_eq!(big.as_ptr() as usize % 4096, 0);
+}
+
+#[test]
+fn freed_blocks_are_reused_without_backing_calls() {
+    let arena = Arena::new(ArenaConfig::default());
+    drop(arena.try_alloc(1 << 20).unwrap());
+    let before = arena.stats();
+    for _ in 0..100 {
+        drop(arena.try_alloc(1 << 19).unwrap());
+    }
+    let after = arena.stats();
+    assert_eq!(after.backing_allocs, before.backing_allocs);
+    assert_eq!(after.cache_hits, before.cache_hits + 100);
+    assert_eq!(after.in_use, 0);
+}
+
+#[test]
+fn the_same_run_repeated_1000_times_makes_no_backing_call_after_the_first() {
+    let counting = Counting::default();
+    let arena = Arena::with_backing(ArenaConfig::default(), &counting);
+    pattern(&arena, 16);
+    let calls = counting.calls.get() + counting.frees.get();
+    for _ in 0..1000 {
+        pattern(&arena, 16);
+    }
+    assert_eq!(counting.calls.get() + counting.frees.get(), calls);
+    assert_eq!(arena.stats().runs, 1001);
+}
+
+#[test]
+fn shrink_falls_to_the_small_runs_high_water_mark() {
+    let counting = Counting::default();
+    let arena = Arena::with_backing(ArenaConfig::default(), &counting);
+    let large = pattern(&arena, 64);
+    let small = pattern(&arena, 2);
+    assert!(small * 10 < large);
+    assert!(arena.stats().reserved >= large);
+    let released = arena.shrink();
+    let stats = arena.stats();
+    assert!(released > 0);
+    assert_eq!(stats.watermark, small);
+    assert!(
+        stats.reserved as f64 <= small as f64 * 1.1,
+        "reserved {} vs small high water {small}",
+        stats.reserved
+    );
+    let calls = counting.calls.get() + counting.frees.get();
+    assert_eq!(pattern(&arena, 2), small);
+    assert_eq!(counting.calls.get() + counting.frees.get(), calls);
+    assert_eq!(arena.shrink(), 0, "a second shrink releases nothing");
+    assert_eq!(arena.shrink_to(0), stats.reserved);
+    assert_eq!(arena.stats().reserved, 0);
+    drop(arena);
+    assert_eq!(counting.allocs.get(), counting.frees.get());
+    assert_eq!(counting.outstanding.get(), 0);
+}
+
+#[test]
+fn shrink_policies_shrink_on_their_own() {
+    let cfg = ArenaConfig {
+        shrink_policy: ShrinkPolicy::AfterEveryRun,
+        ..ArenaConfig::default()
+    };
+    let arena = Arena::new(cfg);
+    pattern(&arena, 64);
+    let small = pattern(&arena, 2);
+    assert!(arena.stats().reserved <= small + 64);
+
+    let cfg = ArenaConfig {
+        shrink_policy: ShrinkPolicy::AfterRunsBelow { runs: 3 },
+        ..ArenaConfig::default()
+    };
+    let arena = Arena::new(cfg);
+    let large = pattern(&arena, 64);
+    pattern(&arena, 2);
+    pattern(&arena, 2);
+    assert!(
+        arena.stats().reserved >= large,
+        "two runs below: no shrink yet"
+    );
+    let small = pattern(&arena, 2);
+    assert!(
+        arena.stats().reserved <= small + 64,
+        "third run below: shrunk"
+    );
+    assert_eq!(arena.stats().shrinks, 1);
+}
+
+#[test]
+fn watermark_window_covers_recent_runs() {
+    let cfg = ArenaConfig {
+        watermark_window: 3,
+        ..ArenaConfig::default()
+    };
+    let arena = Arena::new(cfg);
+    let large = pattern(&arena, 32);
+    pattern(&arena, 1);
+    pattern(&arena, 1);
+    assert_eq!(arena.stats().watermark, large);
+    assert_eq!(arena.shrink(), 0, "the large run is still in the window");
+    let small = pattern(&arena, 1);
+    assert_eq!(arena.stats().watermark, small);
+    assert!(arena.shrink() > 0);
+}
+
+#[test]
+fn growth_policies_and_relayout() {
+    let exact = ArenaConfig {
+        growth: Growth::Exact,
+        relayout: Relayout::Never,
+        ..ArenaConfig::default()
+    };
+    let arena = Arena::new(exact);
+    let _a = arena.try_alloc(1000).unwrap();
+    assert_eq!(arena.stats().reserved, 1024);
+    let _b = arena.try_alloc(5000).unwrap();
+    assert_eq!(arena.stats().reserved, 1024 + 5056);
+
+    let pow2 = ArenaConfig {
+        growth: Growth::PowerOfTwo {
+            max_extend: 256 << 10,
+        },
+        initial_region: 4096,
+        ..ArenaConfig::default()
+    };
+    let arena = Arena::new(pow2);
+    let _a = arena.try_alloc(100).unwrap();
+    assert_eq!(arena.stats().reserved, 4096, "initial region");
+    let _b = arena.try_alloc(5000).unwrap();
+    assert_eq!(arena.stats().reserved, 4096 + 8192, "next power of two");
+    let _c = arena.try_alloc(3 << 20).unwrap();
+    assert_eq!(
+        arena.stats().reserved,
+        4096 + 8192 + (3 << 20) + (256 << 10),
+        "extension capped at max_extend past the request"
+    );
+}
+
+#[test]
+fn a_run_that_grew_is_laid_out_again_in_one_region() {
+    let arena = Arena::new(ArenaConfig::default());
+    let hw = pattern(&arena, 50);
+    let s = arena.stats();
+    assert_eq!(s.regions, 1);
+    assert_eq!(s.reserved, hw);
+    assert_eq!(s.relayouts, 1);
+}
+
+#[test]
+fn leaked_blocks_are_reported_with_their_location() {
+    let arena = Arena::new(ArenaConfig::default());
+    let run = arena.begin_run();
+    let id = run.id();
+    let kept = run.try_alloc(100).unwrap();
+    drop(run.try_alloc(200).unwrap());
+    let report = run.finish();
+    assert_eq!(report.leaked_blocks, 1);
+    assert_eq!(report.leaked_bytes, 128);
+    let live = arena.live_blocks();
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].run, Some(id));
+    assert_eq!(live[0].len, 100);
+    assert_eq!(live[0].addr, kept.as_ptr() as usize);
+    if cfg!(debug_assertions) {
+        let loc = live[0].location.expect("debug builds record locations");
+        assert!(loc.file().ends_with("basics.rs"), "{loc}");
+    }
+    drop(kept);
+    assert!(arena.live_blocks().is_empty());
+}
+
+#[test]
+fn runs_do_not_nest_and_close_on_drop() {
+    let arena = Arena::new(ArenaConfig::default());
+    let run = arena.begin_run();
+    assert!(matches!(
+        arena.try_begin_run(),
+        Err(tensor_arena::ArenaError::RunAlreadyOpen)
+    ));
+    let v = run.scratch().alloc_slice_copy(&[1, 2, 3]);
+    assert_eq!(v.iter().sum::<i32>(), 6);
+    drop(run);
+    assert!(!arena.in_run());
+    assert_eq!(arena.stats().runs, 1);
+    let run = arena.begin_run();
+    assert_eq!(run.id(), 2);
+    assert!(run.scratch().allocated_bytes() > 0, "scratch chunk is kept");
+}
+
+#[test]
+fn a_panicking_run_returns_its_blocks() {
+    let arena = Arena::new(ArenaConfig::default());
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let run = arena.begin_run();
+        let _a = run.try_alloc(1 << 20).unwrap();
+        panic!("kernel failed");
+    }));
+    assert!(result.is_err());
+    let s = arena.stats();
+    assert_eq!((s.in_use, s.runs), (0, 1));
+    assert!(!arena.in_run());
+    drop(arena.begin_run().try_alloc(10).unwrap());
+}
+
+#[test]
+fn collections_live_in_the_arena() {
+    let counting = Counting::default();
+    let arena = Arena::with_backing(ArenaConfig::default(), &counting);
+    {
+        let mut v: AVec<u64, &Arena<&Counting>> = AVec::new_in(&arena);
+        for i in 0..10_000 {
+            v.push(i);
+        }
+        assert_eq!(v.iter().sum::<u64>(), 10_000 * 9_999 / 2);
+        let mut map = hashbrown::HashMap::new_in(&arena);
+        for i in 0..1000u32 {
+            map.insert(i, i * 2);
+        }
+        assert_eq!(map[&500], 1000);
+        assert!(arena.stats().in_use >= 80_000);
+        let mut zst: AVec<(), _> = AVec::new_in(&arena);
+        zst.extend(std::iter::repeat_n((), 10));
+        assert_eq!(zst.len(), 10);
+    }
+    assert_eq!(arena.stats().in_use, 0);
+    drop(arena);
+    assert_eq!(counting.outstanding.get(), 0);
+}
+
+#[test]
+fn dropping_the_arena_returns_every_region() {
+    let counting = Counting::default();
+    {
+        let arena = Arena::with_backing(
+            ArenaConfig {
+                relayout: Relayout::Never,
+                ..ArenaConfig::default()
+            },
+            &counting,
+        );
+        let blocks: Vec<_> = (0..30)
+            .map(|i| arena.try_alloc(1 << (i % 22)).unwrap())
+            .collect();
+        assert!(arena.stats().regions > 1);
+        drop(blocks);
+    }
+    assert_eq!(counting.allocs.get(), counting.frees.get());
+    assert_eq!(counting.outstanding.get(), 0);
+}

@@ -1,0 +1,79 @@
+//! Reserved bytes against the lower bound on the shared traces.
+
+use crate::common::{read_trace, trace_names, TraceRun};
+use std::collections::HashMap;
+use tensor_arena::{Arena, ArenaConfig, Block, RunReport};
+
+/// Replays one run through the arena, writing the first byte of every block.
+fn replay(arena: &Arena, run: &TraceRun) -> RunReport {
+    let r = arena.begin_run();
+    let mut live: HashMap<usize, Block<'_>> = HashMap::new();
+    for &(alloc, id, bytes) in &run.events {
+        if alloc {
+            let mut b = r.try_alloc(bytes).unwrap();
+            b[0] = id as u8;
+            live.insert(id, b);
+        } else {
+            let b = live.remove(&id).unwrap();
+            assert_eq!(b[0], id as u8, "block {id} was overwritten");
+        }
+    }
+    assert!(live.is_empty());
+    r.finish()
+}
+
+#[test]
+fn reserved_stays_within_1_25x_of_the_largest_lower_bound_since_shrink() {
+    for name in trace_names() {
+        let arena = Arena::new(ArenaConfig::default());
+        let mut largest = 0;
+        for run in read_trace(&name) {
+            let lb = run.lower_bound();
+            largest = largest.max(lb);
+            let report = replay(&arena, &run);
+            let ratio = report.reserved as f64 / largest as f64;
+            println!(
+                "{name} {}: lower bound {lb}, high water {}, reserved {} ({ratio:.3}x largest lb)",
+                run.label, report.high_water, report.reserved
+            );
+            assert!(
+                ratio <= 1.25,
+                "{name} {}: reserved {} is {ratio:.3}x the largest lower bound {largest}",
+                run.label,
+                report.reserved
+            );
+        }
+    }
+}
+
+#[test]
+fn densenet_mixed_reserved_after_each_run_and_after_shrink() {
+    let arena = Arena::new(ArenaConfig::default());
+    let runs = read_trace("densenet121-mixed.trace");
+    for run in &runs {
+        let report = replay(&arena, run);
+        println!(
+            "densenet121-mixed {:>14}: lower bound {:>10}  high water {:>10}  reserved {:>10}  backing calls {}",
+            run.label,
+            run.lower_bound(),
+            report.high_water,
+            report.reserved,
+            report.backing_allocs + report.backing_frees,
+        );
+    }
+    // Then the smallest shape, and a shrink to its watermark.
+    let small = &runs[1];
+    replay(&arena, small);
+    let released = arena.shrink();
+    let stats = arena.stats();
+    println!(
+        "after {} then shrink: released {released}, reserved {}, lower bound {}",
+        small.label,
+        stats.reserved,
+        small.lower_bound()
+    );
+    assert!(stats.reserved as f64 <= small.lower_bound() as f64 * 1.25);
+    let again = replay(&arena, small);
+    assert_eq!(again.backing_allocs, 0);
+    assert_eq!(arena.shrink(), 0);
+}

@@ -1,0 +1,8 @@
+//! Integration tests of the arena, one module per topic.
+
+mod bad_input;
+mod basics;
+mod common;
+mod footprint;
+mod model;
+mod shared;

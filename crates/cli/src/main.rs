@@ -1,0 +1,3 @@
+//! The `tensor-arena` command (built in crates/cli; replay lands with issue 5).
+
+fn main() {}
