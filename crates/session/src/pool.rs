@@ -1,0 +1,244 @@
+//! [`SessionPool`]: per-thread clones lent to workers.
+
+use crate::session::{Session, SessionConfig, SessionStats};
+use crate::swap::ModelHandle;
+use parking_lot::{Condvar, Mutex};
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+
+/// Lends clones of one session to worker threads.
+///
+/// [`SessionPool::get`] hands out an idle clone, or makes a new one while
+/// fewer than `max_sessions` exist, or waits for one to come back. The
+/// guard gives the clone back when dropped. The pool's lock is held only to
+/// take or return a clone, never while a worker runs.
+pub struct SessionPool {
+    /// Clones are made from this one (it never runs).
+    template: Mutex<Session>,
+    idle: Mutex<Idle>,
+    returned: Condvar,
+    max_sessions: usize,
+}
+
+struct Idle {
+    sessions: Vec<Session>,
+    /// Clones that exist (idle or lent).
+    count: usize,
+    /// Counters of clones dropped by `trim`, so that pool stats keep them.
+    retired: SessionStats,
+}
+
+impl SessionPool {
+    /// A pool of at most `max_sessions` clones (at least 1) of a session
+    /// over `model`.
+    ///
+    /// # Panics
+    /// If `config.arena` is inconsistent.
+    pub fn new(model: ModelHandle, config: SessionConfig, max_sessions: usize) -> Self {
+        Self::from_session(Session::with_model(model, config), max_sessions)
+    }
+
+    /// A pool whose clones are made from `template` (which itself is kept
+    /// only to clone from).
+    pub fn from_session(template: Session, max_sessions: usize) -> Self {
+        Self {
+            template: Mutex::new(template),
+            idle: Mutex::new(Idle {
+                sessions: Vec::new(),
+                count: 0,
+                retired: SessionStats::default(),
+            }),
+            returned: Condvar::new(),
+            max_sessions: max_sessions.max(1),
+        }
+    }
+
+    /// The handle the pool's sessions read weights from: swap it to update
+    /// the model for every worker.
+    pub fn model(&self) -> ModelHandle {
+        self.template.lock().model().clone()
+    }
+
+    /// A session for this thread: an idle clone, a new clone if fewer than
+    /// the bound exist, or else the next one given back (this waits).
+    pub fn get(&self) -> PoolGuard<'_> {
+        let mut idle = self.idle.lock();
+        loop {
+            if let Some(session) = idle.sessions.pop() {
+                return self.guard(session);
+            }
+            if idle.count < self.max_sessions {
+                idle.count += 1;
+                drop(idle);
+                let session = self.template.lock().try_clone();
+                return self.guard(session);
+            }
+            self.returned.wait(&mut idle);
+        }
+    }
+
+    /// Like [`SessionPool::get`], but `None` instead of waiting.
+    pub fn try_get(&self) -> Option<PoolGuard<'_>> {
+        let mut idle = self.idle.lock();
+        if let Some(session) = idle.sessions.pop() {
+            return Some(self.guard(session));
+        }
+        if idle.count < self.max_sessions {
+            idle.count += 1;
+            drop(idle);
+            let session = self.template.lock().try_clone();
+            return Some(self.guard(session));
+        }
+        None
+    }
+
+    fn guard(&self, session: Session) -> PoolGuard<'_> {
+        PoolGuard {
+            pool: self,
+            session: Some(session),
+        }
+    }
+
+    fn give_back(&self, session: Session) {
+        self.idle.lock().sessions.push(session);
+        self.returned.notify_one();
+    }
+
+    /// Shrinks every idle clone's arena to its watermark; returns the bytes
+    /// released.
+    pub fn shrink_idle(&self) -> usize {
+        let mut idle = self.idle.lock();
+        idle.sessions.iter_mut().map(Session::shrink).sum()
+    }
+
+    /// Drops idle clones until at most `keep` remain idle; returns how many
+    /// were dropped. Each dropped clone frees all its arena's memory.
+    pub fn trim(&self, keep: usize) -> usize {
+        let mut idle = self.idle.lock();
+        let mut dropped = 0;
+        while idle.sessions.len() > keep {
+            let session = idle.sessions.pop().expect("len > keep");
+            let stats = session.stats();
+            add(&mut idle.retired, &stats, false);
+            idle.count -= 1;
+            dropped += 1;
+            drop(session);
+        }
+        dropped
+    }
+
+    /// Clones that exist now (idle or lent).
+    pub fn sessions(&self) -> usize {
+        self.idle.lock().count
+    }
+
+    /// Idle clones now.
+    pub fn idle(&self) -> usize {
+        self.idle.lock().sessions.len()
+    }
+
+    /// The bound on clones.
+    pub fn max_sessions(&self) -> usize {
+        self.max_sessions
+    }
+
+    /// Counters summed over the idle clones (lent clones are counted when
+    /// they come back) and the clones trimmed so far; arena byte figures
+    /// (`in_use`, `reserved`...) cover the idle clones only.
+    pub fn stats(&self) -> SessionStats {
+        let idle = self.idle.lock();
+        let mut total = idle.retired;
+        total.arena.in_use = 0;
+        total.arena.reserved = 0;
+        for s in &idle.sessions {
+            add(&mut total, &s.stats(), true);
+        }
+        let t = self.template.lock().stats();
+        total.clones_alive = t.clones_alive;
+        total.clones_created = t.clones_created;
+        total.weight_bytes_mapped = t.weight_bytes_mapped;
+        total.weight_bytes_copied = t.weight_bytes_copied;
+        total
+    }
+}
+
+/// Adds `s` into `total`; with `bytes`, also the arena's current byte figures.
+fn add(total: &mut SessionStats, s: &SessionStats, bytes: bool) {
+    let (t, a) = (&mut total.arena, &s.arena);
+    if bytes {
+        t.in_use += a.in_use;
+        t.reserved += a.reserved;
+        t.free_bytes += a.free_bytes;
+        t.regions += a.regions;
+        t.live_blocks += a.live_blocks;
+        t.watermark = t.watermark.max(a.watermark);
+        t.largest_free_block = t.largest_free_block.max(a.largest_free_block);
+    }
+    t.peak_in_use = t.peak_in_use.max(a.peak_in_use);
+    t.allocs += a.allocs;
+    t.frees += a.frees;
+    t.cache_hits += a.cache_hits;
+    t.backing_allocs += a.backing_allocs;
+    t.backing_frees += a.backing_frees;
+    t.bytes_released += a.bytes_released;
+    t.runs += a.runs;
+    t.shrinks += a.shrinks;
+    t.relayouts += a.relayouts;
+    total.runs += s.runs;
+    total.keys = total.keys.max(s.keys);
+}
+
+impl fmt::Debug for SessionPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionPool")
+            .field("sessions", &self.sessions())
+            .field("idle", &self.idle())
+            .field("max_sessions", &self.max_sessions)
+            .finish()
+    }
+}
+
+/// A session lent by a [`SessionPool`]; derefs to [`Session`] and goes
+/// back to the pool when dropped.
+pub struct PoolGuard<'p> {
+    pool: &'p SessionPool,
+    session: Option<Session>,
+}
+
+impl PoolGuard<'_> {
+    /// Keeps the session out of the pool for good (it no longer counts
+    /// against the bound).
+    pub fn detach(mut self) -> Session {
+        let session = self.session.take().expect("guard holds a session");
+        self.pool.idle.lock().count -= 1;
+        self.pool.returned.notify_one();
+        session
+    }
+}
+
+impl Deref for PoolGuard<'_> {
+    type Target = Session;
+    fn deref(&self) -> &Session {
+        self.session.as_ref().expect("guard holds a session")
+    }
+}
+
+impl DerefMut for PoolGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Session {
+        self.session.as_mut().expect("guard holds a session")
+    }
+}
+
+impl Drop for PoolGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.take() {
+            self.pool.give_back(session);
+        }
+    }
+}
+
+impl fmt::Debug for PoolGuard<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("PoolGuard").field(&self.session).finish()
+    }
+}
