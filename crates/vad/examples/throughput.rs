@@ -1,0 +1,77 @@
+//! Windows per second of the forward pass on data/speech.wav, whole file in
+//! one call and streaming one window per call, with no allocation per call.
+//!
+//! `cargo run --release -p tensor-vad --example throughput [SECONDS]`
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use tensor_vad::{
+    frame_rows, num_windows, total_len, LstmState, SliceScratch, Stream, CONTEXT, ROW, WINDOW,
+};
+
+/// Runs `f` (which processes `windows` windows) for about `secs` in trials of
+/// about 0.1 s, and returns the best trial's windows/s (the machine is
+/// shared: the best trial is the least disturbed one).
+fn rate(windows: usize, secs: f64, mut f: impl FnMut()) -> f64 {
+    f(); // warm up
+    let start = Instant::now();
+    let mut best = 0.0f64;
+    while start.elapsed() < Duration::from_secs_f64(secs) {
+        let t = Instant::now();
+        let mut runs = 0u64;
+        while t.elapsed() < Duration::from_millis(100) {
+            f();
+            runs += 1;
+        }
+        best = best.max(runs as f64 * windows as f64 / t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+fn main() {
+    let secs: f64 = std::env::args()
+        .nth(1)
+        .map_or(3.0, |s| s.parse().expect("SECONDS"));
+    let weights = common::OwnedWeights::load();
+    let model = weights.model();
+    let audio = common::speech();
+    let l = num_windows(audio.len());
+    let audio = &audio[..l * WINDOW];
+    let realtime = tensor_vad::SAMPLE_RATE as f64 / WINDOW as f64;
+
+    let mut rows = vec![0.0; l * ROW];
+    frame_rows(audio, &mut [0.0; CONTEXT], &mut rows);
+    let mut probs = vec![0.0; l];
+    let mut buf = vec![0.0; total_len(l)];
+    let whole = rate(l, secs, || {
+        let mut state = LstmState::default();
+        model
+            .forward(
+                &rows,
+                &mut state,
+                &mut probs,
+                &mut SliceScratch::new(&mut buf),
+            )
+            .unwrap();
+    });
+    println!(
+        "whole file (L = {l}):   {whole:>9.0} windows/s  ({:.0}x real time)",
+        whole / realtime
+    );
+
+    let mut buf1 = vec![0.0; total_len(1)];
+    let stream = rate(l, secs, || {
+        let mut s = Stream::new();
+        for w in audio.chunks_exact(WINDOW) {
+            s.process(&model, w, &mut SliceScratch::new(&mut buf1))
+                .unwrap();
+        }
+    });
+    println!(
+        "streaming (L = 1):      {stream:>9.0} windows/s  ({:.0}x real time)",
+        stream / realtime
+    );
+}

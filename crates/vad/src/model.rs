@@ -1,0 +1,508 @@
+//! The Silero VAD v6 (16 kHz) network: weights, forward pass, framing.
+
+use std::fmt;
+
+use crate::kernels::{self, Conv1d, LstmWeights};
+use crate::scratch::Scratch;
+
+/// Sample rate the model was trained for.
+pub const SAMPLE_RATE: u32 = 16_000;
+/// New samples per window (32 ms at 16 kHz).
+pub const WINDOW: usize = 512;
+/// Samples of context before each window (the previous window's last 64).
+pub const CONTEXT: usize = 64;
+/// Length of one input row: `CONTEXT + WINDOW`.
+pub const ROW: usize = CONTEXT + WINDOW;
+/// LSTM hidden size (the length of `h` and `c`).
+pub const HIDDEN: usize = 128;
+/// Reflect padding on each side of a row before the STFT.
+pub const STFT_PAD: usize = 128;
+/// STFT kernel (frame) length.
+pub const STFT_KERNEL: usize = 256;
+/// STFT hop.
+pub const STFT_HOP: usize = 128;
+/// Frequency bins of the STFT (real and imaginary parts give 2x this channels).
+pub const STFT_BINS: usize = 129;
+
+/// Channel counts of the four encoder convolutions (input of the first is
+/// [`STFT_BINS`]) and their strides; all have kernel 3 and padding 1.
+const ENCODER: [(usize, usize, usize); 4] =
+    [(129, 128, 1), (128, 64, 2), (64, 64, 2), (64, 128, 1)];
+
+/// The convolution shapes of one forward pass over `l` windows: the STFT
+/// (with its first output frame sliced off) and the four encoder blocks.
+pub fn conv_specs(l: usize) -> [Conv1d; 5] {
+    let stft = Conv1d {
+        batch: l,
+        in_channels: 1,
+        in_len: ROW + 2 * STFT_PAD,
+        out_channels: 2 * STFT_BINS,
+        kernel: STFT_KERNEL,
+        stride: STFT_HOP,
+        pad_begin: 0,
+        pad_end: 0,
+        skip: 1,
+    };
+    let mut specs = [stft; 5];
+    let mut len = stft.out_len();
+    for (i, &(cin, cout, stride)) in ENCODER.iter().enumerate() {
+        specs[i + 1] = Conv1d {
+            batch: l,
+            in_channels: cin,
+            in_len: len,
+            out_channels: cout,
+            kernel: 3,
+            stride,
+            pad_begin: 1,
+            pad_end: 1,
+            skip: 0,
+        };
+        len = specs[i + 1].out_len();
+    }
+    specs
+}
+
+/// The intermediate tensors of one forward pass, in the order they are
+/// first taken. Sizes depend on the number of windows `L`; see
+/// [`Intermediate::shape`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Intermediate {
+    /// Reflect-padded rows, `L x 832`.
+    Padded,
+    /// STFT convolution output without frame 0, `L x 258 x 4`.
+    Stft,
+    /// STFT magnitude, `L x 129 x 4`.
+    Magnitude,
+    /// im2col scratch of encoder block 0, `4L x 387`.
+    Cols0,
+    /// Encoder block 0 output (ReLU in place), `L x 128 x 4`.
+    Enc0,
+    /// im2col scratch of encoder block 1, `2L x 384`.
+    Cols1,
+    /// Encoder block 1 output, `L x 64 x 2`.
+    Enc1,
+    /// im2col scratch of encoder block 2, `L x 192`.
+    Cols2,
+    /// Encoder block 2 output, `L x 64 x 1`.
+    Enc2,
+    /// im2col scratch of encoder block 3, `L x 192`.
+    Cols3,
+    /// Encoder block 3 output, `L x 128 x 1` (also the LSTM input `L x 1 x 128`).
+    Enc3,
+    /// LSTM gate pre-activations (scratch), `L x 512`.
+    Gates,
+    /// LSTM output (ReLU in place), `L x 128`.
+    Lstm,
+}
+
+impl Intermediate {
+    /// Every intermediate tensor, in the order first taken.
+    pub const ALL: [Intermediate; 13] = [
+        Intermediate::Padded,
+        Intermediate::Stft,
+        Intermediate::Magnitude,
+        Intermediate::Cols0,
+        Intermediate::Enc0,
+        Intermediate::Cols1,
+        Intermediate::Enc1,
+        Intermediate::Cols2,
+        Intermediate::Enc2,
+        Intermediate::Cols3,
+        Intermediate::Enc3,
+        Intermediate::Gates,
+        Intermediate::Lstm,
+    ];
+
+    /// The ONNX tensor this buffer holds (or what it is for, for scratch).
+    pub fn name(self) -> &'static str {
+        match self {
+            Intermediate::Padded => "/stft/padding/Pad_output_0",
+            Intermediate::Stft => "/stft/Conv_output_0[:, :, 1:]",
+            Intermediate::Magnitude => "/stft/Sqrt_output_0",
+            Intermediate::Cols0 => "im2col(/encoder.0/Conv)",
+            Intermediate::Enc0 => "/Relu_output_0",
+            Intermediate::Cols1 => "im2col(/encoder.1/Conv)",
+            Intermediate::Enc1 => "/Relu_1_output_0",
+            Intermediate::Cols2 => "im2col(/encoder.2/Conv)",
+            Intermediate::Enc2 => "/Relu_2_output_0",
+            Intermediate::Cols3 => "im2col(/encoder.3/Conv)",
+            Intermediate::Enc3 => "/Relu_3_output_0",
+            Intermediate::Gates => "LSTM gates(/recurrent/LSTM)",
+            Intermediate::Lstm => "/Relu_4_output_0",
+        }
+    }
+
+    /// Shape for `l` windows (allocates: for planning and display; the
+    /// forward pass uses [`len`](Self::len)).
+    pub fn shape(self, l: usize) -> Vec<usize> {
+        let s = conv_specs(l);
+        let conv_out = |c: &Conv1d| vec![l, c.out_channels, c.out_len()];
+        let cols = |c: &Conv1d| vec![l * c.out_len(), c.in_channels * c.kernel];
+        match self {
+            Intermediate::Padded => vec![l, s[0].in_len],
+            Intermediate::Stft => conv_out(&s[0]),
+            Intermediate::Magnitude => vec![l, STFT_BINS, s[0].out_len()],
+            Intermediate::Cols0 => cols(&s[1]),
+            Intermediate::Enc0 => conv_out(&s[1]),
+            Intermediate::Cols1 => cols(&s[2]),
+            Intermediate::Enc1 => conv_out(&s[2]),
+            Intermediate::Cols2 => cols(&s[3]),
+            Intermediate::Enc2 => conv_out(&s[3]),
+            Intermediate::Cols3 => cols(&s[4]),
+            Intermediate::Enc3 => conv_out(&s[4]),
+            Intermediate::Gates => vec![l, 4 * HIDDEN],
+            Intermediate::Lstm => vec![l, HIDDEN],
+        }
+    }
+
+    /// Number of `f32` elements for `l` windows: the product of
+    /// [`shape`](Self::shape), computed without allocating.
+    pub fn len(self, l: usize) -> usize {
+        let s = conv_specs(l);
+        let conv_out = |c: &Conv1d| c.output_len();
+        let cols = |c: &Conv1d| c.cols_len();
+        match self {
+            Intermediate::Padded => l * s[0].in_len,
+            Intermediate::Stft => conv_out(&s[0]),
+            Intermediate::Magnitude => l * STFT_BINS * s[0].out_len(),
+            Intermediate::Cols0 => cols(&s[1]),
+            Intermediate::Enc0 => conv_out(&s[1]),
+            Intermediate::Cols1 => cols(&s[2]),
+            Intermediate::Enc1 => conv_out(&s[2]),
+            Intermediate::Cols2 => cols(&s[3]),
+            Intermediate::Enc2 => conv_out(&s[3]),
+            Intermediate::Cols3 => cols(&s[4]),
+            Intermediate::Enc3 => conv_out(&s[4]),
+            Intermediate::Gates => l * 4 * HIDDEN,
+            Intermediate::Lstm => l * HIDDEN,
+        }
+    }
+}
+
+/// A weight tensor the model needs: name in the safetensors file, shape.
+pub const TENSORS: [(&str, &[usize]); 14] = [
+    ("stft.forward_basis_buffer", &[258, 1, 256]),
+    ("encoder.0.weight", &[128, 129, 3]),
+    ("encoder.0.bias", &[128]),
+    ("encoder.1.weight", &[64, 128, 3]),
+    ("encoder.1.bias", &[64]),
+    ("encoder.2.weight", &[64, 64, 3]),
+    ("encoder.2.bias", &[64]),
+    ("encoder.3.weight", &[128, 64, 3]),
+    ("encoder.3.bias", &[128]),
+    ("recurrent.W", &[1, 512, 128]),
+    ("recurrent.R", &[1, 512, 128]),
+    ("recurrent.B", &[1, 1024]),
+    ("output.weight", &[1, 128, 1]),
+    ("output.bias", &[1]),
+];
+
+/// A weight tensor was missing or had the wrong shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelError {
+    /// No tensor of this name.
+    Missing(&'static str),
+    /// The shape differs from the one expected.
+    Shape {
+        /// Tensor name.
+        name: &'static str,
+        /// Expected shape.
+        expected: &'static [usize],
+        /// Shape found.
+        found: Vec<usize>,
+    },
+    /// The data length does not match the shape.
+    Len {
+        /// Tensor name.
+        name: &'static str,
+        /// Elements expected.
+        expected: usize,
+        /// Elements found.
+        found: usize,
+    },
+}
+
+impl fmt::Display for ModelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ModelError::Missing(n) => write!(f, "weight tensor {n} is missing"),
+            ModelError::Shape {
+                name,
+                expected,
+                found,
+            } => write!(
+                f,
+                "weight tensor {name} has shape {found:?}, expected {expected:?}"
+            ),
+            ModelError::Len {
+                name,
+                expected,
+                found,
+            } => write!(
+                f,
+                "weight tensor {name} has {found} elements, expected {expected}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ModelError {}
+
+/// LSTM state carried between calls (`h`, `c` of shape `1 x 1 x 128`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LstmState {
+    /// Hidden state.
+    pub h: [f32; HIDDEN],
+    /// Cell state.
+    pub c: [f32; HIDDEN],
+}
+
+impl Default for LstmState {
+    fn default() -> Self {
+        LstmState {
+            h: [0.0; HIDDEN],
+            c: [0.0; HIDDEN],
+        }
+    }
+}
+
+/// Silero VAD v6, 16 kHz, borrowing its weights (from an owned copy, a
+/// memory map, a session's weights...). Cheap to copy.
+#[derive(Clone, Copy, Debug)]
+pub struct Model<'w> {
+    stft_basis: &'w [f32],
+    encoder: [(&'w [f32], &'w [f32]); 4],
+    lstm: LstmWeights<'w>,
+    out_weight: &'w [f32],
+    out_bias: &'w [f32],
+}
+
+impl<'w> Model<'w> {
+    /// Builds the model from named tensors: `get(name)` returns the data
+    /// (row-major `f32`) and shape of a tensor of [`TENSORS`], or `None`.
+    /// Shapes are checked.
+    pub fn from_tensors<F>(mut get: F) -> Result<Self, ModelError>
+    where
+        F: FnMut(&str) -> Option<(&'w [f32], &'w [usize])>,
+    {
+        let mut t: [&'w [f32]; 14] = [&[]; 14];
+        for (slot, &(name, shape)) in t.iter_mut().zip(TENSORS.iter()) {
+            let (data, found) = get(name).ok_or(ModelError::Missing(name))?;
+            if found != shape {
+                return Err(ModelError::Shape {
+                    name,
+                    expected: shape,
+                    found: found.to_vec(),
+                });
+            }
+            let expected = shape.iter().product();
+            if data.len() != expected {
+                return Err(ModelError::Len {
+                    name,
+                    expected,
+                    found: data.len(),
+                });
+            }
+            *slot = data;
+        }
+        Ok(Model {
+            stft_basis: t[0],
+            encoder: [(t[1], t[2]), (t[3], t[4]), (t[5], t[6]), (t[7], t[8])],
+            lstm: LstmWeights {
+                w: t[9],
+                r: t[10],
+                b: t[11],
+                hidden: HIDDEN,
+            },
+            out_weight: t[12],
+            out_bias: t[13],
+        })
+    }
+
+    /// Runs the network on `L = probs.len()` windows.
+    ///
+    /// `input` is `L x 576` (see [`frame_rows`]); `state` holds `h`, `c` on
+    /// entry and `hn`, `cn` on return; `probs` receives the speech
+    /// probability of each window. Intermediate tensors come from `scratch`
+    /// in the order of [`SCHEDULE`](crate::SCHEDULE), each dropped as soon as
+    /// it is dead; nothing else is allocated.
+    ///
+    /// # Panics
+    /// If `input.len() != 576 * probs.len()`, or if `scratch` returns a
+    /// buffer of the wrong length.
+    pub fn forward<S: Scratch>(
+        &self,
+        input: &[f32],
+        state: &mut LstmState,
+        probs: &mut [f32],
+        scratch: &mut S,
+    ) -> Result<(), S::Error> {
+        use Intermediate as I;
+        let l = probs.len();
+        assert_eq!(input.len(), l * ROW, "forward: input must be L x {ROW}");
+        if l == 0 {
+            return Ok(());
+        }
+        let specs = conv_specs(l);
+        let mut take = |t: Intermediate| -> Result<S::Buf, S::Error> {
+            let len = t.len(l);
+            let buf = scratch.take(t, len)?;
+            assert_eq!(
+                buf.len(),
+                len,
+                "scratch returned a buffer of the wrong length"
+            );
+            Ok(buf)
+        };
+
+        // STFT: reflect pad, conv (frame 0 sliced off), magnitude.
+        let mut padded = take(I::Padded)?;
+        kernels::reflect_pad(input, ROW, STFT_PAD, STFT_PAD, &mut padded);
+        let mut stft = take(I::Stft)?;
+        kernels::conv1d(
+            &specs[0],
+            &padded,
+            self.stft_basis,
+            None,
+            &mut [],
+            &mut stft,
+        );
+        drop(padded);
+        let mut x = take(I::Magnitude)?;
+        kernels::complex_magnitude(&stft, STFT_BINS, specs[0].out_len(), &mut x);
+        drop(stft);
+
+        // Encoder: four conv + ReLU blocks.
+        let blocks = [
+            (I::Cols0, I::Enc0),
+            (I::Cols1, I::Enc1),
+            (I::Cols2, I::Enc2),
+            (I::Cols3, I::Enc3),
+        ];
+        for ((spec, &(w, b)), &(cols_t, out_t)) in specs[1..].iter().zip(&self.encoder).zip(&blocks)
+        {
+            let mut cols = take(cols_t)?;
+            let mut y = take(out_t)?;
+            kernels::conv1d(spec, &x, w, Some(b), &mut cols, &mut y);
+            drop(cols);
+            kernels::relu(&mut y);
+            x = y; // drops the block input
+        }
+
+        // Encoder output L x 128 x 1 is the LSTM input L x 1 x 128 (the
+        // Transpose is a no-op for a time axis of 1).
+        debug_assert_eq!(specs[4].out_len(), 1);
+        let mut gates = take(I::Gates)?;
+        let mut y = take(I::Lstm)?;
+        kernels::lstm(
+            &x,
+            &self.lstm,
+            &mut state.h,
+            &mut state.c,
+            &mut gates,
+            &mut y,
+        );
+        drop(gates);
+        drop(x);
+        kernels::relu(&mut y);
+
+        // Transpose to 1 x 128 x L + 1x1 conv == dense layer over the rows.
+        kernels::linear(&y, HIDDEN, self.out_weight, Some(self.out_bias), probs);
+        kernels::sigmoid(probs);
+        drop(y);
+        Ok(())
+    }
+}
+
+/// Number of full windows in `num_samples` samples (a trailing partial window
+/// is not used).
+pub fn num_windows(num_samples: usize) -> usize {
+    num_samples / WINDOW
+}
+
+/// Builds `L = samples.len() / 512` input rows of 576: row `i` is the 64
+/// samples before `samples[512 i]` followed by `samples[512 i .. 512 (i + 1)]`,
+/// where the samples before `samples[0]` come from `context` (zeros at the start
+/// of a stream). On return `context` holds the last 64 samples, ready for the
+/// next call.
+///
+/// # Panics
+/// If `samples.len()` is not a multiple of 512 or `rows.len() != 576 L`.
+pub fn frame_rows(samples: &[f32], context: &mut [f32; CONTEXT], rows: &mut [f32]) {
+    assert_eq!(
+        samples.len() % WINDOW,
+        0,
+        "frame_rows: samples must be whole windows"
+    );
+    let l = samples.len() / WINDOW;
+    assert_eq!(rows.len(), l * ROW, "frame_rows: rows must be L x {ROW}");
+    for (i, (row, new)) in rows
+        .chunks_exact_mut(ROW)
+        .zip(samples.chunks_exact(WINDOW))
+        .enumerate()
+    {
+        let (ctx, body) = row.split_at_mut(CONTEXT);
+        if i == 0 {
+            ctx.copy_from_slice(context);
+        } else {
+            ctx.copy_from_slice(&samples[i * WINDOW - CONTEXT..i * WINDOW]);
+        }
+        body.copy_from_slice(new);
+    }
+    if l > 0 {
+        context.copy_from_slice(&samples[samples.len() - CONTEXT..]);
+    }
+}
+
+/// Streaming inference, one 512-sample window per call, carrying the LSTM
+/// state and the 64-sample context across calls.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    /// LSTM state after the last window.
+    pub state: LstmState,
+    context: [f32; CONTEXT],
+    row: [f32; ROW],
+}
+
+impl Default for Stream {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Stream {
+    /// A stream at its start: zero state, zero context.
+    pub fn new() -> Self {
+        Stream {
+            state: LstmState::default(),
+            context: [0.0; CONTEXT],
+            row: [0.0; ROW],
+        }
+    }
+
+    /// Back to the start of a stream.
+    pub fn reset(&mut self) {
+        *self = Stream::new();
+    }
+
+    /// Speech probability of the next window of 512 samples.
+    ///
+    /// # Panics
+    /// If `window.len() != 512`.
+    pub fn process<S: Scratch>(
+        &mut self,
+        model: &Model<'_>,
+        window: &[f32],
+        scratch: &mut S,
+    ) -> Result<f32, S::Error> {
+        assert_eq!(
+            window.len(),
+            WINDOW,
+            "Stream::process takes {WINDOW} samples"
+        );
+        frame_rows(window, &mut self.context, &mut self.row);
+        let mut prob = [0.0f32];
+        model.forward(&self.row, &mut self.state, &mut prob, scratch)?;
+        Ok(prob[0])
+    }
+}
