@@ -1,8 +1,9 @@
 //! The public face: [`Arena`], its [`Block`]s and [`Run`]s.
 
 use crate::config::{ArenaConfig, Relayout, ShrinkPolicy};
-use crate::freemap::{simulate_extent, RegionId, RunOp};
-use crate::pool::{Pool, RawBlock, Tag};
+use crate::freemap::{simulate_extent, RegionId, RunOp, SpanId};
+use crate::plan::{Plan, Recording};
+use crate::pool::{Pool, RawBlock, Tag, NOT_PLANNED};
 use crate::stats::{LiveBlock, RunReport, Stats};
 use crate::ArenaError;
 use allocator_api2::alloc::{AllocError, Allocator, Global, Layout};
@@ -13,6 +14,7 @@ use core::ops::{Deref, DerefMut};
 use core::panic::Location;
 use core::ptr::NonNull;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// A caching pool of tensor buffers.
 ///
@@ -49,6 +51,18 @@ struct State<A: Allocator> {
     scratch: Option<Bump>,
     /// A spare operation log, kept to avoid allocating one per run.
     spare_ops: Vec<RunOp>,
+    /// A spare recording, likewise.
+    spare_rec: Recording,
+    /// Blocks drawn for planned runs, by slot; a slot outlives its run while
+    /// a planned block of it is still live.
+    plan_blocks: Vec<Option<PlanBlock>>,
+    /// Sum of the sizes of the blocks in `plan_blocks`.
+    plan_reserved: usize,
+    /// Bytes of live planned blocks.
+    planned_live: usize,
+    planned_allocs: u64,
+    planned_runs: u64,
+    deviations: u64,
     /// High-water marks of the most recent runs, newest last.
     recent: VecDeque<usize>,
     /// Largest high-water mark since the last shrink.
@@ -67,8 +81,10 @@ struct State<A: Allocator> {
 /// Bookkeeping of the open run.
 struct OpenRun {
     id: u64,
-    /// The run's allocations and frees, in order.
+    /// The run's pool allocations and frees, in order.
     ops: Vec<RunOp>,
+    /// `RunOp::Alloc` entries in `ops` (the index the next one gets).
+    pool_allocs: u32,
     allocs: u64,
     frees: u64,
     /// Blocks of this run still live, and their bytes.
@@ -81,6 +97,42 @@ struct OpenRun {
     /// then its high-water mark is simply `max_end` in that region.
     clean: Option<RegionId>,
     max_end: usize,
+    /// The run's planable blocks and events.
+    rec: Recording,
+    /// The plan serving this run, if any.
+    serve: Option<Serve>,
+    planned_allocs: u64,
+}
+
+/// A plan serving the open run.
+struct Serve {
+    plan: Arc<Plan>,
+    /// Slot of the plan's block in [`State::plan_blocks`].
+    slot: u32,
+    /// Events of the run so far, all as recorded in the plan.
+    pos: usize,
+    /// Whether the run has left the plan (the rest is served dynamically).
+    deviated: bool,
+}
+
+/// A block drawn from the pool to serve a planned run.
+struct PlanBlock {
+    raw: RawBlock,
+    /// Planned blocks of it still live.
+    live: usize,
+    /// Whether its run is still open.
+    open: bool,
+}
+
+/// What an allocation handed out.
+enum Handed {
+    Pool(RawBlock),
+    Planned {
+        ptr: NonNull<u8>,
+        slot: u32,
+        index: u32,
+        size: usize,
+    },
 }
 
 impl Arena<Global> {
@@ -135,6 +187,13 @@ impl<A: Allocator> Arena<A> {
                 next_run: 1,
                 scratch: Some(Bump::new()),
                 spare_ops: Vec::new(),
+                spare_rec: Recording::new(),
+                plan_blocks: Vec::new(),
+                plan_reserved: 0,
+                planned_live: 0,
+                planned_allocs: 0,
+                planned_runs: 0,
+                deviations: 0,
                 recent: VecDeque::new(),
                 need_since_shrink: 0,
                 below: (0, 0),
@@ -181,6 +240,34 @@ impl<A: Allocator> Arena<A> {
         self.alloc_inner(layout.size(), layout.align(), Location::caller())
     }
 
+    /// A buffer of `len` elements of `T` (their values are unspecified:
+    /// zero the first time memory is used, then whatever was last written).
+    ///
+    /// # Errors
+    /// [`ArenaError::CapacityOverflow`] if the size overflows; otherwise as
+    /// [`Arena::try_alloc_layout`] (for `T` aligned above
+    /// [`ArenaConfig::max_align`]).
+    #[track_caller]
+    pub fn try_alloc_slice<T: bytemuck::Pod>(
+        &self,
+        len: usize,
+    ) -> Result<TypedBlock<'_, T, A>, ArenaError> {
+        typed(self.alloc_slice_bytes::<T>(len, Location::caller())?)
+    }
+
+    fn alloc_slice_bytes<T>(
+        &self,
+        len: usize,
+        location: &'static Location<'static>,
+    ) -> Result<Block<'_, A>, ArenaError> {
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or(ArenaError::CapacityOverflow {
+                requested: usize::MAX,
+            })?;
+        self.alloc_inner(bytes, align_of::<T>(), location)
+    }
+
     /// A block of `len` bytes at alignment `align`, which must be a power of
     /// two (unlike a [`Layout`], any `align` value is accepted and checked).
     ///
@@ -198,7 +285,9 @@ impl<A: Allocator> Arena<A> {
         align: usize,
         location: &'static Location<'static>,
     ) -> Result<RawBlock, ArenaError> {
-        self.state.borrow_mut().alloc(len, align, location)
+        self.state
+            .borrow_mut()
+            .alloc_pool(len, align, location, false)
     }
 
     fn alloc_inner(
@@ -218,15 +307,21 @@ impl<A: Allocator> Arena<A> {
                 origin: Origin::Empty,
             });
         }
-        let raw = self.state.borrow_mut().alloc(len, align, location)?;
+        let handed = self.state.borrow_mut().alloc(len, align, location)?;
+        let (ptr, origin) = match handed {
+            Handed::Pool(raw) => (raw.ptr, Origin::Pool { span: raw.span }),
+            Handed::Planned {
+                ptr,
+                slot,
+                index,
+                size,
+            } => (ptr, Origin::Planned { slot, index, size }),
+        };
         Ok(Block {
             arena: self,
-            ptr: raw.ptr,
+            ptr,
             len,
-            origin: Origin::Pool {
-                rid: raw.rid,
-                off: raw.off,
-            },
+            origin,
         })
     }
 
@@ -248,30 +343,79 @@ impl<A: Allocator> Arena<A> {
     /// # Errors
     /// [`ArenaError::RunAlreadyOpen`].
     pub fn try_begin_run(&self) -> Result<Run<'_, A>, ArenaError> {
+        self.open_run(None)
+    }
+
+    /// Opens a run served by `plan`: one block of [`Plan::size`] bytes is
+    /// drawn from the pool (a cached span when the arena has one, which is
+    /// the case after a run of the same shape), and the run's blocks are
+    /// handed out at the plan's offsets while the run does what the plan
+    /// recorded. A run that deviates continues on the dynamic pool; see
+    /// [`crate::plan`].
+    ///
+    /// # Errors
+    /// [`ArenaError::RunAlreadyOpen`], or the errors of drawing the plan's
+    /// block ([`ArenaError::OverCap`], [`ArenaError::BackingFailed`]); the
+    /// caller may then run unplanned with [`Arena::begin_run`].
+    pub fn begin_planned_run(&self, plan: Arc<Plan>) -> Result<Run<'_, A>, ArenaError> {
+        self.open_run(Some(plan))
+    }
+
+    fn open_run(&self, plan: Option<Arc<Plan>>) -> Result<Run<'_, A>, ArenaError> {
         let mut st = self.state.borrow_mut();
         if st.run.is_some() {
             return Err(ArenaError::RunAlreadyOpen);
         }
-        let id = st.next_run;
-        st.next_run += 1;
+        let at_start = (st.pool.backing_allocs(), st.pool.backing_frees());
         let clean = match st.pool.single_region() {
             Some((rid, _)) if st.pool.in_use() == 0 => Some(rid),
             _ => None,
         };
+        let serve = match plan {
+            Some(plan) if plan.size() > 0 => Some(st.draw_plan_block(plan)?),
+            _ => None,
+        };
+        let id = st.next_run;
+        st.next_run += 1;
         let mut ops = core::mem::take(&mut st.spare_ops);
         ops.clear();
+        let mut rec = core::mem::take(&mut st.spare_rec);
+        rec.clear();
+        let mut max_end = 0;
+        if let Some(serve) = &serve {
+            // The plan's block is the run's first pool allocation.
+            let raw = st.plan_blocks[serve.slot as usize]
+                .as_ref()
+                .expect("just drawn")
+                .raw;
+            if clean == Some(raw.rid) {
+                max_end = raw.off + raw.size;
+            }
+            ops.push(RunOp::Alloc {
+                size: raw.size,
+                align: serve.plan.align().max(st.pool.granule()),
+                len: raw.size,
+            });
+            st.planned_runs += 1;
+        }
+        let peak = st.in_use();
+        let pool_allocs = ops.len() as u32;
         st.run = Some(OpenRun {
             id,
             ops,
+            pool_allocs,
             allocs: 0,
             frees: 0,
             live_blocks: 0,
             live_bytes: 0,
-            peak: st.pool.in_use(),
-            backing_allocs_at_start: st.pool.backing_allocs(),
-            backing_frees_at_start: st.pool.backing_frees(),
+            peak,
+            backing_allocs_at_start: at_start.0,
+            backing_frees_at_start: at_start.1,
             clean,
-            max_end: 0,
+            max_end,
+            rec,
+            serve,
+            planned_allocs: 0,
         });
         let scratch = st.scratch.take().unwrap_or_default();
         drop(st);
@@ -281,6 +425,22 @@ impl<A: Allocator> Arena<A> {
             scratch,
             open: true,
         })
+    }
+
+    /// Makes sure `bytes` can be served with no backing call (a free span
+    /// that large exists), adding a region if needed; for instance to
+    /// prepare a new session clone for a known plan before its first run.
+    ///
+    /// # Errors
+    /// As [`Arena::try_alloc`].
+    pub fn reserve(&self, bytes: usize) -> Result<(), ArenaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut st = self.state.borrow_mut();
+        st.check();
+        let size = st.pool.span_size(bytes, 1)?;
+        st.pool.reserve(size)
     }
 
     /// Whether a run is open.
@@ -332,13 +492,18 @@ impl<A: Allocator> Arena<A> {
         self.state.borrow().check_invariants();
     }
 
-    /// Frees the block at `(rid, off)`; used by [`Block`]'s drop.
-    pub(crate) fn release(&self, rid: RegionId, off: usize) {
-        let result = self.state.borrow_mut().free(rid, off);
+    /// Frees the block in span `span`; used by [`Block`]'s drop.
+    pub(crate) fn release(&self, span: SpanId) {
+        let result = self.state.borrow_mut().free(span);
         debug_assert!(result.is_ok(), "a live block was not found in its arena");
     }
 
-    fn finish_run(&self) -> RunReport {
+    /// Frees planned block `index` of plan block `slot`; used by [`Block`]'s drop.
+    fn release_planned(&self, slot: u32, index: u32, size: usize) {
+        self.state.borrow_mut().free_planned(slot, index, size);
+    }
+
+    fn finish_run(&self) -> (RunReport, Recording) {
         self.state.borrow_mut().finish_run()
     }
 }
@@ -350,21 +515,131 @@ impl<A: Allocator> State<A> {
         self.check_invariants();
     }
 
+    /// Bytes in live blocks: the pool's, minus the unused part of plan blocks.
+    fn in_use(&self) -> usize {
+        self.pool.in_use() - (self.plan_reserved - self.planned_live)
+    }
+
+    /// Draws the block of `plan` from the pool and returns its serving state.
+    fn draw_plan_block(&mut self, plan: Arc<Plan>) -> Result<Serve, ArenaError> {
+        self.check();
+        let size = self.pool.span_size(plan.size(), plan.align())?;
+        let tag = Tag {
+            run: self.next_run,
+            index: 0,
+            rec: NOT_PLANNED,
+            len: size,
+            #[cfg(debug_assertions)]
+            location: Location::caller(),
+        };
+        let raw = self.pool.alloc(size, plan.align(), tag)?;
+        let block = PlanBlock {
+            raw,
+            live: 0,
+            open: true,
+        };
+        let slot = match self.plan_blocks.iter().position(Option::is_none) {
+            Some(i) => {
+                self.plan_blocks[i] = Some(block);
+                i
+            }
+            None => {
+                self.plan_blocks.push(Some(block));
+                self.plan_blocks.len() - 1
+            }
+        };
+        self.plan_reserved += size;
+        Ok(Serve {
+            plan,
+            slot: slot as u32,
+            pos: 0,
+            deviated: false,
+        })
+    }
+
+    /// Allocates a block for the caller: from the plan serving the run when
+    /// the run still follows it, else from the pool.
     fn alloc(
         &mut self,
         len: usize,
         align: usize,
         location: &'static Location<'static>,
+    ) -> Result<Handed, ArenaError> {
+        let size = self.pool.span_size(len, align)?;
+        let raw_align = align;
+        let align = align.max(self.pool.granule());
+        if let Some(run) = &mut self.run {
+            if let Some(serve) = &mut run.serve {
+                let index = run.rec.len() as u32;
+                if !serve.deviated && serve.plan.serves_alloc(serve.pos, index, size, align) {
+                    let offset = serve.plan.offset(index as usize).unwrap_or(0);
+                    let pb = self.plan_blocks[serve.slot as usize]
+                        .as_mut()
+                        .expect("the serving plan's block is live");
+                    debug_assert!(offset + size <= pb.raw.size);
+                    // SAFETY: `offset + size <= plan size <= pb.raw.size`
+                    // (the plan's offsets keep every block inside its
+                    // footprint), so the pointer stays inside the plan's
+                    // block, which is a live span of the pool.
+                    let ptr = unsafe { pb.raw.ptr.add(offset) };
+                    pb.live += 1;
+                    serve.pos += 1;
+                    let slot = serve.slot;
+                    run.rec.alloc(size, align);
+                    run.allocs += 1;
+                    run.planned_allocs += 1;
+                    self.planned_live += size;
+                    self.planned_allocs += 1;
+                    self.allocs += 1;
+                    let in_use = self.in_use();
+                    self.peak_in_use = self.peak_in_use.max(in_use);
+                    if let Some(r) = &mut self.run {
+                        r.peak = r.peak.max(in_use);
+                    }
+                    return Ok(Handed::Planned {
+                        ptr,
+                        slot,
+                        index,
+                        size,
+                    });
+                }
+                if !serve.deviated {
+                    serve.deviated = true;
+                    self.deviations += 1;
+                }
+            }
+        }
+        debug_assert!(size > 0);
+        self.alloc_pool(len, raw_align, location, true)
+            .map(Handed::Pool)
+    }
+
+    /// Allocates from the pool; `planable` blocks enter the run's recording.
+    fn alloc_pool(
+        &mut self,
+        len: usize,
+        align: usize,
+        location: &'static Location<'static>,
+        planable: bool,
     ) -> Result<RawBlock, ArenaError> {
         self.check();
         let size = self.pool.span_size(len, align)?;
-        let (run, index) = match &self.run {
-            Some(r) => (r.id, r.allocs as u32),
-            None => (0, 0),
+        let (run, index, rec) = match &self.run {
+            Some(r) => (
+                r.id,
+                r.pool_allocs,
+                if planable {
+                    r.rec.len() as u32
+                } else {
+                    NOT_PLANNED
+                },
+            ),
+            None => (0, 0, NOT_PLANNED),
         };
         let tag = Tag {
             run,
             index,
+            rec,
             len,
             #[cfg(debug_assertions)]
             location,
@@ -373,14 +648,19 @@ impl<A: Allocator> State<A> {
         let _ = location;
         let raw = self.pool.alloc(size, align, tag)?;
         self.allocs += 1;
-        let in_use = self.pool.in_use();
+        let in_use = self.in_use();
         self.peak_in_use = self.peak_in_use.max(in_use);
+        let granule = self.pool.granule();
         if let Some(r) = &mut self.run {
             r.ops.push(RunOp::Alloc {
                 size,
-                align: align.max(self.pool.granule()),
+                align: align.max(granule),
                 len,
             });
+            r.pool_allocs += 1;
+            if rec != NOT_PLANNED {
+                r.rec.alloc(size, align.max(granule));
+            }
             r.allocs += 1;
             r.live_blocks += 1;
             r.live_bytes += size;
@@ -392,9 +672,9 @@ impl<A: Allocator> State<A> {
         Ok(raw)
     }
 
-    fn free(&mut self, rid: RegionId, off: usize) -> Result<(), crate::freemap::FreeError> {
+    fn free(&mut self, span: SpanId) -> Result<(), crate::freemap::FreeError> {
         self.check();
-        let (size, tag) = self.pool.free(rid, off)?;
+        let (size, tag) = self.pool.free(span)?;
         self.frees += 1;
         if let Some(r) = &mut self.run {
             r.frees += 1;
@@ -402,20 +682,94 @@ impl<A: Allocator> State<A> {
                 r.ops.push(RunOp::Free { index: tag.index });
                 r.live_blocks -= 1;
                 r.live_bytes -= size;
+                if tag.rec != NOT_PLANNED {
+                    r.rec.free(tag.rec);
+                    Self::check_free(r, tag.rec, &mut self.deviations);
+                }
             }
         }
         Ok(())
+    }
+
+    /// Follows a free of recorded block `index` in the serving plan.
+    fn check_free(run: &mut OpenRun, index: u32, deviations: &mut u64) {
+        if let Some(serve) = &mut run.serve {
+            if serve.deviated {
+                return;
+            }
+            if serve.plan.expects_free(serve.pos, index) {
+                serve.pos += 1;
+            } else {
+                serve.deviated = true;
+                *deviations += 1;
+            }
+        }
+    }
+
+    fn free_planned(&mut self, slot: u32, index: u32, size: usize) {
+        self.check();
+        self.frees += 1;
+        self.planned_live -= size;
+        let Some(pb) = self
+            .plan_blocks
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+        else {
+            debug_assert!(false, "planned block of a released plan block");
+            return;
+        };
+        pb.live -= 1;
+        let orphan_done = !pb.open && pb.live == 0;
+        if let Some(r) = &mut self.run {
+            r.frees += 1;
+            if r.serve.as_ref().is_some_and(|s| s.slot == slot) {
+                r.rec.free(index);
+                Self::check_free(r, index, &mut self.deviations);
+            }
+        }
+        if orphan_done {
+            self.release_plan_block(slot);
+        }
+    }
+
+    /// Returns plan block `slot` to the pool.
+    fn release_plan_block(&mut self, slot: u32) {
+        if let Some(pb) = self.plan_blocks[slot as usize].take() {
+            self.plan_reserved -= pb.raw.size;
+            let freed = self.pool.free(pb.raw.span);
+            debug_assert!(freed.is_ok(), "plan block not live in the pool");
+        }
     }
 
     fn watermark(&self) -> usize {
         self.recent.iter().copied().max().unwrap_or(0)
     }
 
-    fn finish_run(&mut self) -> RunReport {
+    fn finish_run(&mut self) -> (RunReport, Recording) {
         self.check();
         let Some(mut run) = self.run.take() else {
-            return RunReport::default();
+            return (RunReport::default(), Recording::new());
         };
+        let mut planned = false;
+        let mut deviated = false;
+        if let Some(serve) = run.serve.take() {
+            planned = true;
+            if !serve.deviated && serve.pos != serve.plan.event_count() {
+                // The run did less than recorded (or kept blocks past its end).
+                self.deviations += 1;
+                deviated = true;
+            }
+            deviated |= serve.deviated;
+            let slot = serve.slot;
+            let pb = self.plan_blocks[slot as usize]
+                .as_mut()
+                .expect("the serving plan's block is live");
+            pb.open = false;
+            if pb.live == 0 {
+                self.release_plan_block(slot);
+                run.ops.push(RunOp::Free { index: 0 });
+            }
+        }
         let grew = self.pool.backing_allocs() != run.backing_allocs_at_start;
         let high_water = match run.clean {
             Some(rid) if !grew && self.pool.single_region().map(|r| r.0) == Some(rid) => {
@@ -455,10 +809,13 @@ impl<A: Allocator> State<A> {
             reserved: self.pool.reserved(),
             released,
             relaid_out,
+            planned,
+            deviated,
+            planned_allocs: run.planned_allocs,
         };
         run.ops.clear();
         self.spare_ops = core::mem::take(&mut run.ops);
-        report
+        (report, run.rec)
     }
 
     fn apply_policy(&mut self, high_water: usize) -> usize {
@@ -515,7 +872,7 @@ impl<A: Allocator> State<A> {
 
     fn stats(&self) -> Stats {
         Stats {
-            in_use: self.pool.in_use(),
+            in_use: self.in_use(),
             peak_in_use: self.peak_in_use,
             reserved: self.pool.reserved(),
             watermark: self.watermark(),
@@ -532,6 +889,9 @@ impl<A: Allocator> State<A> {
             runs: self.runs,
             shrinks: self.shrinks,
             relayouts: self.relayouts,
+            planned_allocs: self.planned_allocs,
+            planned_runs: self.planned_runs,
+            deviations: self.deviations,
         }
     }
 
@@ -554,11 +914,22 @@ impl<A: Allocator> State<A> {
     #[cfg(any(test, fuzzing, feature = "check-invariants"))]
     fn check_invariants(&self) {
         self.pool.check_invariants();
+        let in_use = self.in_use();
         if let Some(r) = &self.run {
-            assert!(r.live_bytes <= self.pool.in_use());
-            assert!(r.peak >= self.pool.in_use());
+            assert!(r.live_bytes <= in_use);
+            assert!(r.peak >= in_use);
         }
-        assert!(self.peak_in_use >= self.pool.in_use());
+        assert!(self.peak_in_use >= in_use);
+        let plan_blocks: usize = self.plan_blocks.iter().flatten().map(|b| b.raw.size).sum();
+        assert_eq!(plan_blocks, self.plan_reserved);
+        assert!(self.planned_live <= self.plan_reserved);
+        for pb in self.plan_blocks.iter().flatten() {
+            assert!(
+                pb.open || pb.live > 0,
+                "a finished plan block with nothing live"
+            );
+            assert!(self.pool.get(pb.raw.span).is_some());
+        }
         assert!(self.recent.len() <= self.config.watermark_window);
     }
 }
@@ -582,7 +953,9 @@ enum Origin {
     /// A zero-size block: no memory.
     Empty,
     /// A span of the pool.
-    Pool { rid: RegionId, off: usize },
+    Pool { span: SpanId },
+    /// A place in a planned run's block.
+    Planned { slot: u32, index: u32, size: usize },
 }
 
 /// A buffer from an [`Arena`]; derefs to `[u8]` and goes back to the
@@ -601,7 +974,7 @@ pub struct Block<'a, A: Allocator = Global> {
     origin: Origin,
 }
 
-impl<A: Allocator> Block<'_, A> {
+impl<'a, A: Allocator> Block<'a, A> {
     /// Bytes requested (the block may hold a few more, see [`Block::capacity`]).
     pub fn len(&self) -> usize {
         self.len
@@ -616,13 +989,8 @@ impl<A: Allocator> Block<'_, A> {
     pub fn capacity(&self) -> usize {
         match self.origin {
             Origin::Empty => 0,
-            Origin::Pool { rid, off } => self
-                .arena
-                .state
-                .borrow()
-                .pool
-                .get(rid, off)
-                .map_or(0, |s| s.0),
+            Origin::Pool { span } => self.arena.state.borrow().pool.get(span).map_or(0, |s| s.0),
+            Origin::Planned { size, .. } => size,
         }
     }
 
@@ -653,6 +1021,75 @@ impl<A: Allocator> Block<'_, A> {
     pub fn pod_mut<T: bytemuck::Pod>(&mut self) -> Result<&mut [T], bytemuck::PodCastError> {
         bytemuck::try_cast_slice_mut(self)
     }
+
+    /// The block as a typed buffer of `len() / size_of::<T>()` elements.
+    ///
+    /// # Errors
+    /// Gives the block back when `T` is zero-sized, needs more alignment
+    /// than the block's address has, or the length is not a multiple of
+    /// `size_of::<T>()`.
+    pub fn into_typed<T: bytemuck::Pod>(self) -> Result<TypedBlock<'a, T, A>, Self> {
+        let size = size_of::<T>();
+        if size == 0 || self.len % size != 0 || self.ptr.as_ptr() as usize % align_of::<T>() != 0 {
+            return Err(self);
+        }
+        Ok(TypedBlock {
+            len: self.len / size,
+            block: self,
+            _elem: core::marker::PhantomData,
+        })
+    }
+}
+
+/// A [`Block`] viewed as a slice of `T`: derefs to `[T]`; from
+/// [`Arena::try_alloc_slice`] or [`Block::into_typed`].
+pub struct TypedBlock<'a, T, A: Allocator = Global> {
+    block: Block<'a, A>,
+    /// Elements; `len * size_of::<T>() == block.len()`.
+    len: usize,
+    _elem: core::marker::PhantomData<T>,
+}
+
+impl<'a, T: bytemuck::Pod, A: Allocator> TypedBlock<'a, T, A> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there is no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The untyped block.
+    pub fn into_block(self) -> Block<'a, A> {
+        self.block
+    }
+}
+
+impl<T: bytemuck::Pod, A: Allocator> Deref for TypedBlock<'_, T, A> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // Checked when the typed block was made (size and alignment), so
+        // this cast cannot fail; bytemuck checks it again.
+        bytemuck::cast_slice(&self.block)
+    }
+}
+
+impl<T: bytemuck::Pod, A: Allocator> DerefMut for TypedBlock<'_, T, A> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        bytemuck::cast_slice_mut(&mut self.block)
+    }
+}
+
+impl<T, A: Allocator> fmt::Debug for TypedBlock<'_, T, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TypedBlock")
+            .field("ptr", &self.block.ptr)
+            .field("len", &self.len)
+            .field("elem", &core::any::type_name::<T>())
+            .finish()
+    }
 }
 
 impl<A: Allocator> Deref for Block<'_, A> {
@@ -675,8 +1112,12 @@ impl<A: Allocator> DerefMut for Block<'_, A> {
 
 impl<A: Allocator> Drop for Block<'_, A> {
     fn drop(&mut self) {
-        if let Origin::Pool { rid, off } = self.origin {
-            self.arena.release(rid, off);
+        match self.origin {
+            Origin::Empty => {}
+            Origin::Pool { span } => self.arena.release(span),
+            Origin::Planned { slot, index, size } => {
+                self.arena.release_planned(slot, index, size);
+            }
         }
     }
 }
@@ -727,26 +1168,49 @@ impl<'a, A: Allocator> Run<'a, A> {
         self.arena.alloc_inner(len, 1, Location::caller())
     }
 
+    /// A typed buffer in the run; the same as [`Arena::try_alloc_slice`].
+    ///
+    /// # Errors
+    /// As [`Arena::try_alloc_slice`].
+    #[track_caller]
+    pub fn try_alloc_slice<T: bytemuck::Pod>(
+        &self,
+        len: usize,
+    ) -> Result<TypedBlock<'a, T, A>, ArenaError> {
+        typed(self.arena.alloc_slice_bytes::<T>(len, Location::caller())?)
+    }
+
     /// Closes the run and reports what it did. Blocks of the run still live
     /// are counted as leaked; they stay valid until dropped.
     pub fn finish(mut self) -> RunReport {
-        self.close()
+        self.close(false).0
     }
 
-    fn close(&mut self) -> RunReport {
+    /// Closes the run and also returns its [`Recording`], from which a
+    /// [`Plan`] for runs of the same shape can be made.
+    pub fn finish_with_recording(mut self) -> (RunReport, Recording) {
+        self.close(true)
+    }
+
+    fn close(&mut self, keep_recording: bool) -> (RunReport, Recording) {
         self.open = false;
-        let report = self.arena.finish_run();
+        let (report, mut rec) = self.arena.finish_run();
         let mut scratch = core::mem::take(&mut self.scratch);
         scratch.reset();
-        self.arena.state.borrow_mut().scratch = Some(scratch);
-        report
+        let mut st = self.arena.state.borrow_mut();
+        st.scratch = Some(scratch);
+        if !keep_recording {
+            rec.clear();
+            st.spare_rec = core::mem::take(&mut rec);
+        }
+        (report, rec)
     }
 }
 
 impl<A: Allocator> Drop for Run<'_, A> {
     fn drop(&mut self) {
         if self.open {
-            self.close();
+            self.close(false);
         }
     }
 }
@@ -773,8 +1237,9 @@ unsafe impl<A: Allocator> Allocator for &Arena<A> {
         let raw = self
             .state
             .borrow_mut()
-            .alloc(layout.size(), layout.align(), Location::caller())
+            .alloc_pool(layout.size(), layout.align(), Location::caller(), false)
             .map_err(|_| AllocError)?;
+        self.state.borrow_mut().pool.track_addr(&raw);
         Ok(NonNull::slice_from_raw_parts(raw.ptr, raw.size))
     }
 
@@ -783,17 +1248,38 @@ unsafe impl<A: Allocator> Allocator for &Arena<A> {
             return;
         }
         let mut st = self.state.borrow_mut();
-        let Some((rid, off)) = st.pool.locate(ptr) else {
-            debug_assert!(false, "deallocate: {ptr:p} does not belong to this arena");
+        let Some(span) = st.pool.take_by_addr(ptr) else {
+            debug_assert!(
+                false,
+                "deallocate: {ptr:p} is not a live block of this arena (foreign pointer or double free)"
+            );
             return;
         };
-        st.pool.zero_block(rid, off);
-        let result = st.free(rid, off);
+        st.pool.zero_block(span);
+        let result = st.free(span);
         debug_assert!(
             result.is_ok(),
             "deallocate: {ptr:p} is not a live block of this arena (double free?): {result:?}"
         );
     }
+}
+
+/// Wraps a block just allocated for `T` (size and alignment already right).
+fn typed<T: bytemuck::Pod, A: Allocator>(
+    block: Block<'_, A>,
+) -> Result<TypedBlock<'_, T, A>, ArenaError> {
+    if size_of::<T>() == 0 {
+        // A slice of zero-sized elements needs no memory; the block is empty.
+        return Ok(TypedBlock {
+            block,
+            len: 0,
+            _elem: core::marker::PhantomData,
+        });
+    }
+    let len = block.len();
+    block
+        .into_typed()
+        .map_err(|_| ArenaError::CapacityOverflow { requested: len })
 }
 
 /// A non-null pointer aligned to `align`, for zero-size allocations.

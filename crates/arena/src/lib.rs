@@ -7,14 +7,17 @@ mod backing;
 mod config;
 mod error;
 mod freemap;
+pub mod plan;
 mod pool;
 mod shared;
 mod stats;
+pub mod trace;
 
 pub use allocator_api2;
-pub use arena::{Arena, Block, Run};
+pub use arena::{Arena, Block, Run, TypedBlock};
 pub use config::{ArenaConfig, Growth, Relayout, ShrinkPolicy, DEFAULT_MAX_EXTEND};
 pub use error::ArenaError;
+pub use plan::{Plan, PlanCache, PlanStats, Recording};
 pub use shared::{SharedArena, SharedBlock};
 pub use stats::{LiveBlock, RunReport, Stats};
 

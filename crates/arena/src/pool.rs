@@ -7,24 +7,30 @@
 
 use crate::backing::Backing;
 use crate::config::{ArenaConfig, Growth};
-use crate::freemap::{align_up, FreeError, FreeMap, RegionId};
+use crate::freemap::{align_up, FreeError, FreeMap, RegionId, SpanId, MAX_REGION, MAX_REGIONS};
 use crate::ArenaError;
 use allocator_api2::alloc::{Allocator, Layout};
 use core::ptr::NonNull;
+use std::collections::HashMap;
 
 /// The payload of a live block, kept in its span.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Tag {
     /// The run the block was allocated in (0: outside any run).
     pub(crate) run: u64,
-    /// Index of the allocation within its run.
+    /// Index of the allocation among the run's pool allocations.
     pub(crate) index: u32,
+    /// Index among the run's planable blocks ([`NOT_PLANNED`] if none).
+    pub(crate) rec: u32,
     /// Bytes the caller asked for (the span may be larger).
     pub(crate) len: usize,
     /// Where the block was allocated (debug builds only).
     #[cfg(debug_assertions)]
     pub(crate) location: &'static core::panic::Location<'static>,
 }
+
+/// [`Tag::rec`] of a block that is not part of the run's recording.
+pub(crate) const NOT_PLANNED: u32 = u32::MAX;
 
 /// One region of backing memory.
 #[derive(Debug)]
@@ -52,9 +58,16 @@ pub(crate) struct RawBlock {
     pub(crate) rid: RegionId,
     /// Offset in that region.
     pub(crate) off: usize,
+    /// The span holding it.
+    pub(crate) span: SpanId,
     /// Size of the span (the request rounded up to the granule).
     pub(crate) size: usize,
 }
+
+// SAFETY: a `RawBlock` is an address inside a region the pool owns; moving
+// it to another thread along with its arena (it is stored in the arena's
+// state) gives no access the arena's own `Send` does not.
+unsafe impl Send for RawBlock {}
 
 /// Memory regions and the blocks carved from them.
 #[derive(Debug)]
@@ -63,6 +76,9 @@ pub(crate) struct Pool<A: Allocator> {
     /// Regions by id (the ids of `map`); `None` for released ids.
     regions: Vec<Option<Region>>,
     map: FreeMap<Tag>,
+    /// Spans handed out through the `Allocator` trait, by address: that
+    /// interface gives back a pointer, not a span id.
+    by_addr: HashMap<usize, SpanId>,
     granule: usize,
     max_align: usize,
     growth: Growth,
@@ -85,6 +101,7 @@ impl<A: Allocator> Pool<A> {
             backing: Backing::new(alloc),
             regions: Vec::new(),
             map: FreeMap::new(),
+            by_addr: HashMap::new(),
             granule: config.alignment,
             max_align: config.max_align,
             growth: config.growth,
@@ -138,9 +155,9 @@ impl<A: Allocator> Pool<A> {
             });
         }
         match align_up(len, self.granule) {
-            // Regions are laid out with `Layout::from_size_align(_, max_align)`,
-            // which needs the size rounded to `max_align` to stay <= isize::MAX.
-            Some(size) if size <= isize::MAX as usize - (self.max_align - 1) => Ok(size),
+            // No region is larger than `MAX_REGION` (128 TiB, beyond any
+            // address space in use; it keeps offsets in 47 bits).
+            Some(size) if size <= MAX_REGION => Ok(size),
             _ => Err(ArenaError::CapacityOverflow { requested: len }),
         }
     }
@@ -154,7 +171,7 @@ impl<A: Allocator> Pool<A> {
         tag: Tag,
     ) -> Result<RawBlock, ArenaError> {
         let align = align.max(self.granule);
-        let (rid, off) = match self.map.alloc(size, align, tag) {
+        let (rid, off, span) = match self.map.alloc(size, align, tag) {
             Some(found) => {
                 self.cache_hits += 1;
                 found
@@ -170,12 +187,12 @@ impl<A: Allocator> Pool<A> {
             }
         };
         self.in_use += size;
-        Ok(self.block_at(rid, off, size))
+        Ok(self.block_at(rid, off, span, size))
     }
 
     /// Builds the block at `(rid, off)`, first initializing any byte of it
     /// never handed out before.
-    fn block_at(&mut self, rid: RegionId, off: usize, size: usize) -> RawBlock {
+    fn block_at(&mut self, rid: RegionId, off: usize, span: SpanId, size: usize) -> RawBlock {
         let region = self.regions[rid as usize]
             .as_mut()
             .expect("the map only names live regions");
@@ -207,8 +224,18 @@ impl<A: Allocator> Pool<A> {
             ptr,
             rid,
             off,
+            span,
             size,
         }
+    }
+
+    /// Makes sure a free span of `size` bytes (a multiple of the granule)
+    /// exists, adding one region if none does.
+    pub(crate) fn reserve(&mut self, size: usize) -> Result<(), ArenaError> {
+        if self.map.largest_free() >= size {
+            return Ok(());
+        }
+        self.grow(size, size).map(drop)
     }
 
     /// Adds a region able to hold `size` bytes; returns its id.
@@ -237,6 +264,12 @@ impl<A: Allocator> Pool<A> {
             }
             self.release_free_regions(0);
             want = exact;
+        }
+        if self.map.region_ids().count() >= MAX_REGIONS - 1 {
+            return Err(ArenaError::BackingFailed {
+                requested,
+                region: exact,
+            });
         }
         for region in [want, exact] {
             let layout = Layout::from_size_align(region, self.max_align)
@@ -290,43 +323,44 @@ impl<A: Allocator> Pool<A> {
 
     /// `size` rounded up to the granule, saturating at the largest valid region.
     fn round_region(&self, size: usize) -> usize {
-        let max = (isize::MAX as usize - (self.max_align - 1)) & !(self.granule - 1);
-        align_up(size, self.granule).map_or(max, |s| s.min(max))
+        align_up(size, self.granule).map_or(MAX_REGION, |s| s.min(MAX_REGION))
     }
 
-    /// Frees the live block at `(rid, off)`; returns its size and tag.
-    pub(crate) fn free(&mut self, rid: RegionId, off: usize) -> Result<(usize, Tag), FreeError> {
-        let (size, tag) = self.map.free(rid, off)?;
+    /// Frees live span `span`; returns its size and tag.
+    pub(crate) fn free(&mut self, span: SpanId) -> Result<(usize, Tag), FreeError> {
+        let (size, tag) = self.map.free(span)?;
         self.in_use -= size;
         Ok((size, tag))
     }
 
-    /// The region and offset of the live block starting at `ptr`, if any.
-    pub(crate) fn locate(&self, ptr: NonNull<u8>) -> Option<(RegionId, usize)> {
-        let addr = ptr.as_ptr() as usize;
-        self.regions.iter().enumerate().find_map(|(rid, r)| {
-            let r = r.as_ref()?;
-            let base = r.ptr.as_ptr() as usize;
-            let off = addr.checked_sub(base)?;
-            (off < r.layout.size()).then_some((rid as RegionId, off))
-        })
+    /// Remembers the address of a block handed out through the `Allocator`
+    /// trait, so that [`Pool::take_by_addr`] finds it.
+    pub(crate) fn track_addr(&mut self, raw: &RawBlock) {
+        self.by_addr.insert(raw.ptr.as_ptr() as usize, raw.span);
     }
 
-    /// The size and tag of the live block at `(rid, off)`.
-    pub(crate) fn get(&self, rid: RegionId, off: usize) -> Option<(usize, Tag)> {
-        self.map.get(rid, off)
+    /// The span of a block handed out through the `Allocator` trait at
+    /// `ptr`, forgetting the address.
+    pub(crate) fn take_by_addr(&mut self, ptr: NonNull<u8>) -> Option<SpanId> {
+        self.by_addr.remove(&(ptr.as_ptr() as usize))
     }
 
-    /// Zeroes the live block at `(rid, off)`, so that bytes a typed user may
-    /// have left uninitialized (padding) never reach a later `&[u8]` view.
-    pub(crate) fn zero_block(&mut self, rid: RegionId, off: usize) {
-        let Some((size, _)) = self.map.get(rid, off) else {
+    /// The size and tag of live span `span`.
+    pub(crate) fn get(&self, span: SpanId) -> Option<(usize, Tag)> {
+        self.map.get(span)
+    }
+
+    /// Zeroes live span `span`, so that bytes a typed user may have left
+    /// uninitialized (padding) never reach a later `&[u8]` view.
+    pub(crate) fn zero_block(&mut self, span: SpanId) {
+        let (Some((size, _)), Some((rid, off))) = (self.map.get(span), self.map.position(span))
+        else {
             return;
         };
         let region = self.regions[rid as usize]
             .as_ref()
             .expect("the map only names live regions");
-        // SAFETY: `(rid, off)` is a live span of `size` bytes inside this
+        // SAFETY: the span is live, `size` bytes at `off` inside this
         // region; the caller (the `Allocator::deallocate` path) owns it and
         // is giving it back, so nothing else reads or writes it.
         unsafe { region.ptr.add(off).write_bytes(0, size) };

@@ -2,7 +2,7 @@
 
 use crate::arena::Arena;
 use crate::config::ArenaConfig;
-use crate::freemap::RegionId;
+use crate::freemap::SpanId;
 use crate::stats::Stats;
 use crate::ArenaError;
 use allocator_api2::alloc::{AllocError, Allocator, Global, Layout};
@@ -98,7 +98,7 @@ impl<A: Allocator> SharedArena<A> {
             shared: self,
             ptr: raw.ptr,
             len,
-            at: Some((raw.rid, raw.off)),
+            at: Some(raw.span),
         })
     }
 
@@ -149,8 +149,8 @@ pub struct SharedBlock<'a, A: Allocator = Global> {
     /// Valid for `len` bytes, initialized, owned by this block alone.
     ptr: NonNull<u8>,
     len: usize,
-    /// Region and offset, `None` for an empty block.
-    at: Option<(RegionId, usize)>,
+    /// The span holding it, `None` for an empty block.
+    at: Option<SpanId>,
 }
 
 // SAFETY: the block owns its bytes exclusively (no other block overlaps
@@ -192,8 +192,8 @@ impl<A: Allocator> DerefMut for SharedBlock<'_, A> {
 
 impl<A: Allocator> Drop for SharedBlock<'_, A> {
     fn drop(&mut self) {
-        if let Some((rid, off)) = self.at {
-            self.shared.inner.lock().release(rid, off);
+        if let Some(span) = self.at {
+            self.shared.inner.lock().release(span);
         }
     }
 }

@@ -47,6 +47,12 @@ pub struct Stats {
     pub shrinks: u64,
     /// Relayouts after growth (see [`Relayout`](crate::Relayout)).
     pub relayouts: u64,
+    /// Blocks served from a plan (no search, no backing call).
+    pub planned_allocs: u64,
+    /// Runs opened with a plan.
+    pub planned_runs: u64,
+    /// Planned runs that deviated from their plan.
+    pub deviations: u64,
 }
 
 impl Stats {
@@ -92,6 +98,13 @@ pub struct RunReport {
     pub released: usize,
     /// Whether the regions were laid out again at the end of the run.
     pub relaid_out: bool,
+    /// Whether the run was opened with a plan.
+    pub planned: bool,
+    /// Whether a planned run deviated from its plan.
+    pub deviated: bool,
+    /// Blocks served from the plan; `allocs - planned_allocs` came from the
+    /// dynamic pool.
+    pub planned_allocs: u64,
 }
 
 /// A block still live, from [`Arena::live_blocks`](crate::Arena::live_blocks).

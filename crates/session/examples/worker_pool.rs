@@ -51,18 +51,18 @@ fn infer(session: &mut Session, tokens: usize) -> f32 {
         let w1 = w.get("w1").unwrap().try_as_slice::<f32>().unwrap();
         let w2 = w.get("w2").unwrap().try_as_slice::<f32>().unwrap();
         let mut x = ctx.alloc_slice::<f32>(tokens * HIDDEN).unwrap();
-        for (i, v) in x.pod_mut::<f32>().unwrap().iter_mut().enumerate() {
+        for (i, v) in x.iter_mut().enumerate() {
             *v = (i % 13) as f32 / 13.0;
         }
         let mut h = ctx.alloc_slice::<f32>(tokens * 4 * HIDDEN).unwrap();
-        matmul(x.pod().unwrap(), w1, HIDDEN, h.pod_mut().unwrap());
+        matmul(&x, w1, HIDDEN, &mut h);
         drop(x);
-        for v in h.pod_mut::<f32>().unwrap() {
+        for v in h.iter_mut() {
             *v = v.max(0.0);
         }
         let mut y = ctx.alloc_slice::<f32>(tokens * HIDDEN).unwrap();
-        matmul(h.pod().unwrap(), w2, 4 * HIDDEN, y.pod_mut().unwrap());
-        y.pod::<f32>().unwrap().iter().sum()
+        matmul(&h, w2, 4 * HIDDEN, &mut y);
+        y.iter().sum()
     })
 }
 

@@ -8,7 +8,7 @@ mod swap;
 mod weights;
 
 pub use pool::{PoolGuard, SessionPool};
-pub use session::{RunContext, Session, SessionConfig, SessionStats};
+pub use session::{PlanConfig, RunContext, Session, SessionConfig, SessionStats};
 pub use swap::ModelHandle;
 pub use tensor_arena;
 

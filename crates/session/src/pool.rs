@@ -158,6 +158,7 @@ impl SessionPool {
         total.clones_created = t.clones_created;
         total.weight_bytes_mapped = t.weight_bytes_mapped;
         total.weight_bytes_copied = t.weight_bytes_copied;
+        total.plans = t.plans;
         total
     }
 }
@@ -184,6 +185,9 @@ fn add(total: &mut SessionStats, s: &SessionStats, bytes: bool) {
     t.runs += a.runs;
     t.shrinks += a.shrinks;
     t.relayouts += a.relayouts;
+    t.planned_allocs += a.planned_allocs;
+    t.planned_runs += a.planned_runs;
+    t.deviations += a.deviations;
     total.runs += s.runs;
     total.keys = total.keys.max(s.keys);
 }

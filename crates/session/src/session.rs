@@ -8,13 +8,42 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use tensor_arena::{Arena, ArenaConfig, ArenaError, Block, LiveBlock, Run, RunReport, Stats};
+use tensor_arena::plan::{Plan, PlanCache, PlanStats};
+use tensor_arena::{
+    Arena, ArenaConfig, ArenaError, Block, LiveBlock, Run, RunReport, Stats, TypedBlock,
+};
 
 /// Configuration of a [`Session`] and of every clone made from it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SessionConfig {
     /// Configuration of each clone's private arena.
     pub arena: ArenaConfig,
+    /// Shape-keyed memory plans.
+    pub plans: PlanConfig,
+}
+
+/// How a session family learns and uses memory plans.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanConfig {
+    /// Whether runs are recorded and planned by key (default: yes).
+    pub enabled: bool,
+    /// Plans kept (least recently used out); default 64.
+    pub capacity: usize,
+    /// When a key has no plan yet, serve its first run from the largest
+    /// plan held if it covers the run (same allocations and frees, none
+    /// larger), instead of the dynamic pool; the run's own plan is learned
+    /// at the same time. Default: no.
+    pub serve_smaller_from_larger: bool,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            capacity: 64,
+            serve_smaller_from_larger: false,
+        }
+    }
 }
 
 /// What clones of one session share: the model handle and live counters.
@@ -24,6 +53,8 @@ pub(crate) struct Family {
     pub(crate) alive: AtomicUsize,
     /// Clones ever made (including the original).
     pub(crate) created: AtomicU64,
+    /// Plans learned by any clone, used by all.
+    pub(crate) plans: PlanCache<Box<[usize]>>,
 }
 
 /// A model ready to run: shared read-only weights and a private [`Arena`]
@@ -68,6 +99,7 @@ impl Session {
         let family = Arc::new(Family {
             alive: AtomicUsize::new(0),
             created: AtomicU64::new(0),
+            plans: PlanCache::new(config.plans.capacity),
         });
         Self::member(model, config, family)
     }
@@ -97,16 +129,43 @@ impl Session {
     /// for instance); `f` gets a [`RunContext`] to read weights and allocate
     /// buffers, which all return to the arena when the run ends, also if
     /// `f` panics. Nothing `f` allocates can outlive the call.
+    ///
+    /// With plans enabled, the first run of a key is recorded and planned
+    /// (by any clone: the family shares its plans), and later runs of the
+    /// key get their buffers at the plan's offsets in one block.
     pub fn run<R>(&mut self, key: &[usize], f: impl FnOnce(&RunContext<'_>) -> R) -> R {
         let weights = self.model.load();
-        let run = self.arena.begin_run();
+        let plans = &self.family.plans;
+        let cfg = self.config.plans;
+        let (plan, own) = match cfg.enabled.then(|| plans.get(key)).flatten() {
+            Some(p) => (Some(p), true),
+            None if cfg.enabled && cfg.serve_smaller_from_larger => (plans.largest(), false),
+            None => (None, false),
+        };
+        let run = match plan {
+            Some(p) => match self.arena.begin_planned_run(p) {
+                Ok(run) => run,
+                Err(_) => self.arena.begin_run(),
+            },
+            None => self.arena.begin_run(),
+        };
         let ctx = RunContext {
             run: &run,
             weights: &weights,
             key,
         };
         let out = f(&ctx);
-        let report = run.finish();
+        let (report, recording) = run.finish_with_recording();
+        if report.deviated {
+            plans.note_deviation();
+        }
+        if cfg.enabled
+            && (!own || report.deviated)
+            && report.leaked_blocks == 0
+            && !recording.is_empty()
+        {
+            plans.insert(key.into(), Arc::new(Plan::from_recording(&recording)));
+        }
         self.runs += 1;
         self.last = Some(report);
         match self.keys.get_mut(key) {
@@ -116,6 +175,24 @@ impl Session {
             }
         }
         out
+    }
+
+    /// Prepares this session for `key`: if the family has a plan for it,
+    /// reserves a free block of the plan's size now, so that the first run
+    /// of `key` makes no backing call. Returns whether a plan was found.
+    ///
+    /// # Errors
+    /// As [`Arena::reserve`].
+    pub fn warm(&mut self, key: &[usize]) -> Result<bool, ArenaError> {
+        match self.family.plans.get(key) {
+            Some(plan) => self.arena.reserve(plan.size()).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// The plans this session's family has learned.
+    pub fn plans(&self) -> &PlanCache<Box<[usize]>> {
+        &self.family.plans
     }
 
     /// The weights new runs will use.
@@ -167,6 +244,7 @@ impl Session {
             weight_bytes_mapped: mapped,
             weight_bytes_copied: copied,
             last_run: self.last,
+            plans: self.family.plans.stats(),
         }
     }
 
@@ -244,21 +322,33 @@ impl<'r> RunContext<'r> {
         self.run.try_alloc(bytes)
     }
 
-    /// A buffer of `len` elements of `T`, zero-filled.
+    /// A buffer of `len` elements of `T` from the session's arena. Its
+    /// values are unspecified (whatever a previous run left): kernels that
+    /// overwrite their output need no zeroing; see
+    /// [`RunContext::alloc_zeroed`] otherwise.
     ///
     /// # Errors
-    /// [`ArenaError::CapacityOverflow`] if the size overflows, else as
-    /// [`Arena::try_alloc`].
+    /// See [`Arena::try_alloc_slice`].
     #[track_caller]
-    pub fn alloc_slice<T: bytemuck::Pod>(&self, len: usize) -> Result<Block<'r>, ArenaError> {
-        let bytes = len
-            .checked_mul(size_of::<T>())
-            .ok_or(ArenaError::CapacityOverflow {
-                requested: usize::MAX,
-            })?;
-        let mut block = self.run.try_alloc(bytes)?;
-        block.fill(0);
-        Ok(block)
+    pub fn alloc_slice<T: bytemuck::Pod>(
+        &self,
+        len: usize,
+    ) -> Result<TypedBlock<'r, T>, ArenaError> {
+        self.run.try_alloc_slice(len)
+    }
+
+    /// Like [`RunContext::alloc_slice`], with every element zero.
+    ///
+    /// # Errors
+    /// See [`Arena::try_alloc_slice`].
+    #[track_caller]
+    pub fn alloc_zeroed<T: bytemuck::Pod>(
+        &self,
+        len: usize,
+    ) -> Result<TypedBlock<'r, T>, ArenaError> {
+        let mut buf = self.run.try_alloc_slice(len)?;
+        buf.fill(T::zeroed());
+        Ok(buf)
     }
 
     /// Scratch memory for small per-run data, reset when the run ends.
@@ -292,4 +382,6 @@ pub struct SessionStats {
     pub weight_bytes_copied: usize,
     /// The last run's report.
     pub last_run: Option<RunReport>,
+    /// The family's plan cache counters (shared by all clones).
+    pub plans: PlanStats,
 }

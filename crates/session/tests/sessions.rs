@@ -27,12 +27,11 @@ fn infer(session: &mut Session, n: usize) -> f32 {
         let b = weights.get("b").unwrap().try_as_slice::<f32>().unwrap();
         let rows = b.len();
         let mut x = ctx.alloc_slice::<f32>(n * 16).unwrap();
-        for (i, v) in x.pod_mut::<f32>().unwrap().iter_mut().enumerate() {
+        for (i, v) in x.iter_mut().enumerate() {
             *v = (i / 16) as f32;
         }
         let mut y = ctx.alloc_slice::<f32>(n * rows).unwrap();
-        let xs = x.pod::<f32>().unwrap();
-        let ys = y.pod_mut::<f32>().unwrap();
+        let (xs, ys) = (&x[..], &mut y[..]);
         for k in 0..n {
             for r in 0..rows {
                 let dot: f32 = (0..16).map(|c| w[r * 16 + c] * xs[k * 16 + c]).sum();
@@ -256,4 +255,35 @@ fn hot_swap_moves_new_runs_and_releases_the_old_map_after_the_last_old_run() {
     assert!(!is_mapped(&new_path));
     std::fs::remove_file(old_path).unwrap();
     std::fs::remove_file(new_path).unwrap();
+}
+
+#[test]
+fn a_plan_learned_by_one_clone_serves_another_clones_first_run() {
+    let weights = Arc::new(matvec_weights(16, 0.0));
+    let mut a = Session::new(weights, SessionConfig::default());
+    assert_eq!(infer(&mut a, 12), expected(16, 12, 0.0));
+    assert_eq!(
+        a.plans().stats().plans,
+        1,
+        "the first run of the key is planned"
+    );
+    let mut b = a.try_clone();
+    assert_eq!(b.stats().arena.reserved, 0);
+    assert!(b.warm(&[12, 16]).unwrap(), "the family knows the key");
+    let reserved = b.stats().arena;
+    assert_eq!(infer(&mut b, 12), expected(16, 12, 0.0));
+    let report = b.stats().last_run.unwrap();
+    assert!(report.planned && !report.deviated);
+    assert_eq!(report.backing_allocs, 0, "no backing call");
+    assert_eq!(
+        report.planned_allocs, report.allocs,
+        "no dynamic-pool search"
+    );
+    assert_eq!(b.stats().arena.backing_allocs, reserved.backing_allocs);
+    // A new key is recorded, then planned, by whichever clone sees it.
+    infer(&mut b, 5);
+    infer(&mut a, 5);
+    assert!(a.stats().last_run.unwrap().planned);
+    let st = a.stats().plans;
+    assert_eq!((st.plans, st.deviations), (2, 0));
 }

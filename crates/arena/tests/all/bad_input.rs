@@ -40,15 +40,21 @@ fn zero_size_gives_an_empty_block_and_no_memory() {
 #[test]
 fn sizes_near_usize_max_overflow() {
     let arena = warm();
-    for len in [usize::MAX, usize::MAX - 63, isize::MAX as usize] {
+    // Past 128 TiB (more than any address space in use) is an overflow.
+    for len in [
+        usize::MAX,
+        usize::MAX - 63,
+        isize::MAX as usize,
+        (1 << 47) + 1,
+    ] {
         refused(
             &arena,
             ArenaError::CapacityOverflow { requested: len },
             |a| a.try_alloc(len).map(drop),
         );
     }
-    // The largest size a region layout allows is valid, and no machine has it.
-    let len = isize::MAX as usize - 4095;
+    // The largest size the arena serves is valid, and no machine has it.
+    let len = 1 << 47;
     refused(
         &arena,
         ArenaError::BackingFailed {

@@ -5,4 +5,8 @@ mod basics;
 mod common;
 mod footprint;
 mod model;
+mod planner;
+mod plans;
+mod reliability;
 mod shared;
+mod trace;

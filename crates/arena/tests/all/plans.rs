@@ -1,0 +1,180 @@
+//! Planned runs: serving, deviation, the cache, saving and loading.
+
+use crate::common::{read_trace, Counting, TraceRun};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tensor_arena::{Arena, ArenaConfig, Block, Plan, PlanCache, Recording, RunReport};
+
+/// Replays `run` (scaled sizes), checking a per-block pattern when each
+/// block dies, and returns the report and recording.
+fn replay<A: allocator_api2::alloc::Allocator>(
+    arena: &Arena<A>,
+    plan: Option<Arc<Plan>>,
+    run: &TraceRun,
+    change: Option<(usize, usize)>,
+) -> (RunReport, Recording) {
+    let r = match plan {
+        Some(p) => arena.begin_planned_run(p).unwrap(),
+        None => arena.begin_run(),
+    };
+    let mut live: HashMap<usize, (Block<'_, A>, u8)> = HashMap::new();
+    let mut n = 0;
+    for &(alloc, id, bytes) in &run.events {
+        if alloc {
+            let bytes = match change {
+                Some((at, to)) if at == n => to,
+                _ => bytes,
+            };
+            n += 1;
+            let mut b = r.try_alloc(bytes).unwrap();
+            let seed = id as u8 ^ 0x5a;
+            b.fill(seed);
+            live.insert(id, (b, seed));
+        } else {
+            let (b, seed) = live.remove(&id).unwrap();
+            assert!(b.iter().all(|&x| x == seed), "block {id} overwritten");
+        }
+    }
+    r.finish_with_recording()
+}
+
+#[test]
+fn a_planned_run_serves_every_block_with_no_search_and_no_backing_call() {
+    let counting = Counting::default();
+    let arena = Arena::with_backing(ArenaConfig::default(), &counting);
+    let run = &read_trace("ppocr-cls-6x3x48x192.trace")[0];
+    let (first, rec) = replay(&arena, None, run, None);
+    assert!(!first.planned);
+    assert_eq!(rec.len(), run.events.iter().filter(|e| e.0).count());
+    let plan = Arc::new(Plan::from_recording(&rec));
+    plan.validate().unwrap();
+    assert!(plan.size() <= first.high_water);
+    let calls = counting.calls.get() + counting.frees.get();
+    for _ in 0..20 {
+        let (report, _) = replay(&arena, Some(Arc::clone(&plan)), run, None);
+        assert!(report.planned && !report.deviated);
+        assert_eq!(report.planned_allocs, report.allocs);
+        assert_eq!(report.backing_allocs, 0);
+        assert_eq!(report.high_water, plan.size().next_multiple_of(64));
+    }
+    assert_eq!(counting.calls.get() + counting.frees.get(), calls);
+    let s = arena.stats();
+    assert_eq!((s.in_use, s.planned_runs, s.deviations), (0, 20, 0));
+    // The plan's block is all the run needs: shrink to it.
+    arena.shrink();
+    assert!(arena.stats().reserved <= plan.size() + 64);
+    let (report, _) = replay(&arena, Some(plan), run, None);
+    assert_eq!(report.backing_allocs, 0);
+}
+
+#[test]
+fn a_run_that_changes_one_size_halfway_deviates_and_stays_correct() {
+    let arena = Arena::new(ArenaConfig::default());
+    let run = &read_trace("densenet121-1x3x224x224.trace")[0];
+    let (_, rec) = replay(&arena, None, run, None);
+    let plan = Arc::new(Plan::from_recording(&rec));
+    let half = rec.len() / 2;
+    let (report, rec2) = replay(&arena, Some(Arc::clone(&plan)), run, Some((half, 5 << 20)));
+    assert!(report.planned && report.deviated);
+    assert_eq!(report.planned_allocs, half as u64);
+    assert_eq!(arena.stats().deviations, 1);
+    assert_eq!(arena.stats().in_use, 0);
+    // The re-recording serves the changed run exactly.
+    let replan = Arc::new(Plan::from_recording(&rec2));
+    let (again, _) = replay(&arena, Some(replan), run, Some((half, 5 << 20)));
+    assert!(!again.deviated);
+    // More blocks than recorded: the extra ones come from the pool.
+    let r = arena.begin_planned_run(Arc::clone(&plan)).unwrap();
+    let blocks: Vec<_> = (0..plan.len() + 3)
+        .map(|i| r.try_alloc(64 + i).unwrap())
+        .collect();
+    drop(blocks);
+    assert!(r.finish().deviated);
+}
+
+#[test]
+fn a_smaller_run_is_served_by_a_larger_plan_that_covers_it() {
+    let arena = Arena::new(ArenaConfig::default());
+    let big = &read_trace("silero-vad-313x576.trace")[0];
+    let small = &read_trace("silero-vad-31x576.trace")[0];
+    let (_, rec_big) = replay(&arena, None, big, None);
+    let plan = Arc::new(Plan::from_recording(&rec_big));
+    let (report, rec_small) = replay(&arena, Some(Arc::clone(&plan)), small, None);
+    assert!(report.planned && !report.deviated, "{report:?}");
+    assert!(plan.covers(&rec_small));
+    assert!(!Plan::from_recording(&rec_small).covers(&rec_big));
+}
+
+#[test]
+fn leaked_planned_blocks_keep_the_plan_block_until_dropped() {
+    let arena = Arena::new(ArenaConfig::default());
+    let r = arena.begin_run();
+    drop(r.try_alloc(1000).unwrap());
+    let (_, rec) = r.finish_with_recording();
+    let plan = Arc::new(Plan::from_recording(&rec));
+    let r = arena.begin_planned_run(plan).unwrap();
+    let mut kept = r.try_alloc(1000).unwrap();
+    let report = r.finish();
+    assert!(
+        report.deviated,
+        "the recorded free did not happen in the run"
+    );
+    kept.fill(7);
+    assert_eq!(arena.stats().in_use, 1024);
+    drop(kept);
+    assert_eq!(arena.stats().in_use, 0);
+    assert_eq!(
+        arena.stats().live_blocks,
+        0,
+        "plan block returned with its last block"
+    );
+}
+
+#[test]
+fn the_cache_compares_keys_exactly_and_evicts_the_least_recently_used() {
+    let plan = |n: usize| {
+        let mut rec = Recording::new();
+        let i = rec.alloc(n * 64, 64);
+        rec.free(i);
+        Arc::new(Plan::from_recording(&rec))
+    };
+    // Keys whose XOR of dimensions collide (ONNX Runtime's weakness) stay apart.
+    let cache: PlanCache<Vec<usize>> = PlanCache::new(2);
+    cache.insert(vec![1, 2, 3], plan(1));
+    cache.insert(vec![3, 2, 1], plan(2));
+    assert_eq!(cache.get(&vec![1, 2, 3]).unwrap().size(), 64);
+    assert_eq!(cache.get(&vec![3, 2, 1]).unwrap().size(), 128);
+    assert!(cache.get(&vec![0, 0, 0]).is_none());
+    cache.get(&vec![1, 2, 3]); // now [3,2,1] is the least recently used
+    cache.insert(vec![4], plan(3));
+    assert!(cache.contains(&vec![1, 2, 3]) && cache.contains(&vec![4]));
+    assert!(!cache.contains(&vec![3, 2, 1]));
+    let s = cache.stats();
+    assert_eq!(
+        (s.hits, s.misses, s.evictions, s.inserts, s.plans),
+        (3, 1, 1, 3, 2)
+    );
+    assert_eq!(cache.largest().unwrap().size(), 192);
+}
+
+#[test]
+fn plans_round_trip_through_serde() {
+    let arena = Arena::new(ArenaConfig::default());
+    let run = &read_trace("silero-vad-31x576.trace")[0];
+    let (_, rec) = replay(&arena, None, run, None);
+    let cache: PlanCache<String> = PlanCache::new(8);
+    cache.insert("31x576".into(), Arc::new(Plan::from_recording(&rec)));
+    let saved: Vec<(String, Plan)> = cache
+        .entries()
+        .into_iter()
+        .map(|(k, p)| (k, (*p).clone()))
+        .collect();
+    let json = serde_json::to_string(&saved).unwrap();
+    let loaded: Vec<(String, Plan)> = serde_json::from_str(&json).unwrap();
+    let warm: PlanCache<String> = PlanCache::new(8);
+    warm.load(loaded);
+    let plan = warm.get("31x576").unwrap();
+    assert_eq!(*plan, *cache.get("31x576").unwrap());
+    let (report, _) = replay(&arena, Some(plan), run, None);
+    assert!(report.planned && !report.deviated);
+}
