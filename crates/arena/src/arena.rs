@@ -63,6 +63,8 @@ struct State<A: Allocator> {
     planned_allocs: u64,
     planned_runs: u64,
     deviations: u64,
+    /// Runs recorded as a trace, when recording is on.
+    trace: Option<crate::trace::Trace>,
     /// High-water marks of the most recent runs, newest last.
     recent: VecDeque<usize>,
     /// Largest high-water mark since the last shrink.
@@ -102,6 +104,11 @@ struct OpenRun {
     /// The plan serving this run, if any.
     serve: Option<Serve>,
     planned_allocs: u64,
+    /// Bytes requested by each recorded block (kept only while a trace is
+    /// being recorded).
+    lens: Vec<usize>,
+    /// The run's label in a recorded trace.
+    label: Option<String>,
 }
 
 /// A plan serving the open run.
@@ -194,6 +201,7 @@ impl<A: Allocator> Arena<A> {
                 planned_allocs: 0,
                 planned_runs: 0,
                 deviations: 0,
+                trace: None,
                 recent: VecDeque::new(),
                 need_since_shrink: 0,
                 below: (0, 0),
@@ -416,6 +424,8 @@ impl<A: Allocator> Arena<A> {
             rec,
             serve,
             planned_allocs: 0,
+            lens: Vec::new(),
+            label: None,
         });
         let scratch = st.scratch.take().unwrap_or_default();
         drop(st);
@@ -441,6 +451,35 @@ impl<A: Allocator> Arena<A> {
         st.check();
         let size = st.pool.span_size(bytes, 1)?;
         st.pool.reserve(size)
+    }
+
+    /// Starts (or stops) recording the runs of this arena as a
+    /// [`Trace`](crate::trace::Trace): the real workload of a runtime,
+    /// to replay elsewhere. Recording keeps one entry per block of every
+    /// finished run until [`Arena::take_trace`].
+    pub fn record_trace(&self, on: bool) {
+        let mut st = self.state.borrow_mut();
+        match (on, st.trace.is_some()) {
+            (true, false) => st.trace = Some(crate::trace::Trace::default()),
+            (false, true) => st.trace = None,
+            _ => {}
+        }
+    }
+
+    /// Whether runs are being recorded as a trace.
+    pub fn is_recording_trace(&self) -> bool {
+        self.state.borrow().trace.is_some()
+    }
+
+    /// The runs recorded since recording started or the last call; recording
+    /// goes on if it was on. Blocks allocated through the `Allocator` trait
+    /// are not in the trace.
+    pub fn take_trace(&self) -> crate::trace::Trace {
+        let mut st = self.state.borrow_mut();
+        match &mut st.trace {
+            Some(t) => core::mem::take(t),
+            None => crate::trace::Trace::default(),
+        }
     }
 
     /// Whether a run is open.
@@ -586,6 +625,9 @@ impl<A: Allocator> State<A> {
                     serve.pos += 1;
                     let slot = serve.slot;
                     run.rec.alloc(size, align);
+                    if self.trace.is_some() {
+                        run.lens.push(len);
+                    }
                     run.allocs += 1;
                     run.planned_allocs += 1;
                     self.planned_live += size;
@@ -660,6 +702,9 @@ impl<A: Allocator> State<A> {
             r.pool_allocs += 1;
             if rec != NOT_PLANNED {
                 r.rec.alloc(size, align.max(granule));
+                if self.trace.is_some() {
+                    r.lens.push(len);
+                }
             }
             r.allocs += 1;
             r.live_blocks += 1;
@@ -815,6 +860,12 @@ impl<A: Allocator> State<A> {
         };
         run.ops.clear();
         self.spare_ops = core::mem::take(&mut run.ops);
+        if let Some(trace) = &mut self.trace {
+            let label = run.label.take().unwrap_or_else(|| format!("run{}", run.id));
+            trace.runs.push(crate::trace::TraceRun::from_recording(
+                label, &run.rec, &run.lens,
+            ));
+        }
         (report, run.rec)
     }
 
@@ -1146,6 +1197,18 @@ impl<'a, A: Allocator> Run<'a, A> {
     /// The run's id, as in [`RunReport::run`].
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Names the run in a recorded trace (default `run<id>`); the trace
+    /// format wants no whitespace, so it is replaced by `_`.
+    pub fn set_label(&self, label: &str) {
+        let clean: String = label
+            .chars()
+            .map(|c| if c.is_whitespace() { '_' } else { c })
+            .collect();
+        if let Some(run) = &mut self.arena.state.borrow_mut().run {
+            run.label = Some(clean);
+        }
     }
 
     /// The arena the run is on.

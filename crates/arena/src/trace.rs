@@ -47,6 +47,19 @@ use std::path::{Path, PathBuf};
 /// The format version this module reads and writes (`# trace v1`).
 pub const VERSION: u32 = 1;
 
+impl Trace {
+    /// Replays every run into `arena`, in order; see [`TraceRun::replay`].
+    ///
+    /// # Errors
+    /// The first allocation error.
+    pub fn replay<A: allocator_api2::alloc::Allocator>(
+        &self,
+        arena: &crate::Arena<A>,
+    ) -> Result<Vec<crate::RunReport>, crate::ArenaError> {
+        self.runs.iter().map(|r| r.replay(arena)).collect()
+    }
+}
+
 /// A parsed trace file: an optional header and the runs in file order.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -379,6 +392,72 @@ impl fmt::Display for Trace {
 }
 
 impl TraceRun {
+    /// A run from an arena's recording: block `i` becomes tensor `i` of
+    /// `lens[i]` bytes (its rounded size when `lens` is short); blocks the
+    /// run did not free are freed at its end, as the format requires.
+    pub fn from_recording(label: String, rec: &crate::plan::Recording, lens: &[usize]) -> Self {
+        let mut events = Vec::with_capacity(rec.events.len());
+        let mut live = vec![false; rec.blocks.len()];
+        for ev in &rec.events {
+            match *ev {
+                crate::plan::PlanEvent::Alloc(i) => {
+                    let bytes = lens
+                        .get(i as usize)
+                        .copied()
+                        .unwrap_or_else(|| rec.blocks.get(i as usize).map_or(0, |b| b.0));
+                    if let Some(l) = live.get_mut(i as usize) {
+                        *l = true;
+                    }
+                    events.push(Event::Alloc {
+                        id: u64::from(i),
+                        bytes: bytes as u64,
+                    });
+                }
+                crate::plan::PlanEvent::Free(i) => {
+                    if let Some(l) = live.get_mut(i as usize) {
+                        *l = false;
+                    }
+                    events.push(Event::Free { id: u64::from(i) });
+                }
+            }
+        }
+        for (i, _) in live.iter().enumerate().filter(|(_, &l)| l) {
+            events.push(Event::Free { id: i as u64 });
+        }
+        Self { label, events }
+    }
+
+    /// Replays the run into `arena` (every block written once per 4 KiB
+    /// page, as a runtime would) and returns the run's report.
+    ///
+    /// # Errors
+    /// The first allocation error; the run is closed and its blocks freed.
+    pub fn replay<A: allocator_api2::alloc::Allocator>(
+        &self,
+        arena: &crate::Arena<A>,
+    ) -> Result<crate::RunReport, crate::ArenaError> {
+        let run = arena.try_begin_run()?;
+        run.set_label(&self.label);
+        let mut live: HashMap<u64, crate::Block<'_, A>> = HashMap::new();
+        for ev in &self.events {
+            match *ev {
+                Event::Alloc { id, bytes } => {
+                    let len = usize::try_from(bytes).unwrap_or(usize::MAX);
+                    let mut block = run.try_alloc(len)?;
+                    for page in block.chunks_mut(4096) {
+                        page[0] = id as u8;
+                    }
+                    live.insert(id, block);
+                }
+                Event::Free { id } => {
+                    live.remove(&id);
+                }
+            }
+        }
+        drop(live);
+        Ok(run.finish())
+    }
+
     /// The lifetimes of the run's tensors, in alloc order: `[alloc event
     /// index, free event index)`.
     ///

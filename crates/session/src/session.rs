@@ -149,6 +149,11 @@ impl Session {
             },
             None => self.arena.begin_run(),
         };
+        if self.arena.is_recording_trace() {
+            // Label the run by its key, as trace files label runs by shape.
+            let label: Vec<String> = key.iter().map(ToString::to_string).collect();
+            run.set_label(&label.join("x"));
+        }
         let ctx = RunContext {
             run: &run,
             weights: &weights,

@@ -85,13 +85,25 @@ fn thread_churn_50_rounds_with_a_pool() {
             }
         });
         total_runs += 3 * workers as u64;
-        assert!(pool.sessions() <= WORKERS, "round {round}: {} clones", pool.sessions());
-        assert_eq!(pool.idle(), pool.sessions(), "round {round}: a clone was not given back");
+        assert!(
+            pool.sessions() <= WORKERS,
+            "round {round}: {} clones",
+            pool.sessions()
+        );
+        assert_eq!(
+            pool.idle(),
+            pool.sessions(),
+            "round {round}: a clone was not given back"
+        );
         let st = pool.stats();
         assert_eq!(st.arena.in_use, 0, "round {round}");
         assert_eq!(st.arena.live_blocks, 0, "round {round}");
         assert_eq!(st.runs, total_runs, "round {round}");
-        assert_eq!(st.clones_alive, 1 + pool.sessions(), "round {round}: template + clones");
+        assert_eq!(
+            st.clones_alive,
+            1 + pool.sessions(),
+            "round {round}: template + clones"
+        );
         match round % 10 {
             4 => {
                 pool.shrink_idle();
@@ -105,7 +117,10 @@ fn thread_churn_50_rounds_with_a_pool() {
             _ => {}
         }
     }
-    assert!(pool.stats().clones_created > 1 + WORKERS as u64, "clones were remade");
+    assert!(
+        pool.stats().clones_created > 1 + WORKERS as u64,
+        "clones were remade"
+    );
     // The pool is usable after all that, and dropping it releases the weights.
     assert_eq!(infer(&mut pool.get(), 5), expected(ROWS, 5));
     drop(pool);
@@ -146,7 +161,10 @@ fn a_run_over_the_cap_leaves_the_session_usable() {
         let _a = ctx.alloc(200 << 10).unwrap();
         ctx.alloc(200 << 10).map(drop).unwrap_err()
     });
-    assert!(matches!(err, ArenaError::OverCap { limit, .. } if limit == 256 << 10), "{err}");
+    assert!(
+        matches!(err, ArenaError::OverCap { limit, .. } if limit == 256 << 10),
+        "{err}"
+    );
     assert_eq!(s.stats().arena.in_use, 0);
     assert!(s.stats().arena.reserved <= 256 << 10);
     assert_eq!(infer(&mut s, 50), expected(4, 50));

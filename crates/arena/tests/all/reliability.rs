@@ -73,7 +73,11 @@ impl Backing {
             self.frees.load(Ordering::Relaxed),
             "backing allocations and frees differ"
         );
-        assert_eq!(self.outstanding(), 0, "bytes still held from the backing allocator");
+        assert_eq!(
+            self.outstanding(),
+            0,
+            "bytes still held from the backing allocator"
+        );
     }
 }
 
@@ -124,7 +128,9 @@ impl Lcg {
 /// Asserts that the arena still serves a request, and writes and reads it.
 fn assert_usable<A: Allocator>(arena: &Arena<A>) {
     let before = arena.stats().in_use;
-    let mut b = arena.try_alloc(1000).expect("the arena is usable afterwards");
+    let mut b = arena
+        .try_alloc(1000)
+        .expect("the arena is usable afterwards");
     b.fill(0xA5);
     assert!(b.iter().all(|&x| x == 0xA5));
     assert_eq!(arena.stats().in_use, before + 1024);
@@ -177,7 +183,10 @@ fn zero_size_request() {
         v.shrink_to_fit();
         drop(v);
         let s = arena.stats();
-        assert_eq!((s.reserved, s.allocs, s.in_use, s.live_blocks), (0, 0, 0, 0));
+        assert_eq!(
+            (s.reserved, s.allocs, s.in_use, s.live_blocks),
+            (0, 0, 0, 0)
+        );
         assert_eq!(backing.calls.load(Ordering::Relaxed), 0, "no backing call");
         drop((a, b, c, d));
         assert_eq!(run.finish().allocs, 0);
@@ -242,7 +251,11 @@ fn refuse_huge(len: usize) {
         assert_eq!(shared.try_alloc(len).map(|b| b.len()), Err(want));
         assert_eq!(shared.stats().reserved, 0);
         assert_usable(&arena);
-        assert_eq!(arena.stats().regions, 1, "no region drawn for the refused requests");
+        assert_eq!(
+            arena.stats().regions,
+            1,
+            "no region drawn for the refused requests"
+        );
     }
     backing.assert_all_returned();
 }
@@ -285,7 +298,9 @@ fn refuse_alignment(align: usize, want: ArenaError) {
     {
         let arena = warm(&backing);
         refused(&arena, want, |a| a.try_alloc_aligned(64, align).map(drop));
-        refused(&arena, want, |a| a.try_alloc_aligned(1 << 20, align).map(drop));
+        refused(&arena, want, |a| {
+            a.try_alloc_aligned(1 << 20, align).map(drop)
+        });
         if let Ok(layout) = Layout::from_size_align(64, align) {
             refused(&arena, want, |a| a.try_alloc_layout(layout).map(drop));
             assert_eq!((&arena).allocate(layout), Err(AllocError));
@@ -379,7 +394,9 @@ fn cap_near_usize_max() {
         a.fill(1);
         assert!(arena.stats().reserved >= 1 << 20 && arena.stats().reserved <= MACHINE_LIMIT);
         // Doubling from there stays within the arithmetic too.
-        let blocks: Vec<_> = (0..8).map(|i| arena.try_alloc(1 << (10 + i)).unwrap()).collect();
+        let blocks: Vec<_> = (0..8)
+            .map(|i| arena.try_alloc(1 << (10 + i)).unwrap())
+            .collect();
         let err = arena.try_alloc(MACHINE_LIMIT + 1).unwrap_err();
         assert!(matches!(err, ArenaError::BackingFailed { .. }), "{err}");
         let err = arena.try_alloc(usize::MAX / 2).unwrap_err();
@@ -501,7 +518,11 @@ fn backing_allocator_failing_on_the_nth_call() {
         (failed, backing.calls.load(Ordering::Relaxed))
     });
     assert_eq!(clean.0, 0);
-    assert!(clean.1 >= 10, "the sequence makes {} backing calls", clean.1);
+    assert!(
+        clean.1 >= 10,
+        "the sequence makes {} backing calls",
+        clean.1
+    );
     for n in 0..10u64 {
         // Fails once, at call n.
         let failed = no_hang(format!("failing at call {n}"), move || {
@@ -557,7 +578,11 @@ fn freeing_127_of_128_blocks_then_a_near_cap_request() {
             })
             .collect();
         let s = arena.stats();
-        assert_eq!((s.in_use, s.reserved), (CAP, CAP), "128 blocks fill the cap");
+        assert_eq!(
+            (s.in_use, s.reserved),
+            (CAP, CAP),
+            "128 blocks fill the cap"
+        );
         // Power-of-two growth drew regions of 64, 64, 128, ..., 4096 KiB: the
         // last one holds blocks 64..128.
         assert_eq!(s.regions, 8);
@@ -576,7 +601,11 @@ fn freeing_127_of_128_blocks_then_a_near_cap_request() {
                 limit: CAP
             }
         );
-        assert_eq!(arena.stats(), before, "the refused request released nothing");
+        assert_eq!(
+            arena.stats(),
+            before,
+            "the refused request released nothing"
+        );
         assert!(kept.iter().all(|&x| x == 100));
         // Beside the pinned region (half the cap) there is room for at most
         // half the cap, once the wholly free regions are given back.
@@ -588,7 +617,11 @@ fn freeing_127_of_128_blocks_then_a_near_cap_request() {
         let half = arena.try_alloc(CAP / 2).unwrap();
         let s = arena.stats();
         assert_eq!((s.reserved, s.regions), (CAP, 2));
-        assert_eq!(s.bytes_released, (CAP / 2) as u64, "the free regions were released");
+        assert_eq!(
+            s.bytes_released,
+            (CAP / 2) as u64,
+            "the free regions were released"
+        );
         assert!(kept.iter().all(|&x| x == 100));
         drop(half);
         drop(kept);
@@ -731,12 +764,12 @@ fn soak_run(arena: &Arena<&Backing>, batch: usize, seq: usize) -> usize {
     let run = arena.begin_run();
     let tokens = batch * seq;
     let sizes = [
-        tokens * HIDDEN * 4,            // x
-        3 * tokens * HIDDEN * 4,        // qkv
-        batch * HEADS * seq * seq * 4,  // scores
-        tokens * HIDDEN * 4,            // attn
-        tokens * 4 * HIDDEN * 4,        // ff
-        tokens * HIDDEN * 4,            // out
+        tokens * HIDDEN * 4,           // x
+        3 * tokens * HIDDEN * 4,       // qkv
+        batch * HEADS * seq * seq * 4, // scores
+        tokens * HIDDEN * 4,           // attn
+        tokens * 4 * HIDDEN * 4,       // ff
+        tokens * HIDDEN * 4,           // out
     ];
     let r = |i: usize| sizes[i].next_multiple_of(64);
     // x, qkv, scores, attn live; then x, attn, ff, out.
@@ -801,7 +834,10 @@ fn soak_10000_runs_with_random_shapes() {
         // first half did at its most, and makes (almost) no backing call.
         let (first, second) = reserved.split_at(RUNS / 2);
         let (max1, max2) = (first.iter().max().unwrap(), second.iter().max().unwrap());
-        assert!(max2 <= max1, "reserved grew: {max1} in the first half, {max2} in the second");
+        assert!(
+            max2 <= max1,
+            "reserved grew: {max1} in the first half, {max2} in the second"
+        );
         let calls_second_half = backing_allocs[RUNS - 1] - backing_allocs[RUNS / 2 - 1];
         assert!(
             calls_second_half <= 2,

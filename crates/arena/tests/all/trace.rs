@@ -526,3 +526,29 @@ fn hand_built_runs_do_not_panic() {
     assert_eq!(run.naive(), u64::MAX);
     assert_eq!(run.allocs(), 3);
 }
+
+#[test]
+fn a_live_arena_records_its_runs_as_a_trace_that_replays_the_same() {
+    use tensor_arena::{Arena, ArenaConfig};
+    let original = Trace::from_file(PathBuf::from(TRACES).join("silero-vad-mixed.trace")).unwrap();
+    let arena = Arena::new(ArenaConfig::default());
+    arena.record_trace(true);
+    let first = original.replay(&arena).unwrap();
+    let recorded = arena.take_trace();
+    assert_eq!(recorded.runs.len(), original.runs.len());
+    for (r, o) in recorded.runs.iter().zip(&original.runs) {
+        assert_eq!(r.label, o.label);
+        assert_eq!(r.allocs(), o.allocs());
+        assert_eq!(r.lower_bound(), o.lower_bound());
+        assert_eq!(r.lifetimes(), o.lifetimes());
+    }
+    // Written out and read back, it drives another arena the same way.
+    let text = recorded.to_string();
+    let again = Trace::parse(&text).unwrap();
+    let other = Arena::new(ArenaConfig::default());
+    let second = again.replay(&other).unwrap();
+    let hw = |v: &[tensor_arena::RunReport]| v.iter().map(|r| r.high_water).collect::<Vec<_>>();
+    assert_eq!(hw(&first), hw(&second));
+    arena.record_trace(false);
+    assert!(arena.take_trace().runs.is_empty());
+}

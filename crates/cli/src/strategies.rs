@@ -1,0 +1,316 @@
+//! The strategies `replay` compares, and how each is set up.
+
+use std::sync::Arc;
+use tensor_arena::{Arena, ArenaConfig, Block, Plan, PlanCache, Run, ShrinkPolicy};
+
+use crate::baselines::{BumpBackend, GlobalAllocBackend};
+use crate::replay::{
+    replay, touch_slice, Backend, EndOfRun, Progress, ShrinkMode, StrategyResult, Touch,
+};
+use crate::workload::Workload;
+
+/// An allocation strategy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// `tensor_arena::Arena`: cached regions, best fit, coalescing.
+    Arena,
+    /// The arena with shape-keyed offset plans (`tensor_arena::plan`).
+    Planned,
+    /// `std::alloc::System`, one allocation per tensor.
+    System,
+    /// mimalloc, one allocation per tensor.
+    Mimalloc,
+    /// jemalloc, one allocation per tensor.
+    Jemalloc,
+    /// bumpalo, reset after each run.
+    Bump,
+}
+
+impl Strategy {
+    /// Every strategy, in the order `all` runs them.
+    pub const EACH: [Strategy; 6] = [
+        Strategy::Arena,
+        Strategy::Planned,
+        Strategy::System,
+        Strategy::Mimalloc,
+        Strategy::Jemalloc,
+        Strategy::Bump,
+    ];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Arena => "arena",
+            Strategy::Planned => "planned",
+            Strategy::System => "system",
+            Strategy::Mimalloc => "mimalloc",
+            Strategy::Jemalloc => "jemalloc",
+            Strategy::Bump => "bump",
+        }
+    }
+}
+
+/// How the strategies are run.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// How buffers are written when handed out.
+    pub touch: Touch,
+    /// Shrink behaviour of the arena strategies.
+    pub shrink: ShrinkMode,
+    /// Cap on the arena strategies' reserved bytes.
+    pub max_reserved: Option<usize>,
+    /// Record a timeline for `--svg`.
+    pub timeline: bool,
+}
+
+/// What `reserved` means for the arena strategies.
+pub const RESERVED_ARENA: &str = "bytes the arena holds from its backing allocator (exact)";
+/// What `reserved` means for the general-purpose allocators.
+pub const RESERVED_RSS: &str =
+    "growth of the process's resident memory (RSS, /proc/self/statm) since the strategy started";
+/// What `reserved` means for bumpalo.
+pub const RESERVED_BUMP: &str = "bumpalo's allocated_bytes() after the reset that ends the run";
+
+/// Replays `workload` with strategy `s`.
+pub fn run_strategy(
+    s: Strategy,
+    workload: &Workload,
+    settings: Settings,
+    progress: &Progress,
+) -> StrategyResult {
+    let max_ids = workload.runs.iter().map(|r| r.allocs()).max().unwrap_or(0);
+    match s {
+        Strategy::Arena => replay_arena(s.name(), workload, settings, progress),
+        Strategy::Planned => replay_planned(workload, settings, progress),
+        Strategy::System => {
+            let mut b = GlobalAllocBackend::new(std::alloc::System, max_ids);
+            replay_with(s.name(), RESERVED_RSS, &mut b, workload, settings, progress)
+        }
+        Strategy::Mimalloc => {
+            let mut b = GlobalAllocBackend::new(mimalloc::MiMalloc, max_ids);
+            replay_with(s.name(), RESERVED_RSS, &mut b, workload, settings, progress)
+        }
+        Strategy::Jemalloc => {
+            let mut b = GlobalAllocBackend::new(tikv_jemallocator::Jemalloc, max_ids);
+            replay_with(s.name(), RESERVED_RSS, &mut b, workload, settings, progress)
+        }
+        Strategy::Bump => {
+            let mut b = BumpBackend::new();
+            replay_with(
+                s.name(),
+                RESERVED_BUMP,
+                &mut b,
+                workload,
+                settings,
+                progress,
+            )
+        }
+    }
+}
+
+/// [`replay`] with the settings unpacked.
+fn replay_with<B: Backend>(
+    name: &str,
+    reserved_is: &'static str,
+    backend: &mut B,
+    workload: &Workload,
+    settings: Settings,
+    progress: &Progress,
+) -> StrategyResult {
+    replay(
+        name,
+        reserved_is,
+        backend,
+        workload,
+        settings.touch,
+        settings.timeline,
+        progress,
+    )
+}
+
+/// The arena configuration for `settings`: defaults, plus the cap and the
+/// shrink policy.
+pub fn arena_config(settings: Settings) -> ArenaConfig {
+    ArenaConfig {
+        max_reserved: settings.max_reserved.unwrap_or(usize::MAX),
+        shrink_policy: match settings.shrink {
+            ShrinkMode::AfterRun => ShrinkPolicy::AfterEveryRun,
+            ShrinkMode::Never | ShrinkMode::ManualAfterSmaller => ShrinkPolicy::Manual,
+        },
+        ..ArenaConfig::default()
+    }
+}
+
+/// The `arena` strategy: a fresh `tensor_arena::Arena`, one run per
+/// workload run, every tensor a `Block` dropped when it dies.
+pub fn replay_arena(
+    name: &str,
+    workload: &Workload,
+    settings: Settings,
+    progress: &Progress,
+) -> StrategyResult {
+    let arena = Arena::new(arena_config(settings));
+    let max_ids = workload.runs.iter().map(|r| r.allocs()).max().unwrap_or(0);
+    let mut backend = ArenaBackend::new(&arena, settings.shrink, max_ids);
+    let result = replay_with(
+        name,
+        RESERVED_ARENA,
+        &mut backend,
+        workload,
+        settings,
+        progress,
+    );
+    drop(backend);
+    debug_assert_eq!(arena.stats().in_use, 0);
+    result
+}
+
+/// The `planned` strategy: the arena with shape-keyed offset plans
+/// (`tensor_arena::plan`). The first run of each label (input shape) runs on
+/// the dynamic pool and is recorded; its plan then serves every later run
+/// of that label from one block. After a plan is learned, the arena is
+/// shrunk to the largest plan: every shape seen needs no more than that.
+pub fn replay_planned(
+    workload: &Workload,
+    settings: Settings,
+    progress: &Progress,
+) -> StrategyResult {
+    let arena = Arena::new(arena_config(settings));
+    let max_ids = workload.runs.iter().map(|r| r.allocs()).max().unwrap_or(0);
+    let mut backend = ArenaBackend::new(&arena, settings.shrink, max_ids);
+    backend.plans = Some(Planner {
+        cache: PlanCache::new(256),
+        labels: workload.runs.iter().map(|r| r.label.clone()).collect(),
+        next: 0,
+        largest: 0,
+    });
+    let result = replay_with(
+        Strategy::Planned.name(),
+        RESERVED_ARENA,
+        &mut backend,
+        workload,
+        settings,
+        progress,
+    );
+    drop(backend);
+    debug_assert_eq!(arena.stats().in_use, 0);
+    result
+}
+
+/// Plans of the `planned` strategy, by run label.
+struct Planner {
+    cache: PlanCache<String>,
+    /// Label of every workload run, in order.
+    labels: Vec<String>,
+    /// Index of the next run.
+    next: usize,
+    /// Size of the largest plan learned.
+    largest: usize,
+}
+
+/// Drives an [`Arena`]: each workload run is an arena run, each tensor a
+/// [`Block`] dropped when the tensor dies.
+struct ArenaBackend<'a> {
+    arena: &'a Arena,
+    /// The open run, between `begin_run` and `end_run`.
+    run: Option<Run<'a>>,
+    /// Live blocks by id.
+    blocks: Vec<Option<Block<'a>>>,
+    shrink: ShrinkMode,
+    /// Backing allocs + frees when the run began.
+    backing_at_run_start: u64,
+    /// Shape-keyed plans (the `planned` strategy only).
+    plans: Option<Planner>,
+}
+
+impl<'a> ArenaBackend<'a> {
+    /// A backend on `arena`, with room for runs of `max_ids` tensors.
+    fn new(arena: &'a Arena, shrink: ShrinkMode, max_ids: usize) -> Self {
+        Self {
+            arena,
+            run: None,
+            blocks: Vec::with_capacity(max_ids),
+            shrink,
+            backing_at_run_start: 0,
+            plans: None,
+        }
+    }
+
+    /// Backing allocs + frees so far.
+    fn backing_calls(&self) -> u64 {
+        let s = self.arena.stats();
+        s.backing_allocs + s.backing_frees
+    }
+}
+
+impl Backend for ArenaBackend<'_> {
+    fn begin_run(&mut self, ids: usize) {
+        self.blocks.clear();
+        self.blocks.resize_with(ids, || None);
+        self.backing_at_run_start = self.backing_calls();
+        let plan = self.plans.as_mut().and_then(|p| {
+            let label = p.labels.get(p.next)?;
+            p.next += 1;
+            p.cache.get(label)
+        });
+        let run = match plan {
+            Some(plan) => self.arena.begin_planned_run(plan).ok(),
+            None => None,
+        };
+        self.run = Some(run.unwrap_or_else(|| self.arena.begin_run()));
+    }
+
+    fn alloc(&mut self, id: usize, bytes: usize, touch: Touch) -> Result<(), String> {
+        let run = self.run.as_ref().ok_or("no run open")?;
+        let mut block = run.try_alloc(bytes).map_err(|e| e.to_string())?;
+        touch_slice(&mut block, touch);
+        self.blocks[id] = Some(block);
+        Ok(())
+    }
+
+    fn free(&mut self, id: usize) {
+        self.blocks[id] = None;
+    }
+
+    fn abort_run(&mut self) {
+        self.blocks.clear();
+    }
+
+    fn end_run(&mut self, smaller: bool) -> EndOfRun {
+        let (report, recording) = self
+            .run
+            .take()
+            .map(Run::finish_with_recording)
+            .unwrap_or_default();
+        if let Some(p) = &mut self.plans {
+            let label = p
+                .labels
+                .get(p.next.wrapping_sub(1))
+                .cloned()
+                .unwrap_or_default();
+            if (!report.planned || report.deviated) && report.leaked_blocks == 0 {
+                let plan = Plan::from_recording(&recording);
+                p.largest = p.largest.max(plan.size());
+                p.cache.insert(label, Arc::new(plan));
+                // Every shape seen is now served from its plan's block.
+                self.arena.shrink_to(p.largest);
+            }
+        }
+        if self.shrink == ShrinkMode::ManualAfterSmaller && smaller {
+            self.arena.shrink();
+        }
+        EndOfRun {
+            peak_in_use: report.peak_in_use as u64,
+            reserved: Some(self.arena.stats().reserved as u64),
+            backing_calls: Some(self.backing_calls() - self.backing_at_run_start),
+        }
+    }
+
+    fn in_use(&self) -> u64 {
+        self.arena.stats().in_use as u64
+    }
+
+    fn reserved(&self) -> Option<u64> {
+        Some(self.arena.stats().reserved as u64)
+    }
+}
