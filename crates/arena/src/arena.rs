@@ -99,8 +99,10 @@ struct OpenRun {
     /// then its high-water mark is simply `max_end` in that region.
     clean: Option<RegionId>,
     max_end: usize,
-    /// The run's planable blocks and events.
+    /// The run's planable blocks and events (see [`Serve::recording`]).
     rec: Recording,
+    /// Planable blocks allocated so far (the next one's index).
+    blocks: u32,
     /// The plan serving this run, if any.
     serve: Option<Serve>,
     planned_allocs: u64,
@@ -120,6 +122,11 @@ struct Serve {
     pos: usize,
     /// Whether the run has left the plan (the rest is served dynamically).
     deviated: bool,
+    /// Whether the run's own recording is kept. A run that follows its plan
+    /// exactly records nothing (its recording is the plan's); at the first
+    /// difference the plan's recording so far is copied into the run's and
+    /// recording goes on from there.
+    recording: bool,
 }
 
 /// A block drawn from the pool to serve a planned run.
@@ -422,6 +429,7 @@ impl<A: Allocator> Arena<A> {
             clean,
             max_end,
             rec,
+            blocks: 0,
             serve,
             planned_allocs: 0,
             lens: Vec::new(),
@@ -593,6 +601,8 @@ impl<A: Allocator> State<A> {
             slot: slot as u32,
             pos: 0,
             deviated: false,
+            // A trace needs every block's requested bytes: record throughout.
+            recording: self.trace.is_some(),
         })
     }
 
@@ -609,8 +619,13 @@ impl<A: Allocator> State<A> {
         let align = align.max(self.pool.granule());
         if let Some(run) = &mut self.run {
             if let Some(serve) = &mut run.serve {
-                let index = run.rec.len() as u32;
+                let index = run.blocks;
                 if !serve.deviated && serve.plan.serves_alloc(serve.pos, index, size, align) {
+                    if serve.plan.block(index as usize) != Some((size, align)) {
+                        // Served, but smaller than recorded: this run's own
+                        // recording differs from the plan's from here on.
+                        Self::materialize(serve, &mut run.rec, run.blocks);
+                    }
                     let offset = serve.plan.offset(index as usize).unwrap_or(0);
                     let pb = self.plan_blocks[serve.slot as usize]
                         .as_mut()
@@ -624,20 +639,21 @@ impl<A: Allocator> State<A> {
                     pb.live += 1;
                     serve.pos += 1;
                     let slot = serve.slot;
-                    run.rec.alloc(size, align);
-                    if self.trace.is_some() {
-                        run.lens.push(len);
+                    if serve.recording {
+                        run.rec.alloc(size, align);
+                        if self.trace.is_some() {
+                            run.lens.push(len);
+                        }
                     }
+                    run.blocks += 1;
                     run.allocs += 1;
                     run.planned_allocs += 1;
                     self.planned_live += size;
                     self.planned_allocs += 1;
                     self.allocs += 1;
-                    let in_use = self.in_use();
+                    let in_use = self.pool.in_use() - (self.plan_reserved - self.planned_live);
                     self.peak_in_use = self.peak_in_use.max(in_use);
-                    if let Some(r) = &mut self.run {
-                        r.peak = r.peak.max(in_use);
-                    }
+                    run.peak = run.peak.max(in_use);
                     return Ok(Handed::Planned {
                         ptr,
                         slot,
@@ -646,6 +662,7 @@ impl<A: Allocator> State<A> {
                     });
                 }
                 if !serve.deviated {
+                    Self::materialize(serve, &mut run.rec, run.blocks);
                     serve.deviated = true;
                     self.deviations += 1;
                 }
@@ -670,11 +687,7 @@ impl<A: Allocator> State<A> {
             Some(r) => (
                 r.id,
                 r.pool_allocs,
-                if planable {
-                    r.rec.len() as u32
-                } else {
-                    NOT_PLANNED
-                },
+                if planable { r.blocks } else { NOT_PLANNED },
             ),
             None => (0, 0, NOT_PLANNED),
         };
@@ -701,6 +714,7 @@ impl<A: Allocator> State<A> {
             });
             r.pool_allocs += 1;
             if rec != NOT_PLANNED {
+                r.blocks += 1;
                 r.rec.alloc(size, align.max(granule));
                 if self.trace.is_some() {
                     r.lens.push(len);
@@ -728,27 +742,46 @@ impl<A: Allocator> State<A> {
                 r.live_blocks -= 1;
                 r.live_bytes -= size;
                 if tag.rec != NOT_PLANNED {
-                    r.rec.free(tag.rec);
-                    Self::check_free(r, tag.rec, &mut self.deviations);
+                    Self::record_free(r, tag.rec, &mut self.deviations);
                 }
             }
         }
         Ok(())
     }
 
-    /// Follows a free of recorded block `index` in the serving plan.
-    fn check_free(run: &mut OpenRun, index: u32, deviations: &mut u64) {
-        if let Some(serve) = &mut run.serve {
-            if serve.deviated {
-                return;
-            }
-            if serve.plan.expects_free(serve.pos, index) {
-                serve.pos += 1;
-            } else {
-                serve.deviated = true;
-                *deviations += 1;
+    /// Records the free of block `index`, following it in the serving plan.
+    fn record_free(run: &mut OpenRun, index: u32, deviations: &mut u64) {
+        match &mut run.serve {
+            None => run.rec.free(index),
+            Some(serve) => {
+                if !serve.deviated {
+                    if serve.plan.expects_free(serve.pos, index) {
+                        serve.pos += 1;
+                    } else {
+                        Self::materialize(serve, &mut run.rec, run.blocks);
+                        serve.deviated = true;
+                        *deviations += 1;
+                    }
+                }
+                if serve.recording {
+                    run.rec.free(index);
+                }
             }
         }
+    }
+
+    /// Starts keeping the run's own recording: what the run did so far is
+    /// the plan's recording up to `serve.pos` (its first `blocks` blocks).
+    fn materialize(serve: &mut Serve, rec: &mut Recording, blocks: u32) {
+        if serve.recording {
+            return;
+        }
+        let plan = serve.plan.recording();
+        rec.blocks
+            .extend_from_slice(&plan.blocks[..(blocks as usize).min(plan.blocks.len())]);
+        rec.events
+            .extend_from_slice(&plan.events[..serve.pos.min(plan.events.len())]);
+        serve.recording = true;
     }
 
     fn free_planned(&mut self, slot: u32, index: u32, size: usize) {
@@ -768,8 +801,7 @@ impl<A: Allocator> State<A> {
         if let Some(r) = &mut self.run {
             r.frees += 1;
             if r.serve.as_ref().is_some_and(|s| s.slot == slot) {
-                r.rec.free(index);
-                Self::check_free(r, index, &mut self.deviations);
+                Self::record_free(r, index, &mut self.deviations);
             }
         }
         if orphan_done {
@@ -797,10 +829,11 @@ impl<A: Allocator> State<A> {
         };
         let mut planned = false;
         let mut deviated = false;
-        if let Some(serve) = run.serve.take() {
+        if let Some(mut serve) = run.serve.take() {
             planned = true;
             if !serve.deviated && serve.pos != serve.plan.event_count() {
                 // The run did less than recorded (or kept blocks past its end).
+                Self::materialize(&mut serve, &mut run.rec, run.blocks);
                 self.deviations += 1;
                 deviated = true;
             }
@@ -1250,7 +1283,9 @@ impl<'a, A: Allocator> Run<'a, A> {
     }
 
     /// Closes the run and also returns its [`Recording`], from which a
-    /// [`Plan`] for runs of the same shape can be made.
+    /// [`Plan`] for runs of the same shape can be made. A planned run that
+    /// followed its plan exactly returns an empty recording: its plan's
+    /// recording is already the run's.
     pub fn finish_with_recording(mut self) -> (RunReport, Recording) {
         self.close(true)
     }

@@ -176,6 +176,11 @@ impl Plan {
         self.offsets.is_empty()
     }
 
+    /// `(size, align)` of block `i` as recorded.
+    pub fn block(&self, i: usize) -> Option<(usize, usize)> {
+        self.recording.blocks.get(i).copied()
+    }
+
     /// Offset of block `i`.
     pub fn offset(&self, i: usize) -> Option<usize> {
         self.offsets.get(i).copied()

@@ -51,8 +51,12 @@ fn a_planned_run_serves_every_block_with_no_search_and_no_backing_call() {
     assert!(plan.size() <= first.high_water);
     let calls = counting.calls.get() + counting.frees.get();
     for _ in 0..20 {
-        let (report, _) = replay(&arena, Some(Arc::clone(&plan)), run, None);
+        let (report, own) = replay(&arena, Some(Arc::clone(&plan)), run, None);
         assert!(report.planned && !report.deviated);
+        assert!(
+            own.is_empty(),
+            "a run that follows its plan records nothing"
+        );
         assert_eq!(report.planned_allocs, report.allocs);
         assert_eq!(report.backing_allocs, 0);
         assert_eq!(report.high_water, plan.size().next_multiple_of(64));
@@ -101,6 +105,11 @@ fn a_smaller_run_is_served_by_a_larger_plan_that_covers_it() {
     let plan = Arc::new(Plan::from_recording(&rec_big));
     let (report, rec_small) = replay(&arena, Some(Arc::clone(&plan)), small, None);
     assert!(report.planned && !report.deviated, "{report:?}");
+    assert_eq!(
+        rec_small.len(),
+        29,
+        "served smaller: the run's own recording is kept"
+    );
     assert!(plan.covers(&rec_small));
     assert!(!Plan::from_recording(&rec_small).covers(&rec_big));
 }
