@@ -287,3 +287,38 @@ fn a_plan_learned_by_one_clone_serves_another_clones_first_run() {
     let st = a.stats().plans;
     assert_eq!((st.plans, st.deviations), (2, 0));
 }
+
+#[test]
+fn a_small_shape_is_served_by_a_larger_plan_then_gets_its_own_after_shrink() {
+    let config = SessionConfig {
+        plans: tensor_session::PlanConfig {
+            serve_smaller_from_larger: true,
+            ..tensor_session::PlanConfig::default()
+        },
+        ..SessionConfig::default()
+    };
+    let mut s = Session::new(Arc::new(matvec_weights(64, 0.0)), config);
+    infer(&mut s, 400); // the large shape, recorded and planned
+    let large = s.plans().get(&[400usize, 16][..]).unwrap();
+    // A new, smaller shape: served at once from the large plan.
+    assert_eq!(infer(&mut s, 3), expected(64, 3, 0.0));
+    let first = s.stats().last_run.unwrap();
+    assert!(first.planned && !first.deviated, "{first:?}");
+    assert_eq!(first.backing_allocs, 0);
+    // Its own plan was learned at the same time and serves it from now on.
+    let small = s.plans().get(&[3usize, 16][..]).expect("own plan learned");
+    assert!(small.size() < large.size());
+    infer(&mut s, 3);
+    assert!(s.stats().last_run.unwrap().planned);
+    // Traffic stays small: shrink releases the large plan's block.
+    s.shrink();
+    let reserved = s.stats().arena.reserved;
+    assert!(
+        reserved < large.size(),
+        "{reserved} vs large plan {}",
+        large.size()
+    );
+    assert!(reserved <= small.size().next_multiple_of(64));
+    infer(&mut s, 3);
+    assert_eq!(s.stats().last_run.unwrap().backing_allocs, 0);
+}
