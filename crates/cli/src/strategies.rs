@@ -149,20 +149,7 @@ pub fn replay_arena(
     settings: Settings,
     progress: &Progress,
 ) -> StrategyResult {
-    let arena = Arena::new(arena_config(settings));
-    let max_ids = workload.runs.iter().map(|r| r.allocs()).max().unwrap_or(0);
-    let mut backend = ArenaBackend::new(&arena, settings.shrink, max_ids);
-    let result = replay_with(
-        name,
-        RESERVED_ARENA,
-        &mut backend,
-        workload,
-        settings,
-        progress,
-    );
-    drop(backend);
-    debug_assert_eq!(arena.stats().in_use, 0);
-    result
+    replay_on_arena(name, workload, settings, progress, false)
 }
 
 /// The `planned` strategy: the arena with shape-keyed offset plans
@@ -175,17 +162,30 @@ pub fn replay_planned(
     settings: Settings,
     progress: &Progress,
 ) -> StrategyResult {
+    replay_on_arena(Strategy::Planned.name(), workload, settings, progress, true)
+}
+
+/// Replays on a fresh arena, with or without plans.
+fn replay_on_arena(
+    name: &str,
+    workload: &Workload,
+    settings: Settings,
+    progress: &Progress,
+    planned: bool,
+) -> StrategyResult {
     let arena = Arena::new(arena_config(settings));
     let max_ids = workload.runs.iter().map(|r| r.allocs()).max().unwrap_or(0);
     let mut backend = ArenaBackend::new(&arena, settings.shrink, max_ids);
-    backend.plans = Some(Planner {
-        cache: PlanCache::new(256),
-        labels: workload.runs.iter().map(|r| r.label.clone()).collect(),
-        next: 0,
-        largest: 0,
-    });
+    if planned {
+        backend.plans = Some(Planner {
+            cache: PlanCache::new(256),
+            labels: workload.runs.iter().map(|r| r.label.clone()).collect(),
+            next: 0,
+            largest: 0,
+        });
+    }
     let result = replay_with(
-        Strategy::Planned.name(),
+        name,
         RESERVED_ARENA,
         &mut backend,
         workload,
