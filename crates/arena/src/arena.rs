@@ -3,7 +3,7 @@
 use crate::config::{ArenaConfig, Relayout, ShrinkPolicy};
 use crate::freemap::{simulate_extent, RegionId, RunOp, SpanId};
 use crate::plan::{Plan, Recording};
-use crate::pool::{Pool, RawBlock, Tag, NOT_PLANNED};
+use crate::pool::{Pool, RawBlock, Tag, NOT_PLANNED, PLAN_BLOCK};
 use crate::stats::{LiveBlock, RunReport, Stats};
 use crate::ArenaError;
 use allocator_api2::alloc::{AllocError, Allocator, Global, Layout};
@@ -132,8 +132,9 @@ struct Serve {
 /// A block drawn from the pool to serve a planned run.
 struct PlanBlock {
     raw: RawBlock,
-    /// Planned blocks of it still live.
+    /// Planned blocks of it still live, and their bytes.
     live: usize,
+    live_bytes: usize,
     /// Whether its run is still open.
     open: bool,
 }
@@ -574,7 +575,7 @@ impl<A: Allocator> State<A> {
         let tag = Tag {
             run: self.next_run,
             index: 0,
-            rec: NOT_PLANNED,
+            rec: PLAN_BLOCK,
             len: size,
             #[cfg(debug_assertions)]
             location: Location::caller(),
@@ -583,6 +584,7 @@ impl<A: Allocator> State<A> {
         let block = PlanBlock {
             raw,
             live: 0,
+            live_bytes: 0,
             open: true,
         };
         let slot = match self.plan_blocks.iter().position(Option::is_none) {
@@ -637,6 +639,7 @@ impl<A: Allocator> State<A> {
                     // block, which is a live span of the pool.
                     let ptr = unsafe { pb.raw.ptr.add(offset) };
                     pb.live += 1;
+                    pb.live_bytes += size;
                     serve.pos += 1;
                     let slot = serve.slot;
                     if serve.recording {
@@ -797,6 +800,7 @@ impl<A: Allocator> State<A> {
             return;
         };
         pb.live -= 1;
+        pb.live_bytes -= size;
         let orphan_done = !pb.open && pb.live == 0;
         if let Some(r) = &mut self.run {
             r.frees += 1;
@@ -843,6 +847,9 @@ impl<A: Allocator> State<A> {
                 .as_mut()
                 .expect("the serving plan's block is live");
             pb.open = false;
+            // Planned blocks still live are the run's leaks too.
+            run.live_blocks += pb.live;
+            run.live_bytes += pb.live_bytes;
             if pb.live == 0 {
                 self.release_plan_block(slot);
                 run.ops.push(RunOp::Free { index: 0 });
@@ -969,7 +976,7 @@ impl<A: Allocator> State<A> {
             largest_free_block: self.pool.largest_free(),
             free_bytes: self.pool.free_bytes(),
             regions: self.pool.region_count(),
-            live_blocks: self.pool.live_count(),
+            live_blocks: self.live_count(),
             runs: self.runs,
             shrinks: self.shrinks,
             relayouts: self.relayouts,
@@ -979,9 +986,20 @@ impl<A: Allocator> State<A> {
         }
     }
 
+    /// Live blocks of the caller's: pool blocks other than plan blocks, and
+    /// planned blocks.
+    fn live_count(&self) -> usize {
+        let plan_blocks = self.plan_blocks.iter().flatten();
+        let planned: usize = plan_blocks.clone().map(|b| b.live).sum();
+        self.pool.live_count() - plan_blocks.count() + planned
+    }
+
+    /// Pool blocks of the caller's (planned blocks are counted in
+    /// [`Stats::live_blocks`] but not listed: they carry no tag).
     fn live_blocks(&self) -> Vec<LiveBlock> {
         self.pool
             .live()
+            .filter(|(_, _, tag)| tag.rec != PLAN_BLOCK)
             .map(|(addr, size, tag)| LiveBlock {
                 addr,
                 len: tag.len,

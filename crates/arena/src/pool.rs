@@ -32,6 +32,10 @@ pub(crate) struct Tag {
 /// [`Tag::rec`] of a block that is not part of the run's recording.
 pub(crate) const NOT_PLANNED: u32 = u32::MAX;
 
+/// [`Tag::rec`] of the block a planned run draws for its plan: not a block
+/// of the caller's, so not listed or counted as one.
+pub(crate) const PLAN_BLOCK: u32 = u32::MAX - 1;
+
 /// One region of backing memory.
 #[derive(Debug)]
 struct Region {

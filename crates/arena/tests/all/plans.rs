@@ -123,11 +123,21 @@ fn leaked_planned_blocks_keep_the_plan_block_until_dropped() {
     let plan = Arc::new(Plan::from_recording(&rec));
     let r = arena.begin_planned_run(plan).unwrap();
     let mut kept = r.try_alloc(1000).unwrap();
+    assert_eq!(
+        arena.stats().live_blocks,
+        1,
+        "the plan's own block is not counted"
+    );
+    assert!(
+        arena.live_blocks().is_empty(),
+        "planned blocks carry no tag to list"
+    );
     let report = r.finish();
     assert!(
         report.deviated,
         "the recorded free did not happen in the run"
     );
+    assert_eq!((report.leaked_blocks, report.leaked_bytes), (1, 1024));
     kept.fill(7);
     assert_eq!(arena.stats().in_use, 1024);
     drop(kept);
