@@ -447,8 +447,11 @@ impl<A: Allocator> Arena<A> {
     }
 
     /// Makes sure `bytes` can be served with no backing call (a free span
-    /// that large exists), adding a region if needed; for instance to
-    /// prepare a new session clone for a known plan before its first run.
+    /// that large exists); for instance to prepare a new session clone for a
+    /// known plan before its first run. With no block live the arena is laid
+    /// out again as one region large enough for this and for the runs since
+    /// the last shrink (resized in place when possible); otherwise a region
+    /// of exactly `bytes` is added.
     ///
     /// # Errors
     /// As [`Arena::try_alloc`].
@@ -459,7 +462,10 @@ impl<A: Allocator> Arena<A> {
         let mut st = self.state.borrow_mut();
         st.check();
         let size = st.pool.span_size(bytes, 1)?;
-        st.pool.reserve(size)
+        // With nothing live, one region covering this and what the runs
+        // since the last shrink needed (so they keep fitting too).
+        let idle_target = st.need_since_shrink.max(size);
+        st.pool.reserve(size, idle_target)
     }
 
     /// Starts (or stops) recording the runs of this arena as a
@@ -924,7 +930,9 @@ impl<A: Allocator> State<A> {
                     self.below = (0, 0);
                 }
                 if self.below.0 >= runs {
-                    let target = self.below.1;
+                    // Down to what these runs needed, but never below what
+                    // the watermark window still covers.
+                    let target = self.below.1.max(self.watermark());
                     self.below = (0, 0);
                     self.shrink_to(target)
                 } else {

@@ -235,17 +235,40 @@ impl<A: Allocator> Pool<A> {
 
     /// Makes sure a free span of `size` bytes (a multiple of the granule)
     /// exists, adding one region if none does.
-    pub(crate) fn reserve(&mut self, size: usize) -> Result<(), ArenaError> {
+    /// With no live block, the memory is laid out again as one region of
+    /// `idle_target` (at least `size`) instead; otherwise a region of exactly
+    /// `size` is added.
+    pub(crate) fn reserve(&mut self, size: usize, idle_target: usize) -> Result<(), ArenaError> {
         if self.map.largest_free() >= size {
             return Ok(());
         }
-        self.grow(size, size).map(drop)
+        if self.map.used_count() == 0 {
+            self.relayout(idle_target.max(size));
+            if self.map.largest_free() >= size {
+                return Ok(());
+            }
+        }
+        self.grow_by(size, size, true).map(drop)
     }
 
     /// Adds a region able to hold `size` bytes; returns its id.
     fn grow(&mut self, size: usize, requested: usize) -> Result<RegionId, ArenaError> {
+        self.grow_by(size, requested, false)
+    }
+
+    /// [`Pool::grow`], or a region of exactly `size` bytes with `exact`.
+    fn grow_by(
+        &mut self,
+        size: usize,
+        requested: usize,
+        exact_only: bool,
+    ) -> Result<RegionId, ArenaError> {
         let exact = self.round_region(size);
-        let mut want = self.region_size_for(size).max(exact);
+        let mut want = if exact_only {
+            exact
+        } else {
+            self.region_size_for(size).max(exact)
+        };
         if want > self.cap.saturating_sub(self.reserved) {
             want = exact;
         }

@@ -34,6 +34,11 @@ pub struct PlanConfig {
     /// larger), instead of the dynamic pool; the run's own plan is learned
     /// at the same time. Default: no.
     pub serve_smaller_from_larger: bool,
+    /// After learning a plan, shrink the session's arena to the largest plan
+    /// it has used: every shape it has seen is then served from its plan's
+    /// block, so the extra room a recorded (dynamic) run needed goes back.
+    /// Default: yes.
+    pub shrink_to_plans: bool,
 }
 
 impl Default for PlanConfig {
@@ -42,6 +47,7 @@ impl Default for PlanConfig {
             enabled: true,
             capacity: 64,
             serve_smaller_from_larger: false,
+            shrink_to_plans: true,
         }
     }
 }
@@ -79,6 +85,10 @@ pub struct Session {
     last: Option<RunReport>,
     /// Runs per key (input shape).
     keys: HashMap<Box<[usize]>, u64>,
+    /// Size of the largest plan this session has learned or been served by.
+    largest_plan: usize,
+    /// Number of this session in its family (0 for the original).
+    id: u64,
 }
 
 impl Session {
@@ -106,7 +116,7 @@ impl Session {
 
     fn member(model: ModelHandle, config: SessionConfig, family: Arc<Family>) -> Self {
         family.alive.fetch_add(1, Ordering::Relaxed);
-        family.created.fetch_add(1, Ordering::Relaxed);
+        let id = family.created.fetch_add(1, Ordering::Relaxed);
         Self {
             model,
             config,
@@ -115,6 +125,8 @@ impl Session {
             runs: 0,
             last: None,
             keys: HashMap::new(),
+            largest_plan: 0,
+            id,
         }
     }
 
@@ -142,6 +154,7 @@ impl Session {
             None if cfg.enabled && cfg.serve_smaller_from_larger => (plans.largest(), false),
             None => (None, false),
         };
+        let planned_size = plan.as_ref().filter(|_| own).map(|p| p.size());
         let run = match plan {
             Some(p) => match self.arena.begin_planned_run(p) {
                 Ok(run) => run,
@@ -160,17 +173,32 @@ impl Session {
             key,
         };
         let out = f(&ctx);
+        if !cfg.enabled {
+            self.finish(key, run.finish());
+            return out;
+        }
         let (report, recording) = run.finish_with_recording();
         if report.deviated {
             plans.note_deviation();
         }
-        if cfg.enabled
-            && (!own || report.deviated)
-            && report.leaked_blocks == 0
-            && !recording.is_empty()
-        {
-            plans.insert(key.into(), Arc::new(Plan::from_recording(&recording)));
+        if (!own || report.deviated) && report.leaked_blocks == 0 && !recording.is_empty() {
+            let plan = Plan::from_recording(&recording);
+            self.largest_plan = self.largest_plan.max(plan.size());
+            plans.insert(key.into(), Arc::new(plan));
+            if cfg.shrink_to_plans {
+                // Later runs of every shape seen are served from their plan's
+                // block: no more than the largest plan is needed.
+                self.arena.shrink_to(self.largest_plan);
+            }
+        } else if let Some(size) = planned_size {
+            self.largest_plan = self.largest_plan.max(size);
         }
+        self.finish(key, report);
+        out
+    }
+
+    /// Books a finished run.
+    fn finish(&mut self, key: &[usize], report: RunReport) {
         self.runs += 1;
         self.last = Some(report);
         match self.keys.get_mut(key) {
@@ -179,7 +207,6 @@ impl Session {
                 self.keys.insert(key.into(), 1);
             }
         }
-        out
     }
 
     /// Prepares this session for `key`: if the family has a plan for it,
@@ -209,6 +236,12 @@ impl Session {
     /// every clone of this session.
     pub fn model(&self) -> &ModelHandle {
         &self.model
+    }
+
+    /// Number of this session in its family: 0 for the original, then 1, 2...
+    /// for clones in the order they were made (for logs).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The configuration.

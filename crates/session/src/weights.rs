@@ -398,6 +398,18 @@ pub enum WeightsError {
         /// The requested element type's size in bytes.
         requested_size: usize,
     },
+    /// A dtype-checked view ([`TensorView::typed`]) was asked for with an element type of
+    /// another dtype.
+    DtypeMismatch {
+        /// The file, if the weights came from one.
+        path: Option<PathBuf>,
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        dtype: Dtype,
+        /// The dtype of the requested element type.
+        requested: Dtype,
+    },
     /// A borrowed typed view was asked for, but the tensor's bytes are not aligned for the
     /// element type. Safetensors does not align data offsets; use [`TensorView::as_cow`] or
     /// [`TensorView::to_vec_of`], which copy in that case.
@@ -574,6 +586,16 @@ impl fmt::Display for WeightsError {
                  viewed as `{requested}` ({requested_size}-byte elements)",
                 origin(path),
                 dtype.size_in_bytes()
+            ),
+            E::DtypeMismatch {
+                path,
+                tensor,
+                dtype,
+                requested,
+            } => write!(
+                f,
+                "{}: tensor `{tensor}` has dtype {dtype}, not {requested}",
+                origin(path)
             ),
             E::Misaligned {
                 path,
@@ -969,6 +991,28 @@ impl fmt::Debug for Weights {
 // TensorView
 // ---------------------------------------------------------------------------------------------
 
+/// A Rust element type with a safetensors dtype, for [`TensorView::typed`].
+pub trait Element: Pod + private::Sealed {
+    /// The dtype whose elements this type holds.
+    const DTYPE: Dtype;
+}
+
+mod private {
+    pub trait Sealed {}
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),* $(,)?) => {$(
+        impl private::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: Dtype = Dtype::$d;
+        }
+    )*};
+}
+
+element!(u8 => U8, i8 => I8, u16 => U16, i16 => I16, u32 => U32, i32 => I32, f32 => F32,
+    u64 => U64, i64 => I64, f64 => F64);
+
 /// A borrowed view of one tensor of a [`Weights`].
 ///
 /// Values are stored little-endian, as safetensors specifies; the typed views reinterpret the
@@ -1035,6 +1079,24 @@ impl<'a> TensorView<'a> {
             required_align: std::mem::align_of::<T>(),
             address: self.bytes.as_ptr() as usize,
         })
+    }
+
+    /// The elements as `&[T]`, where `T`'s dtype must be the tensor's: an `F32` tensor as
+    /// `f32`, never as `u32` (unlike [`TensorView::try_as_slice`], which checks sizes only).
+    ///
+    /// # Errors
+    /// [`WeightsError::DtypeMismatch`] for another dtype; [`WeightsError::Misaligned`] as in
+    /// [`TensorView::try_as_slice`].
+    pub fn typed<T: Element>(&self) -> Result<&'a [T], WeightsError> {
+        if T::DTYPE != self.entry.dtype {
+            return Err(WeightsError::DtypeMismatch {
+                path: self.path.map(Path::to_path_buf),
+                tensor: self.entry.name.clone(),
+                dtype: self.entry.dtype,
+                requested: T::DTYPE,
+            });
+        }
+        self.try_as_slice()
     }
 
     /// The elements as `&[T]` when the bytes are aligned for `T`, else as an owned copy.

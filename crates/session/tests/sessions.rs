@@ -322,3 +322,58 @@ fn a_small_shape_is_served_by_a_larger_plan_then_gets_its_own_after_shrink() {
     infer(&mut s, 3);
     assert_eq!(s.stats().last_run.unwrap().backing_allocs, 0);
 }
+
+#[test]
+fn warming_a_used_clone_keeps_one_region_and_the_next_run_calls_nothing() {
+    let mut a = Session::new(Arc::new(matvec_weights(16, 0.0)), SessionConfig::default());
+    infer(&mut a, 200); // plan for the large key
+    let mut b = a.try_clone();
+    infer(&mut b, 2); // b holds a small region
+    assert!(b.warm(&[200, 16]).unwrap());
+    let st = b.stats().arena;
+    assert_eq!(st.regions, 1, "laid out again as one region, not a second one");
+    infer(&mut b, 200);
+    let report = b.stats().last_run.unwrap();
+    assert!(report.planned);
+    assert_eq!((report.backing_allocs, report.backing_frees), (0, 0));
+    assert_eq!((a.id(), b.id()), (0, 1));
+}
+
+#[test]
+fn after_learning_a_plan_the_arena_keeps_only_the_plans_block() {
+    // Best fit reaches 600 KiB on this run; its lower bound (and plan) is 500 KiB.
+    fn tricky(s: &mut Session) {
+        s.run(&[7], |ctx| {
+            let k = 1024;
+            let a = ctx.alloc(300 * k).unwrap();
+            let b = ctx.alloc(100 * k).unwrap();
+            drop(a);
+            let c = ctx.alloc(200 * k).unwrap();
+            let d = ctx.alloc(200 * k).unwrap();
+            drop((b, c, d));
+        })
+    }
+    let mut s = Session::new(Arc::new(matvec_weights(4, 0.0)), SessionConfig::default());
+    tricky(&mut s);
+    let plan = s.plans().peek(&[7usize][..]).unwrap();
+    assert_eq!(plan.size(), 500 * 1024);
+    let first = s.stats().last_run.unwrap();
+    assert_eq!(first.high_water, 600 * 1024, "the recorded run needed more than its plan");
+    assert_eq!(s.stats().arena.reserved, plan.size());
+    let hits = s.plans().stats().hits;
+    tricky(&mut s);
+    assert_eq!(s.plans().stats().hits, hits + 1, "peek counts nothing, get does");
+    let report = s.stats().last_run.unwrap();
+    assert!(report.planned && report.backing_allocs == 0);
+
+    let off = SessionConfig {
+        plans: tensor_session::PlanConfig {
+            shrink_to_plans: false,
+            ..tensor_session::PlanConfig::default()
+        },
+        ..SessionConfig::default()
+    };
+    let mut s = Session::new(Arc::new(matvec_weights(4, 0.0)), off);
+    tricky(&mut s);
+    assert_eq!(s.stats().arena.reserved, 600 * 1024);
+}

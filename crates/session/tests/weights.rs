@@ -346,8 +346,16 @@ fn typed_view_wrong_element_size() {
             );
             assert!(err.to_string().contains("wrong_size.safetensors"), "{err}");
         }
-        // Same size, other type: allowed (raw bits).
+        // Same size, other type: allowed (raw bits)...
         assert_eq!(embed.try_as_slice::<u32>().unwrap().len(), 12);
+        // ...but not by the dtype-checked view.
+        let err = embed.typed::<u32>().unwrap_err();
+        assert!(
+            matches!(&err, WeightsError::DtypeMismatch { dtype: Dtype::F32, requested: Dtype::U32, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("not U32"), "{err}");
+        assert_eq!(embed.typed::<f32>().unwrap().len(), 12);
         assert_eq!(
             w.get("half").unwrap().try_as_slice::<u16>().unwrap(),
             &[0x0201, 0x0403, 0x0605, 0x0807]

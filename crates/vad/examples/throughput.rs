@@ -1,5 +1,8 @@
 //! Windows per second of the forward pass on data/speech.wav, whole file in
-//! one call and streaming one window per call, with no allocation per call.
+//! one call and streaming one window per call, with no allocation per call;
+//! then the same through a `tensor_session::Session` (`Detector`: one
+//! session run per call, tensors from the session's arena), and the cost of
+//! building the model from `Weights` (done at the start of every run).
 //!
 //! `cargo run --release -p tensor-vad --example throughput [SECONDS]`
 
@@ -8,8 +11,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use tensor_session::{LoadMode, Session, SessionConfig};
 use tensor_vad::{
-    frame_rows, num_windows, total_len, LstmState, SliceScratch, Stream, CONTEXT, ROW, WINDOW,
+    frame_rows, load_weights, num_windows, total_len, Detector, LstmState, Model, SliceScratch,
+    Stream, CONTEXT, ROW, WINDOW,
 };
 
 /// Runs `f` (which processes `windows` windows) for about `secs` in trials of
@@ -73,5 +80,48 @@ fn main() {
     println!(
         "streaming (L = 1):      {stream:>9.0} windows/s  ({:.0}x real time)",
         stream / realtime
+    );
+
+    let weights = Arc::new(
+        load_weights(
+            common::data_path("silero_vad_16k_v6.safetensors"),
+            LoadMode::Mmap,
+        )
+        .expect("weights"),
+    );
+    let mut session = Session::new(Arc::clone(&weights), SessionConfig::default());
+    let whole = rate(l, secs, || {
+        Detector::new()
+            .process(&mut session, audio, &mut probs)
+            .unwrap();
+    });
+    println!(
+        "session, whole file:    {whole:>9.0} windows/s  ({:.0}x real time)",
+        whole / realtime
+    );
+    let stream = rate(l, secs, || {
+        let mut d = Detector::new();
+        for w in audio.chunks_exact(WINDOW) {
+            d.process_window(&mut session, w).unwrap();
+        }
+    });
+    println!(
+        "session, streaming:     {stream:>9.0} windows/s  ({:.0}x real time, {:.2} us per run)",
+        stream / realtime,
+        1e6 / stream
+    );
+    let n = 100_000;
+    let t = Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(Model::from_weights(std::hint::black_box(&weights)).unwrap());
+    }
+    println!(
+        "Model::from_weights:    {:>9.3} us",
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    );
+    let st = session.stats();
+    println!(
+        "session: runs {}, planned {}, backing calls {}, reserved {} B",
+        st.runs, st.arena.planned_runs, st.arena.backing_allocs, st.arena.reserved
     );
 }

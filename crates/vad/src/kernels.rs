@@ -93,23 +93,39 @@ impl Conv1d {
         self.in_channels != 1 || self.pad_begin != 0 || self.pad_end != 0
     }
 
+    /// Output frames whose im2col rows [`conv1d`] holds at once: at least
+    /// [`COLS_TILE_MIN_ROWS`], rounded up to whole cache blocks of the
+    /// product (so tiling does not change a single rounding).
+    pub fn cols_tile_rows(&self) -> usize {
+        let block = gemm_block_rows(self.in_channels * self.kernel);
+        COLS_TILE_MIN_ROWS.div_ceil(block) * block
+    }
+
     /// Length of the im2col scratch buffer [`conv1d`] takes:
-    /// `batch * out_len() * in_channels * kernel`, or 0 if not needed.
+    /// `min(batch * out_len(), cols_tile_rows()) * in_channels * kernel`, or
+    /// 0 if not needed. It does not grow with the batch beyond one tile.
     pub fn cols_len(&self) -> usize {
         if self.needs_cols() {
-            self.batch * self.out_len() * self.in_channels * self.kernel
+            let rows = (self.batch * self.out_len()).min(self.cols_tile_rows());
+            rows * self.in_channels * self.kernel
         } else {
             0
         }
     }
 }
 
+/// The least number of output frames [`conv1d`] lays out with im2col at a
+/// time (see [`Conv1d::cols_tile_rows`]): the scratch is a fixed tile, not a
+/// copy of the whole input times the kernel width.
+pub const COLS_TILE_MIN_ROWS: usize = 32;
+
 /// 1-D convolution (ONNX `Conv`, plus the fused time `Slice` of
 /// [`Conv1d::skip`]): `out[n, o, t] = bias[o] + sum_{c, k} w[o, c, k] *
 /// x[n, c, (t + skip) * stride + k - pad_begin]`, with zeros outside the input.
 ///
 /// `cols` is scratch of [`Conv1d::cols_len`] elements (may be empty when that
-/// is 0); its contents on entry do not matter.
+/// is 0); its contents on entry do not matter. The receptive fields are laid
+/// out in it one tile of [`Conv1d::cols_tile_rows`] output frames at a time.
 ///
 /// # Panics
 /// If a slice length does not match `spec`.
@@ -138,17 +154,24 @@ pub fn conv1d(
     };
     let n_rows = spec.batch * out_len;
     if spec.needs_cols() {
-        im2col(spec, input, cols);
-        let cols = &*cols;
-        gemm_nt(
-            weight,
-            cout,
-            row,
-            n_rows,
-            |j| &cols[j * row..(j + 1) * row],
-            bias,
-            |j, o, v| out[index(j, o)] = v,
-        );
+        let tile = spec.cols_tile_rows();
+        let mut j0 = 0;
+        while j0 < n_rows {
+            let j1 = (j0 + tile).min(n_rows);
+            let cols = &mut cols[..(j1 - j0) * row];
+            im2col(spec, input, j0, cols);
+            let cols = &*cols;
+            gemm_nt(
+                weight,
+                cout,
+                row,
+                j1 - j0,
+                |j| &cols[j * row..(j + 1) * row],
+                bias,
+                |j, o, v| out[index(j0 + j, o)] = v,
+            );
+            j0 = j1;
+        }
     } else {
         // One channel, no padding: receptive field (n, t) is a contiguous run.
         let (in_len, stride, skip, k) = (spec.in_len, spec.stride, spec.skip, spec.kernel);
@@ -167,13 +190,15 @@ pub fn conv1d(
     }
 }
 
-/// im2col: row `(n, t)` of `cols` holds the receptive field of output frame
-/// `t` of batch item `n`, ordered `(channel, tap)` like the weight rows.
-fn im2col(spec: &Conv1d, input: &[f32], cols: &mut [f32]) {
+/// im2col of GEMM rows `first..`: row `i` of `cols` holds the receptive
+/// field of GEMM row `j = first + i`, that is output frame `t` of batch item
+/// `n` for `j = n * out_len + t`, ordered `(channel, tap)` like the weight rows.
+fn im2col(spec: &Conv1d, input: &[f32], first: usize, cols: &mut [f32]) {
     let out_len = spec.out_len();
     let (cin, k, in_len) = (spec.in_channels, spec.kernel, spec.in_len);
     let row = cin * k;
-    for (j, dst) in cols.chunks_exact_mut(row).enumerate() {
+    for (i, dst) in cols.chunks_exact_mut(row).enumerate() {
+        let j = first + i;
         let (n, t) = (j / out_len, j % out_len);
         // Position of tap 0 in the unpadded input (may be negative).
         let start = ((t + spec.skip) * spec.stride) as isize - spec.pad_begin as isize;
@@ -258,6 +283,92 @@ pub fn reflect_pad(input: &[f32], len: usize, left: usize, right: usize, out: &m
         }
         for (i, d) in tail.iter_mut().enumerate() {
             *d = src[len - 2 - i];
+        }
+    }
+}
+
+/// An audio sample the model can read: converted to `f32` as the reference
+/// does (`i16` as `s / 32768`, `f32` unchanged).
+pub trait Sample: Copy {
+    /// The sample as `f32`.
+    fn to_f32(self) -> f32;
+}
+
+impl Sample for f32 {
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Sample for i16 {
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self as f32 / 32768.0
+    }
+}
+
+/// Framing and reflect padding fused: writes, for each of the
+/// `L = samples.len() / window` windows, the row `context_i ++ window_i`
+/// (`context.len() + window` samples, as built by
+/// [`frame_rows`](crate::frame_rows)) reflect-padded by `pad` on both sides
+/// (as [`reflect_pad`]), without materializing the `L x (context + window)`
+/// rows. `context_0` is `context`; `context_i` is the last `context.len()`
+/// samples of window `i - 1`. `out` is `L x (pad + context.len() + window + pad)`.
+///
+/// Gives exactly the values of [`frame_rows`](crate::frame_rows) followed by
+/// [`reflect_pad`] (copies only).
+///
+/// # Panics
+/// If `samples.len()` is not a multiple of `window`, if `context` is longer
+/// than a window, if `pad` is not shorter than a row, or if `out` has the
+/// wrong length.
+pub fn frame_reflect_pad<T: Sample>(
+    samples: &[T],
+    window: usize,
+    context: &[f32],
+    pad: usize,
+    out: &mut [f32],
+) {
+    let ctx = context.len();
+    assert!(window > 0 && ctx <= window, "frame_reflect_pad: bad window");
+    assert_eq!(
+        samples.len() % window,
+        0,
+        "frame_reflect_pad: samples length"
+    );
+    let len = ctx + window;
+    assert!(
+        pad < len,
+        "frame_reflect_pad: pad must be shorter than the row"
+    );
+    let padded = pad + len + pad;
+    let l = samples.len() / window;
+    assert_eq!(out.len(), l * padded, "frame_reflect_pad: output length");
+    for (i, dst) in out.chunks_exact_mut(padded).enumerate() {
+        let (head, rest) = dst.split_at_mut(pad);
+        let (row, tail) = rest.split_at_mut(len);
+        let (row_ctx, row_new) = row.split_at_mut(ctx);
+        if i == 0 {
+            row_ctx.copy_from_slice(context);
+        } else {
+            let prev = &samples[i * window - ctx..i * window];
+            for (d, &s) in row_ctx.iter_mut().zip(prev) {
+                *d = s.to_f32();
+            }
+        }
+        for (d, &s) in row_new
+            .iter_mut()
+            .zip(&samples[i * window..(i + 1) * window])
+        {
+            *d = s.to_f32();
+        }
+        let row = &*row;
+        for (j, d) in head.iter_mut().rev().enumerate() {
+            *d = row[j + 1];
+        }
+        for (j, d) in tail.iter_mut().enumerate() {
+            *d = row[len - 2 - j];
         }
     }
 }
@@ -407,6 +518,12 @@ pub fn lstm(
 /// stay in the L1 cache while the rows of `a` stream past.
 const B_BLOCK_BYTES: usize = 16 * 1024;
 
+/// Rows of `b` per cache block in [`gemm_nt`] for rows of `k` floats: an
+/// even number, at least 2.
+fn gemm_block_rows(k: usize) -> usize {
+    (B_BLOCK_BYTES / (4 * k.max(1)) / 2 * 2).max(2)
+}
+
 /// `store(j, i, bias[i] + dot(a[i], b_row(j)))` for every row `i < m` of `a`
 /// (`m x k`, row-major) and every `j < n`.
 ///
@@ -427,8 +544,7 @@ fn gemm_nt<'b>(
     debug_assert_eq!(a.len(), m * k);
     let a_row = |i: usize| &a[i * k..(i + 1) * k];
     let bias_of = |i: usize| bias.map_or(0.0, |b| b[i]);
-    // An even number of rows per block, at least 2.
-    let block = (B_BLOCK_BYTES / (4 * k.max(1)) / 2 * 2).max(2);
+    let block = gemm_block_rows(k);
     let mut j0 = 0;
     while j0 < n {
         let j1 = (j0 + block).min(n);
@@ -614,6 +730,66 @@ mod tests {
                 (s % 2000) as f32 / 1000.0 - 1.0
             })
             .collect()
+    }
+
+    #[test]
+    fn tiled_im2col_changes_no_rounding() {
+        // conv1d (im2col one tile at a time) against one product over the
+        // whole lowered input: bitwise equal.
+        for (l, spec) in [(1usize, 1usize), (9, 1), (33, 2), (100, 1), (57, 4)] {
+            let s = crate::conv_specs(l)[spec];
+            assert!(s.needs_cols());
+            let x = pseudo(s.input_len(), l as u32);
+            let w = pseudo(s.weight_len(), 7);
+            let b = pseudo(s.out_channels, 8);
+            let mut cols = vec![f32::NAN; s.cols_len()];
+            let mut tiled = vec![f32::NAN; s.output_len()];
+            conv1d(&s, &x, &w, Some(&b), &mut cols, &mut tiled);
+
+            let (ol, row, n_rows) = (s.out_len(), s.in_channels * s.kernel, s.batch * s.out_len());
+            let mut full = vec![0.0; n_rows * row];
+            im2col(&s, &x, 0, &mut full);
+            let mut whole = vec![f32::NAN; s.output_len()];
+            gemm_nt(
+                &w,
+                s.out_channels,
+                row,
+                n_rows,
+                |j| &full[j * row..(j + 1) * row],
+                Some(&b),
+                |j, o, v| whole[((j / ol) * s.out_channels + o) * ol + j % ol] = v,
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&tiled), bits(&whole), "L = {l}, conv {spec}");
+            assert!(s.cols_len() <= s.cols_tile_rows() * row);
+        }
+    }
+
+    #[test]
+    fn frame_reflect_pad_equals_frame_rows_then_reflect_pad() {
+        use crate::{frame_rows, CONTEXT, ROW, STFT_PAD, WINDOW};
+        for l in [1usize, 2, 5] {
+            let samples = pseudo(l * WINDOW, l as u32);
+            let ctx0: Vec<f32> = pseudo(CONTEXT, 99);
+            let mut ctx = [0.0; CONTEXT];
+            ctx.copy_from_slice(&ctx0);
+            let mut rows = vec![0.0; l * ROW];
+            frame_rows(&samples, &mut ctx, &mut rows);
+            let padded = ROW + 2 * STFT_PAD;
+            let mut want = vec![0.0; l * padded];
+            reflect_pad(&rows, ROW, STFT_PAD, STFT_PAD, &mut want);
+            let mut got = vec![f32::NAN; l * padded];
+            frame_reflect_pad(&samples, WINDOW, &ctx0, STFT_PAD, &mut got);
+            assert_eq!(got, want, "L = {l}");
+
+            // i16 samples convert as s / 32768 on the way.
+            let pcm: Vec<i16> = samples.iter().map(|&x| (x * 30000.0) as i16).collect();
+            let as_f32: Vec<f32> = pcm.iter().map(|&s| s as f32 / 32768.0).collect();
+            let mut want = vec![0.0; l * padded];
+            frame_reflect_pad(&as_f32, WINDOW, &ctx0, STFT_PAD, &mut want);
+            frame_reflect_pad(&pcm, WINDOW, &ctx0, STFT_PAD, &mut got);
+            assert_eq!(got, want, "i16, L = {l}");
+        }
     }
 
     fn max_diff(a: &[f32], b: &[f32]) -> f32 {

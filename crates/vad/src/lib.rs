@@ -32,8 +32,11 @@
 //! [`Model::forward`] gets each intermediate tensor from a [`Scratch`] right
 //! before the kernel that fills it and drops it right after its last reader,
 //! always in the order of [`SCHEDULE`]; [`Intermediate::len`] gives each size
-//! for `L` windows (all are linear in `L`), [`total_len`] their sum and
-//! [`peak_len`] the most live at once. A `Scratch` hands out owned buffers
+//! for `L` windows (linear in `L`, except the im2col scratch of the
+//! convolutions, one fixed tile of at most 40 output frames), [`total_len`]
+//! their sum and [`peak_len`] the most live at once: 1864 floats per window
+//! for long inputs (the padded rows and the STFT output), 2576 for one
+//! window. A `Scratch` hands out owned buffers
 //! (`DerefMut<Target = [f32]>`, freed on drop) and may fail, so an arena's
 //! `Block` fits directly and the arena sees the real lifetimes of a run.
 //! [`HeapScratch`] (a `Vec` per tensor) and [`SliceScratch`] (bump over one
@@ -53,20 +56,37 @@
 //!         Ok(vec![0.0; len])
 //!     }
 //! }
-//! // 316 windows (10 s): 2.07 M floats in all, at most 0.81 M live at once.
-//! assert_eq!(tensor_vad::total_len(316), 316 * 6552);
-//! assert_eq!(tensor_vad::peak_len(316), 316 * 2576);
+//! // 316 windows (10 s): 1.26 M floats in all, at most 0.59 M live at once.
+//! let tiles = 40 * (387 + 384 + 192 + 192);
+//! assert_eq!(tensor_vad::total_len(316), 316 * 3852 + tiles);
+//! assert_eq!(tensor_vad::peak_len(316), 316 * 1864);
+//! assert_eq!(tensor_vad::peak_len(1), 2576);
 //! ```
 //!
-//! The crate has no dependencies and no `unsafe`.
+//! # On sessions
+//!
+//! [`Detector`] runs the model on a [`tensor_session::Session`]: weights
+//! borrowed in place from the session's [`Weights`](tensor_session::Weights)
+//! ([`load_weights`], [`Model::from_weights`]), every intermediate tensor a
+//! `ctx.alloc_slice::<f32>(n)` of the run (a `&RunContext` is a [`Scratch`]),
+//! one run per call keyed `[L, 576]`, so that repeated lengths are served
+//! from the session's plans. [`segments()`] turns probabilities into speech
+//! segments with silero's rule. The `tensor-vad` binary runs it all on WAV
+//! files with a pool of workers.
+//!
+//! The crate has no `unsafe`.
 
 #![forbid(unsafe_code)]
 
+mod detector;
 pub mod kernels;
 mod model;
 mod scratch;
+pub mod segments;
 pub mod wav;
 
+pub use detector::{key, load_weights, Detector, VadError};
+pub use kernels::Sample;
 pub use model::{
     conv_specs, frame_rows, num_windows, Intermediate, LstmState, Model, ModelError, Stream,
     CONTEXT, HIDDEN, ROW, SAMPLE_RATE, STFT_BINS, STFT_HOP, STFT_KERNEL, STFT_PAD, TENSORS, WINDOW,
@@ -74,3 +94,4 @@ pub use model::{
 pub use scratch::{
     peak_len, total_len, Event, HeapScratch, Scratch, ScratchTooSmall, SliceScratch, SCHEDULE,
 };
+pub use segments::{segments, Segment, SegmentConfig, Segmenter};

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::kernels::{self, Conv1d, LstmWeights};
+use crate::kernels::{self, Conv1d, LstmWeights, Sample};
 use crate::scratch::Scratch;
 
 /// Sample rate the model was trained for.
@@ -73,19 +73,20 @@ pub enum Intermediate {
     Stft,
     /// STFT magnitude, `L x 129 x 4`.
     Magnitude,
-    /// im2col scratch of encoder block 0, `4L x 387`.
+    /// im2col scratch of encoder block 0, `min(4L, 40) x 387` (one tile,
+    /// see [`Conv1d::cols_tile_rows`]).
     Cols0,
     /// Encoder block 0 output (ReLU in place), `L x 128 x 4`.
     Enc0,
-    /// im2col scratch of encoder block 1, `2L x 384`.
+    /// im2col scratch of encoder block 1, `min(2L, 40) x 384`.
     Cols1,
     /// Encoder block 1 output, `L x 64 x 2`.
     Enc1,
-    /// im2col scratch of encoder block 2, `L x 192`.
+    /// im2col scratch of encoder block 2, `min(L, 40) x 192`.
     Cols2,
     /// Encoder block 2 output, `L x 64 x 1`.
     Enc2,
-    /// im2col scratch of encoder block 3, `L x 192`.
+    /// im2col scratch of encoder block 3, `min(L, 40) x 192`.
     Cols3,
     /// Encoder block 3 output, `L x 128 x 1` (also the LSTM input `L x 1 x 128`).
     Enc3,
@@ -137,7 +138,10 @@ impl Intermediate {
     pub fn shape(self, l: usize) -> Vec<usize> {
         let s = conv_specs(l);
         let conv_out = |c: &Conv1d| vec![l, c.out_channels, c.out_len()];
-        let cols = |c: &Conv1d| vec![l * c.out_len(), c.in_channels * c.kernel];
+        let cols = |c: &Conv1d| {
+            let row = c.in_channels * c.kernel;
+            vec![c.cols_len() / row, row]
+        };
         match self {
             Intermediate::Padded => vec![l, s[0].in_len],
             Intermediate::Stft => conv_out(&s[0]),
@@ -211,6 +215,16 @@ pub enum ModelError {
         /// Shape found.
         found: Vec<usize>,
     },
+    /// The tensor's element type is not `F32`.
+    Dtype {
+        /// Tensor name.
+        name: &'static str,
+        /// The element type found.
+        found: String,
+    },
+    /// The tensor's data is not aligned for `f32`, so it cannot be borrowed
+    /// in place (see [`load_weights`](crate::load_weights), which realigns).
+    Misaligned(&'static str),
     /// The data length does not match the shape.
     Len {
         /// Tensor name.
@@ -234,6 +248,12 @@ impl fmt::Display for ModelError {
                 f,
                 "weight tensor {name} has shape {found:?}, expected {expected:?}"
             ),
+            ModelError::Dtype { name, found } => {
+                write!(f, "weight tensor {name} is {found}, expected F32")
+            }
+            ModelError::Misaligned(name) => {
+                write!(f, "weight tensor {name} is not aligned for f32")
+            }
             ModelError::Len {
                 name,
                 expected,
@@ -325,7 +345,13 @@ impl<'w> Model<'w> {
     /// entry and `hn`, `cn` on return; `probs` receives the speech
     /// probability of each window. Intermediate tensors come from `scratch`
     /// in the order of [`SCHEDULE`](crate::SCHEDULE), each dropped as soon as
-    /// it is dead; nothing else is allocated.
+    /// it is dead; nothing else is allocated. `scratch` is taken by value:
+    /// pass `&mut s` for a scratch you keep (`&mut S` is a [`Scratch`] too),
+    /// or a session's [`RunContext`](tensor_session::RunContext) reference
+    /// as it is.
+    ///
+    /// If `scratch` fails, the error is returned and `state` is unchanged
+    /// (the LSTM runs after the last buffer is taken).
     ///
     /// # Panics
     /// If `input.len() != 576 * probs.len()`, or if `scratch` returns a
@@ -335,11 +361,67 @@ impl<'w> Model<'w> {
         input: &[f32],
         state: &mut LstmState,
         probs: &mut [f32],
-        scratch: &mut S,
+        scratch: S,
+    ) -> Result<(), S::Error> {
+        let l = probs.len();
+        assert_eq!(input.len(), l * ROW, "forward: input must be L x {ROW}");
+        self.forward_with(state, probs, scratch, |padded| {
+            kernels::reflect_pad(input, ROW, STFT_PAD, STFT_PAD, padded);
+        })
+    }
+
+    /// Runs the network on the `L = probs.len()` windows of `samples`
+    /// (`512 L` samples, `f32` or `i16`, see [`Sample`]), framing them on the
+    /// fly: the rows of [`frame_rows`] are never built, the first kernel
+    /// reads the samples and `context` (the 64 samples before `samples[0]`;
+    /// zeros at the start of a stream) directly
+    /// ([`kernels::frame_reflect_pad`]). The results are bitwise those of
+    /// [`frame_rows`] then [`Model::forward`].
+    ///
+    /// On success `context` holds the last 64 samples, ready for the next
+    /// call, and `state` the new LSTM state; if `scratch` fails, both are
+    /// unchanged.
+    ///
+    /// # Panics
+    /// If `samples.len() != 512 * probs.len()`, or if `scratch` returns a
+    /// buffer of the wrong length.
+    pub fn forward_samples<T: Sample, S: Scratch>(
+        &self,
+        samples: &[T],
+        context: &mut [f32; CONTEXT],
+        state: &mut LstmState,
+        probs: &mut [f32],
+        scratch: S,
+    ) -> Result<(), S::Error> {
+        let l = probs.len();
+        assert_eq!(
+            samples.len(),
+            l * WINDOW,
+            "forward_samples: samples must be L x {WINDOW}"
+        );
+        let ctx = *context;
+        self.forward_with(state, probs, scratch, |padded| {
+            kernels::frame_reflect_pad(samples, WINDOW, &ctx, STFT_PAD, padded);
+        })?;
+        if l > 0 {
+            for (d, &s) in context.iter_mut().zip(&samples[l * WINDOW - CONTEXT..]) {
+                *d = s.to_f32();
+            }
+        }
+        Ok(())
+    }
+
+    /// The forward pass after its input: `fill_padded` writes the
+    /// reflect-padded rows (`L x 832`) into the first buffer taken.
+    fn forward_with<S: Scratch>(
+        &self,
+        state: &mut LstmState,
+        probs: &mut [f32],
+        mut scratch: S,
+        fill_padded: impl FnOnce(&mut [f32]),
     ) -> Result<(), S::Error> {
         use Intermediate as I;
         let l = probs.len();
-        assert_eq!(input.len(), l * ROW, "forward: input must be L x {ROW}");
         if l == 0 {
             return Ok(());
         }
@@ -357,7 +439,7 @@ impl<'w> Model<'w> {
 
         // STFT: reflect pad, conv (frame 0 sliced off), magnitude.
         let mut padded = take(I::Padded)?;
-        kernels::reflect_pad(input, ROW, STFT_PAD, STFT_PAD, &mut padded);
+        fill_padded(&mut padded);
         let mut stft = take(I::Stft)?;
         kernels::conv1d(
             &specs[0],
@@ -461,7 +543,6 @@ pub struct Stream {
     /// LSTM state after the last window.
     pub state: LstmState,
     context: [f32; CONTEXT],
-    row: [f32; ROW],
 }
 
 impl Default for Stream {
@@ -476,7 +557,6 @@ impl Stream {
         Stream {
             state: LstmState::default(),
             context: [0.0; CONTEXT],
-            row: [0.0; ROW],
         }
     }
 
@@ -485,24 +565,30 @@ impl Stream {
         *self = Stream::new();
     }
 
-    /// Speech probability of the next window of 512 samples.
+    /// Speech probability of the next window of 512 samples (see
+    /// [`Model::forward_samples`]; `scratch` as in [`Model::forward`]).
     ///
     /// # Panics
     /// If `window.len() != 512`.
-    pub fn process<S: Scratch>(
+    pub fn process<T: Sample, S: Scratch>(
         &mut self,
         model: &Model<'_>,
-        window: &[f32],
-        scratch: &mut S,
+        window: &[T],
+        scratch: S,
     ) -> Result<f32, S::Error> {
         assert_eq!(
             window.len(),
             WINDOW,
             "Stream::process takes {WINDOW} samples"
         );
-        frame_rows(window, &mut self.context, &mut self.row);
         let mut prob = [0.0f32];
-        model.forward(&self.row, &mut self.state, &mut prob, scratch)?;
+        model.forward_samples(
+            window,
+            &mut self.context,
+            &mut self.state,
+            &mut prob,
+            scratch,
+        )?;
         Ok(prob[0])
     }
 }

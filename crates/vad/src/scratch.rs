@@ -28,6 +28,17 @@ pub trait Scratch {
     fn take(&mut self, tensor: Intermediate, len: usize) -> Result<Self::Buf, Self::Error>;
 }
 
+/// A scratch borrowed mutably is a scratch: `model.forward(.., &mut s)`
+/// keeps `s` for the next call.
+impl<S: Scratch + ?Sized> Scratch for &mut S {
+    type Buf = S::Buf;
+    type Error = S::Error;
+
+    fn take(&mut self, tensor: Intermediate, len: usize) -> Result<S::Buf, S::Error> {
+        (**self).take(tensor, len)
+    }
+}
+
 /// One step of the forward pass as a scratch sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Event {

@@ -115,6 +115,27 @@ fn sizes_are_linear_in_l() {
 }
 
 #[test]
+fn im2col_scratch_is_one_tile_for_long_inputs() {
+    // Up to 40 output frames per convolution, the im2col scratch is the
+    // whole lowered input; beyond, one tile of 40 frames.
+    assert_eq!(Intermediate::Cols0.shape(10), vec![40, 387]);
+    assert_eq!(Intermediate::Cols0.shape(1875), vec![40, 387]);
+    assert_eq!(Intermediate::Cols1.shape(1875), vec![40, 384]);
+    assert_eq!(Intermediate::Cols3.shape(39), vec![39, 192]);
+    assert_eq!(Intermediate::Cols3.shape(41), vec![40, 192]);
+    for t in Intermediate::ALL {
+        assert_eq!(t.shape(1875).iter().product::<usize>(), t.len(1875));
+    }
+    // The peak moves to the STFT (padded rows + its output): 1864 floats
+    // per window, 7456 bytes, against 9804 for ONNX Runtime's intermediate
+    // tensors (traces/REFERENCE.md).
+    for l in [31, 313, 938, 1875] {
+        assert_eq!(peak_len(l), l * (832 + 1032), "L = {l}");
+    }
+    assert_eq!(peak_len(5), 5 * (516 + 512) + 20 * 387);
+}
+
+#[test]
 fn slice_scratch_reports_running_out() {
     let weights = OwnedWeights::load();
     let model = weights.model();

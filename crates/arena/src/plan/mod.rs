@@ -319,6 +319,16 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         }
     }
 
+    /// The plan for `key`, if any, without counting a hit or a miss or
+    /// touching its recency (to inspect the cache).
+    pub fn peek<Q>(&self, key: &Q) -> Option<Arc<Plan>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.map.load().get(key).map(|e| Arc::clone(&e.plan))
+    }
+
     /// Whether a plan for `key` is held (not counted).
     pub fn contains<Q>(&self, key: &Q) -> bool
     where

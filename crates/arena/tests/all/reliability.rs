@@ -854,3 +854,32 @@ fn soak_10000_runs_with_random_shapes() {
     }
     backing.assert_all_returned();
 }
+
+/// When the run's need (its high-water mark, alignment padding included) is
+/// over the cap, `finish_run` skips the relayout (`Pool::relayout` returns 0
+/// and changes nothing) but still reports `relaid_out: true` and counts a
+/// relayout in `Stats::relayouts`. Fix: have `Pool::relayout` say whether it
+/// laid out, and report that.
+#[test]
+#[ignore = "known bug: a skipped relayout is reported as done (see the doc comment)"]
+fn a_skipped_relayout_is_not_reported() {
+    const CAP: usize = 4 << 20;
+    let cfg = ArenaConfig {
+        max_reserved: CAP,
+        ..ArenaConfig::default()
+    };
+    let arena = Arena::new(cfg);
+    let run = arena.begin_run();
+    drop(run.arena().try_alloc(1).unwrap());
+    let big = run.try_alloc(CAP - 64).unwrap();
+    let small = run.arena().try_alloc_aligned(1, 128).unwrap();
+    drop((big, small));
+    let report = run.finish();
+    assert!(report.high_water > CAP, "the need is over the cap");
+    let s = arena.stats();
+    assert!(
+        !report.relaid_out || s.regions <= 1,
+        "reported relaid out, yet {} regions remain",
+        s.regions
+    );
+}

@@ -1,0 +1,162 @@
+//! Heap allocations of a steady-state session run (a key seen before): the
+//! client (weights lookup, kernels, the 13 intermediate tensors) makes none;
+//! what the arena itself allocates while handing tensors out and taking them
+//! back (its run recording: at this writing none for a planned run, 7 per
+//! run with plans disabled) is counted apart and only printed.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use tensor_arena::{ArenaError, TypedBlock};
+use tensor_session::{LoadMode, RunContext, Session, SessionConfig};
+use tensor_vad::{
+    key, load_weights, Detector, Intermediate, LstmState, Model, Scratch, CONTEXT, WINDOW,
+};
+
+thread_local! {
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The system allocator, counting allocations made by the current thread.
+struct Counting;
+
+// SAFETY: every call is forwarded unchanged to `System`, which upholds the
+// `GlobalAlloc` contract; the counter is a const-initialised thread-local
+// `Cell`, whose access never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations() -> usize {
+    ALLOCATIONS.with(|c| c.get())
+}
+
+/// The run's context as a scratch, counting the heap allocations the
+/// arena makes while it hands out or takes back a tensor.
+struct Counted<'c, 'r> {
+    ctx: &'c RunContext<'r>,
+    arena: &'c Cell<usize>,
+}
+
+/// A tensor of [`Counted`]: counts what its free allocates.
+struct CountedBuf<'c, 'r> {
+    buf: Option<TypedBlock<'r, f32>>,
+    arena: &'c Cell<usize>,
+}
+
+impl Deref for CountedBuf<'_, '_> {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        self.buf.as_deref().unwrap()
+    }
+}
+
+impl DerefMut for CountedBuf<'_, '_> {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        self.buf.as_deref_mut().unwrap()
+    }
+}
+
+impl Drop for CountedBuf<'_, '_> {
+    fn drop(&mut self) {
+        let before = allocations();
+        drop(self.buf.take());
+        self.arena.set(self.arena.get() + allocations() - before);
+    }
+}
+
+impl<'c, 'r> Scratch for Counted<'c, 'r> {
+    type Buf = CountedBuf<'c, 'r>;
+    type Error = ArenaError;
+    fn take(&mut self, tensor: Intermediate, len: usize) -> Result<Self::Buf, ArenaError> {
+        let before = allocations();
+        let buf = self.ctx.take(tensor, len);
+        self.arena.set(self.arena.get() + allocations() - before);
+        Ok(CountedBuf {
+            buf: Some(buf?),
+            arena: self.arena,
+        })
+    }
+}
+
+#[test]
+fn steady_state_runs_allocate_no_tensor_on_the_heap() {
+    let weights = load_weights(
+        common::data_path("silero_vad_16k_v6.safetensors"),
+        LoadMode::Mmap,
+    )
+    .unwrap();
+    let audio = &tensor_vad::wav::read(common::data_path("speech.wav"))
+        .unwrap()
+        .samples[..8 * WINDOW];
+    for plans in [true, false] {
+        let mut config = SessionConfig::default();
+        config.plans.enabled = plans;
+        let mut s = Session::new(Arc::new(weights.clone()), config);
+        let mut det = Detector::new();
+        let mut probs = [0.0f32; 8];
+        for _ in 0..3 {
+            det.process(&mut s, audio, &mut probs).unwrap();
+        }
+
+        // Inside the run: the model, its 13 intermediate tensors, the
+        // kernels. Heap allocations made by the arena while handing out a
+        // tensor (its run recording) are counted apart.
+        let (mut state, mut context) = (LstmState::default(), [0.0; CONTEXT]);
+        let (client, arena) = s.run(&key(8), |ctx| {
+            let arena = Cell::new(0);
+            let scratch = Counted { ctx, arena: &arena };
+            let before = allocations();
+            let model = Model::from_weights(ctx.weights()).unwrap();
+            model
+                .forward_samples(audio, &mut context, &mut state, &mut probs, scratch)
+                .unwrap();
+            let all = allocations() - before;
+            (all - arena.get(), arena.get())
+        });
+        println!(
+            "plans {plans}: one steady-state run: {client} heap allocations by the client, \
+             {arena} by the arena's tensor allocs and frees"
+        );
+        assert_eq!(client, 0, "plans {plans}: the inference path allocated");
+        assert_eq!(s.stats().arena.in_use, 0);
+
+        // The whole call, session bookkeeping included.
+        let before = allocations();
+        let runs = 10;
+        for _ in 0..runs {
+            det.process(&mut s, audio, &mut probs).unwrap();
+        }
+        let per_run = (allocations() - before) as f64 / runs as f64;
+        println!("plans {plans}: {per_run} heap allocations per steady-state Detector::process");
+        assert!(
+            per_run < Intermediate::ALL.len() as f64,
+            "a heap allocation per tensor?"
+        );
+    }
+}
