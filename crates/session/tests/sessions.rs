@@ -331,7 +331,10 @@ fn warming_a_used_clone_keeps_one_region_and_the_next_run_calls_nothing() {
     infer(&mut b, 2); // b holds a small region
     assert!(b.warm(&[200, 16]).unwrap());
     let st = b.stats().arena;
-    assert_eq!(st.regions, 1, "laid out again as one region, not a second one");
+    assert_eq!(
+        st.regions, 1,
+        "laid out again as one region, not a second one"
+    );
     infer(&mut b, 200);
     let report = b.stats().last_run.unwrap();
     assert!(report.planned);
@@ -358,11 +361,19 @@ fn after_learning_a_plan_the_arena_keeps_only_the_plans_block() {
     let plan = s.plans().peek(&[7usize][..]).unwrap();
     assert_eq!(plan.size(), 500 * 1024);
     let first = s.stats().last_run.unwrap();
-    assert_eq!(first.high_water, 600 * 1024, "the recorded run needed more than its plan");
+    assert_eq!(
+        first.high_water,
+        600 * 1024,
+        "the recorded run needed more than its plan"
+    );
     assert_eq!(s.stats().arena.reserved, plan.size());
     let hits = s.plans().stats().hits;
     tricky(&mut s);
-    assert_eq!(s.plans().stats().hits, hits + 1, "peek counts nothing, get does");
+    assert_eq!(
+        s.plans().stats().hits,
+        hits + 1,
+        "peek counts nothing, get does"
+    );
     let report = s.stats().last_run.unwrap();
     assert!(report.planned && report.backing_allocs == 0);
 

@@ -351,7 +351,14 @@ fn typed_view_wrong_element_size() {
         // ...but not by the dtype-checked view.
         let err = embed.typed::<u32>().unwrap_err();
         assert!(
-            matches!(&err, WeightsError::DtypeMismatch { dtype: Dtype::F32, requested: Dtype::U32, .. }),
+            matches!(
+                &err,
+                WeightsError::DtypeMismatch {
+                    dtype: Dtype::F32,
+                    requested: Dtype::U32,
+                    ..
+                }
+            ),
             "{err:?}"
         );
         assert!(err.to_string().contains("not U32"), "{err}");
