@@ -6,15 +6,15 @@
 //! run reaches into a single region) share this code, so what the simulator
 //! predicts is exactly what the pool does.
 //!
-//! Placement is *best fit, wilderness last*: a request takes the smallest
-//! free span that can hold it, and only when none can does it take a region's
-//! *top* (the free span that ends at the region's end), like dlmalloc's top
-//! chunk. With this rule a run that starts on one wholly free region behaves
+//! Placement is *segregated best fit, wilderness last*: a request takes the
+//! smallest of the first few free spans of its size class that can hold it,
+//! or else the first span of the next non-empty class (1/16 of a power of
+//! two wide, so within about 6% of the best), and only when none can does it
+//! take a region's *top* (the free span that ends at the region's end), like
+//! dlmalloc's top chunk. With this rule a run that starts on one wholly free region behaves
 //! the same whatever the region's size, as long as it is large enough; that is
 //! what makes the watermark of a run well defined and a repeated run free of
 //! backing calls.
-
-use std::collections::BTreeMap;
 
 /// Identifies a region inside a [`FreeMap`]; ids of released regions are reused.
 pub(crate) type RegionId = u32;
@@ -32,10 +32,39 @@ pub(crate) fn align_up(x: usize, align: usize) -> Option<usize> {
 /// Identifies a span; ids of merged or released spans are reused.
 pub(crate) type SpanId = u32;
 
-/// "No span" in the address links.
+/// "No span" in the links.
 const NIL: SpanId = SpanId::MAX;
 
-/// One span of a region: a node of the region's address-ordered list.
+/// Largest region the map handles (128 TiB, more than any address space in
+/// use).
+pub(crate) const MAX_REGION: usize = 1 << 47;
+
+/// Most regions at once.
+pub(crate) const MAX_REGIONS: usize = 1 << 16;
+
+/// Size classes per power of two: a class spans at most 1/16 of its sizes.
+const SUB_BITS: u32 = 4;
+const SUBS: usize = 1 << SUB_BITS;
+/// Size classes in all: sizes below `SUBS` get one class each, then `SUBS`
+/// classes per power of two up to `MAX_REGION`.
+const CLASSES: usize = 64 * SUBS;
+/// How many spans of one class a search compares for the best fit.
+const SCAN: usize = 8;
+
+/// The size class of `size` (> 0): `(power, sub)`, flattened as
+/// `power * SUBS + sub`. Classes are ordered as the sizes they hold.
+#[inline]
+fn class_of(size: usize) -> usize {
+    if size < SUBS {
+        return size;
+    }
+    let log = usize::BITS - 1 - size.leading_zeros();
+    let sub = (size >> (log - SUB_BITS)) & (SUBS - 1);
+    ((log - SUB_BITS + 1) as usize) * SUBS + sub
+}
+
+/// One span of a region: a node of the region's address-ordered list and,
+/// when free and not the region's top, of its size class's free list.
 #[derive(Clone, Copy, Debug)]
 struct Span<T> {
     rid: RegionId,
@@ -46,41 +75,12 @@ struct Span<T> {
     /// The previous and next spans of the same region, by address.
     prev: SpanId,
     next: SpanId,
+    /// The previous and next free spans of the same class (free, non-top
+    /// spans only).
+    prev_free: SpanId,
+    next_free: SpanId,
     /// `Some(tag)` when the span is handed out, `None` when free.
     used: Option<T>,
-}
-
-/// Largest region the map handles: offsets fit in 47 bits (128 TiB, more
-/// than any address space in use), so that a whole free-span key packs
-/// into one `u128`.
-pub(crate) const MAX_REGION: usize = 1 << 47;
-
-/// Most regions at once (region ids fit in 16 bits).
-pub(crate) const MAX_REGIONS: usize = 1 << 16;
-
-/// Key of a free span in the search index, packed as
-/// `is_top:1 | size:63 | region:16 | offset:48` so that comparing keys is
-/// one integer comparison.
-///
-/// Ordering by `is_top` first puts every top after every other free span, so
-/// a forward search finds the best non-top fit before any top; ties between
-/// equal sizes go to the lowest address, never to the span id, so placement
-/// does not depend on the history of the id slots.
-type FreeKey = u128;
-
-#[inline]
-fn pack(is_top: bool, size: usize, rid: RegionId, off: usize) -> FreeKey {
-    debug_assert!(size < 1 << 63 && off < 1 << 48 && (rid as usize) < MAX_REGIONS);
-    let hi = (u64::from(is_top) << 63) | size as u64;
-    let lo = (u64::from(rid) << 48) | off as u64;
-    (u128::from(hi) << 64) | u128::from(lo)
-}
-
-#[inline]
-fn unpack(key: FreeKey) -> (usize, usize) {
-    let hi = (key >> 64) as u64;
-    let lo = key as u64;
-    ((hi & !(1 << 63)) as usize, (lo & ((1 << 48) - 1)) as usize)
 }
 
 /// Why a free was refused.
@@ -92,16 +92,39 @@ pub(crate) enum FreeError {
     AlreadyFree,
 }
 
-/// Best-fit bookkeeping over a set of regions; `T` is the payload of used spans.
+/// One region as the map sees it.
+#[derive(Clone, Copy, Debug)]
+struct RegionInfo {
+    /// Size in bytes; `0` for an id not in use.
+    size: usize,
+    /// First span, by address.
+    head: SpanId,
+    /// The free span that reaches the region's end, if any.
+    top: SpanId,
+}
+
+/// Segregated-fit bookkeeping over a set of regions; `T` is the payload of
+/// used spans.
+///
+/// Free spans other than tops sit in one list per size class (newest
+/// first), with a two-level bitmap of the non-empty classes: finding,
+/// taking and giving back a span are O(1) apart from a bounded scan for the
+/// best fit among the first [`SCAN`] spans of a class. Decisions depend on
+/// the free spans and the order they were freed in, never on span ids, so a
+/// run that starts on one wholly free region is placed the same way every
+/// time, in the pool and in the simulator alike.
 #[derive(Debug)]
 pub(crate) struct FreeMap<T> {
     /// Span slots; vacant slots have `size == 0` and are listed in `vacant`.
     spans: Vec<Span<T>>,
     vacant: Vec<SpanId>,
-    /// Every free span, keyed for best-fit search, with its id.
-    free: BTreeMap<FreeKey, SpanId>,
-    /// Size and first span of each region by id; size `0` for an id not in use.
-    regions: Vec<(usize, SpanId)>,
+    /// First span of each class's free list (empty until the first use).
+    bins: Vec<SpanId>,
+    /// Bit `p` set when some class of power `p` is non-empty.
+    power_map: u64,
+    /// Bit `s` of entry `p` set when class `(p, s)` is non-empty.
+    sub_maps: Vec<u16>,
+    regions: Vec<RegionInfo>,
     /// Sum of the sizes of free spans.
     free_bytes: usize,
     /// Sum of the sizes of live regions.
@@ -111,12 +134,14 @@ pub(crate) struct FreeMap<T> {
 }
 
 impl<T: Copy> FreeMap<T> {
-    /// An empty map with no region.
+    /// An empty map with no region; allocates nothing.
     pub(crate) const fn new() -> Self {
         Self {
             spans: Vec::new(),
             vacant: Vec::new(),
-            free: BTreeMap::new(),
+            bins: Vec::new(),
+            power_map: 0,
+            sub_maps: Vec::new(),
             regions: Vec::new(),
             free_bytes: 0,
             total_bytes: 0,
@@ -143,19 +168,78 @@ impl<T: Copy> FreeMap<T> {
         self.vacant.push(id);
     }
 
-    fn key(&self, id: SpanId) -> FreeKey {
+    #[inline]
+    fn is_top(&self, id: SpanId) -> bool {
         let s = &self.spans[id as usize];
-        let is_top = s.off + s.size == self.regions[s.rid as usize].0;
-        pack(is_top, s.size, s.rid, s.off)
+        s.off + s.size == self.regions[s.rid as usize].size
+    }
+
+    /// Files free span `id` as its region's top, or in its class's list.
+    fn file_free(&mut self, id: SpanId) {
+        self.free_bytes += self.spans[id as usize].size;
+        if self.is_top(id) {
+            let rid = self.spans[id as usize].rid;
+            self.regions[rid as usize].top = id;
+            return;
+        }
+        if self.bins.is_empty() {
+            self.bins = vec![NIL; CLASSES];
+            self.sub_maps = vec![0; CLASSES / SUBS];
+        }
+        let class = class_of(self.spans[id as usize].size);
+        let head = self.bins[class];
+        {
+            let s = &mut self.spans[id as usize];
+            s.prev_free = NIL;
+            s.next_free = head;
+        }
+        if head != NIL {
+            self.spans[head as usize].prev_free = id;
+        }
+        self.bins[class] = id;
+        self.sub_maps[class / SUBS] |= 1 << (class % SUBS);
+        self.power_map |= 1 << (class / SUBS);
+    }
+
+    /// Takes free span `id` out of its list (or out of its region's top).
+    fn unfile_free(&mut self, id: SpanId) {
+        let (rid, size, prev, next) = {
+            let s = &self.spans[id as usize];
+            (s.rid, s.size, s.prev_free, s.next_free)
+        };
+        self.free_bytes -= size;
+        if self.regions[rid as usize].top == id {
+            self.regions[rid as usize].top = NIL;
+            return;
+        }
+        let class = class_of(size);
+        if prev == NIL {
+            self.bins[class] = next;
+        } else {
+            self.spans[prev as usize].next_free = next;
+        }
+        if next != NIL {
+            self.spans[next as usize].prev_free = prev;
+        }
+        if self.bins[class] == NIL {
+            self.sub_maps[class / SUBS] &= !(1 << (class % SUBS));
+            if self.sub_maps[class / SUBS] == 0 {
+                self.power_map &= !(1 << (class / SUBS));
+            }
+        }
     }
 
     /// Adds a wholly free region of `size` bytes and returns its id.
     pub(crate) fn add_region(&mut self, size: usize) -> RegionId {
         debug_assert!(size > 0 && size <= MAX_REGION, "bad region size {size}");
-        let rid = match self.regions.iter().position(|r| r.0 == 0) {
+        let rid = match self.regions.iter().position(|r| r.size == 0) {
             Some(i) => i,
             None => {
-                self.regions.push((0, NIL));
+                self.regions.push(RegionInfo {
+                    size: 0,
+                    head: NIL,
+                    top: NIL,
+                });
                 self.regions.len() - 1
             }
         };
@@ -166,11 +250,16 @@ impl<T: Copy> FreeMap<T> {
             size,
             prev: NIL,
             next: NIL,
+            prev_free: NIL,
+            next_free: NIL,
             used: None,
         });
-        self.regions[rid as usize] = (size, id);
-        self.free.insert(pack(true, size, rid, 0), id);
-        self.free_bytes += size;
+        self.regions[rid as usize] = RegionInfo {
+            size,
+            head: id,
+            top: NIL,
+        };
+        self.file_free(id);
         self.total_bytes += size;
         rid
     }
@@ -178,21 +267,24 @@ impl<T: Copy> FreeMap<T> {
     /// Removes a region, which must be wholly free; returns its size.
     pub(crate) fn remove_region(&mut self, rid: RegionId) -> usize {
         debug_assert!(self.is_region_free(rid), "region {rid} is not wholly free");
-        let (size, head) = self.regions[rid as usize];
-        self.free.remove(&pack(true, size, rid, 0));
+        let RegionInfo { size, head, .. } = self.regions[rid as usize];
+        self.unfile_free(head);
         self.drop_span(head);
-        self.regions[rid as usize] = (0, NIL);
-        while self.regions.last().is_some_and(|r| r.0 == 0) {
+        self.regions[rid as usize] = RegionInfo {
+            size: 0,
+            head: NIL,
+            top: NIL,
+        };
+        while self.regions.last().is_some_and(|r| r.size == 0) {
             self.regions.pop();
         }
-        self.free_bytes -= size;
         self.total_bytes -= size;
         size
     }
 
     /// Size of region `rid`, or 0 if there is none.
     pub(crate) fn region_size(&self, rid: RegionId) -> usize {
-        self.regions.get(rid as usize).map_or(0, |r| r.0)
+        self.regions.get(rid as usize).map_or(0, |r| r.size)
     }
 
     /// Ids of the live regions.
@@ -200,16 +292,16 @@ impl<T: Copy> FreeMap<T> {
         self.regions
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.0 > 0)
+            .filter(|(_, r)| r.size > 0)
             .map(|(i, _)| i as RegionId)
     }
 
     /// Whether region `rid` holds no used span.
     pub(crate) fn is_region_free(&self, rid: RegionId) -> bool {
         match self.regions.get(rid as usize) {
-            Some(&(size, head)) if size > 0 => {
-                let s = &self.spans[head as usize];
-                s.used.is_none() && s.size == size
+            Some(r) if r.size > 0 => {
+                let s = &self.spans[r.head as usize];
+                s.used.is_none() && s.size == r.size
             }
             _ => false,
         }
@@ -227,13 +319,38 @@ impl<T: Copy> FreeMap<T> {
 
     /// Size of the largest free span (0 if none).
     pub(crate) fn largest_free(&self) -> usize {
-        let top = self.free.keys().next_back().map_or(0, |&k| unpack(k).0);
-        let inner = self
-            .free
-            .range(..pack(true, 0, 0, 0))
-            .next_back()
-            .map_or(0, |(&k, _)| unpack(k).0);
-        top.max(inner)
+        let tops = self
+            .regions
+            .iter()
+            .filter(|r| r.top != NIL)
+            .map(|r| self.spans[r.top as usize].size)
+            .max()
+            .unwrap_or(0);
+        let inner = match self.power_map {
+            0 => 0,
+            map => {
+                let power = 63 - map.leading_zeros() as usize;
+                let sub = 15 - self.sub_maps[power].leading_zeros() as usize;
+                self.free_list(power * SUBS + sub)
+                    .map(|id| self.spans[id as usize].size)
+                    .max()
+                    .unwrap_or(0)
+            }
+        };
+        tops.max(inner)
+    }
+
+    /// The spans of one class's free list, newest first.
+    fn free_list(&self, class: usize) -> impl Iterator<Item = SpanId> + '_ {
+        let mut id = self.bins.get(class).copied().unwrap_or(NIL);
+        std::iter::from_fn(move || {
+            if id == NIL {
+                return None;
+            }
+            let this = id;
+            id = self.spans[this as usize].next_free;
+            Some(this)
+        })
     }
 
     /// Finds a free span for `size` bytes at alignment `align` (relative to
@@ -248,13 +365,12 @@ impl<T: Copy> FreeMap<T> {
         tag: T,
     ) -> Option<(RegionId, usize, SpanId)> {
         debug_assert!(size > 0);
-        let (key, id, start) = self.find(size, align)?;
+        let (id, start) = self.find(size, align)?;
+        self.unfile_free(id);
         let (span_size, rid, off) = {
             let s = &self.spans[id as usize];
             (s.size, s.rid, s.off)
         };
-        self.free.remove(&key);
-        self.free_bytes -= span_size;
         let pad = start - off;
         let end = start + size;
         let span_end = off + span_size;
@@ -263,8 +379,7 @@ impl<T: Copy> FreeMap<T> {
             // The leading gap stays free; it ends where the block starts, so
             // it is not a top.
             self.spans[id as usize].size = pad;
-            self.free.insert(pack(false, pad, rid, off), id);
-            self.free_bytes += pad;
+            self.file_free(id);
             self.insert_after(id, start, size, Some(tag))
         } else {
             let s = &mut self.spans[id as usize];
@@ -274,9 +389,7 @@ impl<T: Copy> FreeMap<T> {
         };
         if end < span_end {
             let rest = self.insert_after(block, end, span_end - end, None);
-            let key = self.key(rest);
-            self.free.insert(key, rest);
-            self.free_bytes += span_end - end;
+            self.file_free(rest);
         }
         self.used_count += 1;
         Some((rid, start, block))
@@ -294,6 +407,8 @@ impl<T: Copy> FreeMap<T> {
             size,
             prev: after,
             next,
+            prev_free: NIL,
+            next_free: NIL,
             used,
         });
         self.spans[after as usize].next = id;
@@ -318,26 +433,77 @@ impl<T: Copy> FreeMap<T> {
         self.drop_span(id);
     }
 
-    /// The best free span for the request: its key, id and the aligned
-    /// start inside it.
-    fn find(&self, size: usize, align: usize) -> Option<(FreeKey, SpanId, usize)> {
-        for is_top in [false, true] {
-            let lo = pack(is_top, size, 0, 0);
-            let hi = pack(is_top, (1 << 63) - 1, RegionId::MAX >> 16, (1 << 48) - 1);
-            for (&key, &id) in self.free.range(lo..=hi) {
-                let (span_size, off) = unpack(key);
-                if align <= 64 && off % align == 0 {
-                    return Some((key, id, off));
-                }
-                let Some(start) = align_up(off, align) else {
-                    continue;
-                };
-                if start - off <= span_size - size {
-                    return Some((key, id, start));
+    /// Where `size` bytes at `align` fit in span `id`: the aligned start.
+    #[inline]
+    fn fit(&self, id: SpanId, size: usize, align: usize) -> Option<usize> {
+        let s = &self.spans[id as usize];
+        let start = align_up(s.off, align)?;
+        (s.size >= size && start - s.off <= s.size - size).then_some(start)
+    }
+
+    /// The best of the first [`SCAN`] spans of `class` for the request.
+    fn best_in(&self, class: usize, size: usize, align: usize) -> Option<(SpanId, usize)> {
+        let mut best: Option<(SpanId, usize)> = None;
+        for id in self.free_list(class).take(SCAN) {
+            if let Some(start) = self.fit(id, size, align) {
+                let smaller = best.is_none_or(|(b, _)| {
+                    self.spans[id as usize].size < self.spans[b as usize].size
+                });
+                if smaller {
+                    best = Some((id, start));
+                    if self.spans[id as usize].size == size {
+                        break;
+                    }
                 }
             }
         }
-        None
+        best
+    }
+
+    /// The span for a request and the aligned start inside it: the best fit
+    /// in the request's own class, else in the next non-empty classes, else
+    /// the smallest top that fits (wilderness last).
+    fn find(&self, size: usize, align: usize) -> Option<(SpanId, usize)> {
+        if self.power_map != 0 {
+            let mut class = class_of(size);
+            if let Some(found) = self.best_in(class, size, align) {
+                return Some(found);
+            }
+            // Every span of a higher class is larger than the request.
+            loop {
+                class += 1;
+                let Some(next) = self.next_class(class) else {
+                    break;
+                };
+                if let Some(found) = self.best_in(next, size, align) {
+                    return Some(found);
+                }
+                class = next;
+            }
+        }
+        self.regions
+            .iter()
+            .filter(|r| r.top != NIL)
+            .filter_map(|r| Some((r.top, self.fit(r.top, size, align)?)))
+            .min_by_key(|&(id, _)| (self.spans[id as usize].size, self.spans[id as usize].rid))
+    }
+
+    /// The first non-empty class at or after `class`.
+    fn next_class(&self, class: usize) -> Option<usize> {
+        if class >= CLASSES {
+            return None;
+        }
+        let (power, sub) = (class / SUBS, class % SUBS);
+        let subs = u32::from(self.sub_maps[power]) & (u32::MAX << sub);
+        if subs != 0 {
+            return Some(power * SUBS + subs.trailing_zeros() as usize);
+        }
+        let powers = self.power_map & u64::MAX.checked_shl(power as u32 + 1).unwrap_or(0);
+        if powers == 0 {
+            return None;
+        }
+        let power = powers.trailing_zeros() as usize;
+        Some(power * SUBS + self.sub_maps[power].trailing_zeros() as usize)
     }
 
     /// The size and payload of used span `id`.
@@ -367,27 +533,20 @@ impl<T: Copy> FreeMap<T> {
         // Merge the next span into this one if it is free.
         if span.next != NIL && self.spans[span.next as usize].used.is_none() {
             let next = span.next;
-            let key = self.key(next);
-            self.free.remove(&key);
-            let next_size = self.spans[next as usize].size;
-            self.free_bytes -= next_size;
-            self.spans[id as usize].size += next_size;
+            self.unfile_free(next);
+            self.spans[id as usize].size += self.spans[next as usize].size;
             self.unlink(next);
         }
         // Merge this span into the previous one if that is free.
         if span.prev != NIL && self.spans[span.prev as usize].used.is_none() {
             let prev = span.prev;
-            let key = self.key(prev);
-            self.free.remove(&key);
-            self.free_bytes -= self.spans[prev as usize].size;
+            self.unfile_free(prev);
             let grown = self.spans[id as usize].size;
             self.spans[prev as usize].size += grown;
             self.unlink(id);
             merged = prev;
         }
-        let key = self.key(merged);
-        self.free.insert(key, merged);
-        self.free_bytes += self.spans[merged as usize].size;
+        self.file_free(merged);
         Ok((span.size, tag))
     }
 
@@ -399,21 +558,22 @@ impl<T: Copy> FreeMap<T> {
             .filter_map(|s| s.used.map(|t| (s.rid, s.off, s.size, t)))
     }
 
-    /// Walks every span and index entry and panics on any broken invariant.
+    /// Walks every span, list and bitmap and panics on any broken invariant.
     #[cfg(any(test, fuzzing, feature = "check-invariants"))]
     pub(crate) fn check_invariants(&self) {
         let mut free_bytes = 0;
         let mut used = 0;
         let mut total = 0;
-        let mut free_keys = 0;
+        let mut binned = 0;
         let mut seen = 0;
         for rid in self.region_ids() {
-            let (size, head) = self.regions[rid as usize];
+            let RegionInfo { size, head, top } = self.regions[rid as usize];
             total += size;
             let mut expect = 0;
             let mut prev_free = false;
             let mut prev = NIL;
             let mut id = head;
+            let mut found_top = NIL;
             while id != NIL {
                 let span = &self.spans[id as usize];
                 seen += 1;
@@ -438,10 +598,17 @@ impl<T: Copy> FreeMap<T> {
                         "region {rid}: two adjacent free spans at {:#x}",
                         span.off
                     );
-                    let key = self.key(id);
-                    assert_eq!(self.free.get(&key), Some(&id), "free span {id} not indexed");
                     free_bytes += span.size;
-                    free_keys += 1;
+                    if end == size {
+                        found_top = id;
+                    } else {
+                        let class = class_of(span.size);
+                        assert!(
+                            self.free_list(class).any(|f| f == id),
+                            "free span {id} not in its class list {class}"
+                        );
+                        binned += 1;
+                    }
                     prev_free = true;
                 } else {
                     used += 1;
@@ -452,19 +619,43 @@ impl<T: Copy> FreeMap<T> {
                 id = span.next;
             }
             assert_eq!(expect, size, "region {rid}: spans do not reach the end");
+            assert_eq!(top, found_top, "region {rid}: wrong top");
         }
         assert_eq!(
             seen + self.vacant.len(),
             self.spans.len(),
             "lost span slots"
         );
-        for &id in self.free.values() {
-            assert!(
-                self.spans[id as usize].size > 0,
-                "free key of a vacant span {id}"
+        let mut listed = 0;
+        for class in 0..self.bins.len() {
+            let mut prev = NIL;
+            for id in self.free_list(class) {
+                let s = &self.spans[id as usize];
+                assert!(
+                    s.size > 0 && s.used.is_none(),
+                    "class {class} lists span {id}"
+                );
+                assert_eq!(class_of(s.size), class, "span {id} in the wrong class");
+                assert_eq!(s.prev_free, prev, "class {class}: broken back link");
+                prev = id;
+                listed += 1;
+            }
+            let bit = self.sub_maps[class / SUBS] & (1 << (class % SUBS)) != 0;
+            assert_eq!(
+                bit,
+                self.bins[class] != NIL,
+                "class {class}: bitmap out of date"
             );
         }
-        assert_eq!(free_keys, self.free.len(), "stale keys in the free index");
+        for power in 0..self.sub_maps.len() {
+            let bit = self.power_map & (1 << power) != 0;
+            assert_eq!(
+                bit,
+                self.sub_maps[power] != 0,
+                "power {power}: bitmap out of date"
+            );
+        }
+        assert_eq!(listed, binned, "class lists hold spans that are not free");
         assert_eq!(free_bytes, self.free_bytes);
         assert_eq!(used, self.used_count);
         assert_eq!(total, self.total_bytes);
@@ -567,7 +758,7 @@ mod tests {
         assert!(m.is_region_free(r));
         assert_eq!(m.free_bytes(), 4096);
         assert_eq!(m.free(12345), Err(FreeError::NotABlock));
-        let whole = m.regions[r as usize].1;
+        let whole = m.regions[r as usize].head;
         assert_eq!(m.free(whole), Err(FreeError::AlreadyFree));
     }
 
@@ -603,6 +794,48 @@ mod tests {
             let pb = b.alloc(size, 64, 0).map(|x| (x.0, x.1));
             assert_eq!(pa, pb);
         }
+    }
+
+    #[test]
+    fn classes_are_ordered_like_sizes_and_narrow() {
+        let mut sizes: Vec<usize> = (1..5000)
+            .chain((12..48).flat_map(|p| [(1usize << p) - 1, 1 << p, (1 << p) + 1]))
+            .collect();
+        sizes.sort_unstable();
+        let mut last = 0;
+        for size in sizes {
+            let c = class_of(size);
+            assert!(c >= last, "class of {size} went down");
+            assert!(c < CLASSES);
+            last = c;
+        }
+        // A class holds sizes within 1/16 of its power of two.
+        assert_eq!(class_of(1 << 20), class_of((1 << 20) + (1 << 16) - 1));
+        assert_ne!(class_of(1 << 20), class_of((1 << 20) + (1 << 16)));
+    }
+
+    #[test]
+    fn a_search_skips_empty_classes_and_takes_the_tightest_of_a_class() {
+        let mut m = FreeMap::<u8>::new();
+        m.add_region(1 << 24);
+        // Holes of 64 KiB, 40 KiB and 36 KiB, kept apart by used spans.
+        let mut holes = Vec::new();
+        for size in [64 << 10, 40 << 10, 36 << 10] {
+            holes.push(m.alloc(size, 64, 0).unwrap().2);
+            m.alloc(64, 64, 0).unwrap();
+        }
+        for id in holes {
+            m.free(id).unwrap();
+        }
+        m.check_invariants();
+        // 33 KiB: its own class (32-34 KiB) is empty; the next non-empty
+        // class holds the 36 KiB hole.
+        let (_, off, _) = m.alloc(33 << 10, 64, 0).unwrap();
+        assert_eq!(off, (104 << 10) + 128);
+        // 39 KiB: only the 40 and 64 KiB holes fit; 40 KiB wins.
+        let (_, off, _) = m.alloc(39 << 10, 64, 0).unwrap();
+        assert_eq!(off, (64 << 10) + 64);
+        m.check_invariants();
     }
 
     #[test]
