@@ -99,8 +99,9 @@ struct RegionInfo {
     size: usize,
     /// First span, by address.
     head: SpanId,
-    /// The free span that reaches the region's end, if any.
+    /// The free span that reaches the region's end, if any, and its size.
     top: SpanId,
+    top_size: usize,
 }
 
 /// Segregated-fit bookkeeping over a set of regions; `T` is the payload of
@@ -178,8 +179,9 @@ impl<T: Copy> FreeMap<T> {
     fn file_free(&mut self, id: SpanId) {
         self.free_bytes += self.spans[id as usize].size;
         if self.is_top(id) {
-            let rid = self.spans[id as usize].rid;
+            let (rid, size) = (self.spans[id as usize].rid, self.spans[id as usize].size);
             self.regions[rid as usize].top = id;
+            self.regions[rid as usize].top_size = size;
             return;
         }
         if self.bins.is_empty() {
@@ -210,6 +212,7 @@ impl<T: Copy> FreeMap<T> {
         self.free_bytes -= size;
         if self.regions[rid as usize].top == id {
             self.regions[rid as usize].top = NIL;
+            self.regions[rid as usize].top_size = 0;
             return;
         }
         let class = class_of(size);
@@ -239,6 +242,7 @@ impl<T: Copy> FreeMap<T> {
                     size: 0,
                     head: NIL,
                     top: NIL,
+                    top_size: 0,
                 });
                 self.regions.len() - 1
             }
@@ -258,6 +262,7 @@ impl<T: Copy> FreeMap<T> {
             size,
             head: id,
             top: NIL,
+            top_size: 0,
         };
         self.file_free(id);
         self.total_bytes += size;
@@ -274,6 +279,7 @@ impl<T: Copy> FreeMap<T> {
             size: 0,
             head: NIL,
             top: NIL,
+            top_size: 0,
         };
         while self.regions.last().is_some_and(|r| r.size == 0) {
             self.regions.pop();
@@ -319,13 +325,7 @@ impl<T: Copy> FreeMap<T> {
 
     /// Size of the largest free span (0 if none).
     pub(crate) fn largest_free(&self) -> usize {
-        let tops = self
-            .regions
-            .iter()
-            .filter(|r| r.top != NIL)
-            .map(|r| self.spans[r.top as usize].size)
-            .max()
-            .unwrap_or(0);
+        let tops = self.regions.iter().map(|r| r.top_size).max().unwrap_or(0);
         let inner = match self.power_map {
             0 => 0,
             map => {
@@ -481,11 +481,17 @@ impl<T: Copy> FreeMap<T> {
                 class = next;
             }
         }
-        self.regions
-            .iter()
-            .filter(|r| r.top != NIL)
-            .filter_map(|r| Some((r.top, self.fit(r.top, size, align)?)))
-            .min_by_key(|&(id, _)| (self.spans[id as usize].size, self.spans[id as usize].rid))
+        // The smallest top that fits (regions are few).
+        let mut best: Option<(SpanId, usize, usize)> = None;
+        for r in &self.regions {
+            if r.top == NIL || r.top_size < size || best.is_some_and(|b| b.2 <= r.top_size) {
+                continue;
+            }
+            if let Some(start) = self.fit(r.top, size, align) {
+                best = Some((r.top, start, r.top_size));
+            }
+        }
+        best.map(|(id, start, _)| (id, start))
     }
 
     /// The first non-empty class at or after `class`.
@@ -567,7 +573,12 @@ impl<T: Copy> FreeMap<T> {
         let mut binned = 0;
         let mut seen = 0;
         for rid in self.region_ids() {
-            let RegionInfo { size, head, top } = self.regions[rid as usize];
+            let RegionInfo {
+                size,
+                head,
+                top,
+                top_size,
+            } = self.regions[rid as usize];
             total += size;
             let mut expect = 0;
             let mut prev_free = false;
@@ -620,6 +631,12 @@ impl<T: Copy> FreeMap<T> {
             }
             assert_eq!(expect, size, "region {rid}: spans do not reach the end");
             assert_eq!(top, found_top, "region {rid}: wrong top");
+            let found_size = if top == NIL {
+                0
+            } else {
+                self.spans[top as usize].size
+            };
+            assert_eq!(top_size, found_size, "region {rid}: wrong top size");
         }
         assert_eq!(
             seen + self.vacant.len(),
