@@ -318,7 +318,7 @@ impl<A: Allocator> Arena<A> {
             }
             return Ok(Block {
                 arena: self,
-                ptr: NonNull::<u8>::dangling(),
+                ptr: dangling_for(align.max(self.config().alignment)),
                 len: 0,
                 origin: Origin::Empty,
             });
@@ -565,8 +565,12 @@ impl<A: Allocator> Arena<A> {
 impl<A: Allocator> State<A> {
     #[inline]
     fn check(&self) {
+        // Not while unwinding: a failed check inside a `Block`'s drop would
+        // panic again and abort the process before the first panic reports.
         #[cfg(any(test, fuzzing, feature = "check-invariants"))]
-        self.check_invariants();
+        if !std::thread::panicking() {
+            self.check_invariants();
+        }
     }
 
     /// Bytes in live blocks: the pool's, minus the unused part of plan blocks.
@@ -881,9 +885,11 @@ impl<A: Allocator> State<A> {
             && self.pool.in_use() == 0
             && (grew || self.pool.region_count() > 1)
         {
-            released += self.pool.relayout(self.need_since_shrink);
-            relaid_out = true;
-            self.relayouts += 1;
+            if let Some(bytes) = self.pool.try_relayout(self.need_since_shrink) {
+                released += bytes;
+                relaid_out = true;
+                self.relayouts += 1;
+            }
         }
         released += self.apply_policy(high_water);
 
@@ -1407,7 +1413,7 @@ fn typed<T: bytemuck::Pod, A: Allocator>(
 }
 
 /// A non-null pointer aligned to `align`, for zero-size allocations.
-fn dangling_for(align: usize) -> NonNull<u8> {
+pub(crate) fn dangling_for(align: usize) -> NonNull<u8> {
     // A zero-size allocation may use any non-null, aligned address; the
     // alignment itself is one (the same trick as `NonNull::dangling`).
     NonNull::new(core::ptr::without_provenance_mut(align)).unwrap_or(NonNull::dangling())

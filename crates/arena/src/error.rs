@@ -7,8 +7,8 @@ use core::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ArenaError {
-    /// The size, once rounded up to the arena's alignment, does not fit in
-    /// `isize::MAX` bytes.
+    /// The size, once rounded up to the arena's alignment, is over 128 TiB
+    /// (more than any address space in use; no region is larger).
     CapacityOverflow {
         /// Bytes requested.
         requested: usize,
@@ -54,7 +54,7 @@ impl fmt::Display for ArenaError {
         match *self {
             Self::CapacityOverflow { requested } => write!(
                 f,
-                "capacity overflow: {requested} bytes cannot be allocated (over isize::MAX once aligned)"
+                "capacity overflow: {requested} bytes cannot be allocated (over 128 TiB once aligned)"
             ),
             Self::InvalidAlignment { align } => {
                 write!(f, "invalid alignment {align}: must be a non-zero power of two")

@@ -447,9 +447,14 @@ impl<A: Allocator> Pool<A> {
     /// the new region counts against them). If the new region cannot be
     /// allocated the pool is left empty, which is still consistent.
     pub(crate) fn relayout(&mut self, target: usize) -> usize {
-        debug_assert_eq!(self.in_use, 0, "relayout needs every block free");
+        self.try_relayout(target).unwrap_or(0)
+    }
+
+    /// [`Pool::relayout`], or `None` (nothing done) when a block is live or
+    /// `target` is over the cap.
+    pub(crate) fn try_relayout(&mut self, target: usize) -> Option<usize> {
         if self.map.used_count() != 0 {
-            return 0;
+            return None;
         }
         let target = if target == 0 {
             0
@@ -458,7 +463,7 @@ impl<A: Allocator> Pool<A> {
         };
         let before = self.reserved;
         if target > self.cap {
-            return 0;
+            return None;
         }
         let ids: Vec<RegionId> = self.map.region_ids().collect();
         // Keep the largest region that is at least `target`, shrunk in place:
@@ -483,7 +488,7 @@ impl<A: Allocator> Pool<A> {
         }
         if let Some(rid) = keep {
             if self.resize_region(rid, target) {
-                return before.saturating_sub(self.reserved);
+                return Some(before.saturating_sub(self.reserved));
             }
             self.release_region(rid);
         }
@@ -495,7 +500,7 @@ impl<A: Allocator> Pool<A> {
             }
         }
         // Bytes handed back net of the new region.
-        before.saturating_sub(self.reserved)
+        Some(before.saturating_sub(self.reserved))
     }
 
     /// Resizes wholly free region `rid` to `size` bytes with the backing

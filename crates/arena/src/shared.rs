@@ -88,7 +88,7 @@ impl<A: Allocator> SharedArena<A> {
             }
             return Ok(SharedBlock {
                 shared: self,
-                ptr: NonNull::dangling(),
+                ptr: crate::arena::dangling_for(align.max(self.inner.lock().config().alignment)),
                 len: 0,
                 at: None,
             });

@@ -35,7 +35,8 @@ pub struct Stats {
     /// Size of the largest free span: the largest request served with no
     /// backing call (at the default alignment).
     pub largest_free_block: usize,
-    /// Bytes reserved but not in use (`reserved - in_use`).
+    /// Bytes of free spans in the regions: `reserved - in_use`, less the
+    /// unused part of a planned run's block while one is held.
     pub free_bytes: usize,
     /// Regions held now.
     pub regions: usize,

@@ -202,14 +202,10 @@ fn zero_size_request() {
     backing.assert_all_returned();
 }
 
-/// An empty block should be aligned as asked and view as an empty slice of
-/// any element type, as `Allocator::allocate` does for zero-size layouts.
-/// Today its address is 1 (`NonNull::dangling()`), so `try_alloc_slice::<u32>(0)`
-/// fails with `CapacityOverflow { requested: 0 }` and `pod::<u32>()` on an
-/// empty block fails. Fix: in `Arena::alloc_inner` (and `SharedArena`),
-/// hand out `dangling_for(align.max(granule))` for `len == 0`.
+/// An empty block is aligned as asked (at least to the arena's alignment)
+/// and views as an empty slice of any element type, as `Allocator::allocate`
+/// does for zero-size layouts. (Regression: empty blocks had address 1.)
 #[test]
-#[ignore = "known bug: empty blocks have address 1, not aligned (see the doc comment)"]
 fn zero_size_block_is_aligned() {
     let arena = Arena::new(ArenaConfig::default());
     let b = arena.try_alloc_aligned(0, 4096).unwrap();
@@ -856,12 +852,9 @@ fn soak_10000_runs_with_random_shapes() {
 }
 
 /// When the run's need (its high-water mark, alignment padding included) is
-/// over the cap, `finish_run` skips the relayout (`Pool::relayout` returns 0
-/// and changes nothing) but still reports `relaid_out: true` and counts a
-/// relayout in `Stats::relayouts`. Fix: have `Pool::relayout` say whether it
-/// laid out, and report that.
+/// over the cap, `finish_run` skips the relayout and must not report one.
+/// (Regression: it reported `relaid_out: true` and counted it.)
 #[test]
-#[ignore = "known bug: a skipped relayout is reported as done (see the doc comment)"]
 fn a_skipped_relayout_is_not_reported() {
     const CAP: usize = 4 << 20;
     let cfg = ArenaConfig {

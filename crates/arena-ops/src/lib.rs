@@ -1,0 +1,49 @@
+//! The operation language shared by the arena's property tests and fuzz
+//! targets, and the model checker that runs it.
+//!
+//! - [`Op`]: allocate (size and alignment), free by index, begin and end
+//!   runs (plain or planned), shrink and shrink_to, inject backing failures, collections
+//!   through `&Arena: Allocator`, session clone, drop and run, and
+//!   `SharedArena` steps on two threads. [`decode`] turns fuzz bytes into
+//!   operations deterministically (no randomness inside `Arbitrary`).
+//! - [`run`]: applies operations to real arenas and checks them against a
+//!   model after every step (no overlap, alignment, fill patterns survive,
+//!   `in_use` is the sum of live sizes, `in_use <= reserved <= cap`, backing
+//!   calls balanced and nothing outstanding at the end).
+//! - [`weights_load`]: arbitrary bytes through both `Weights::open` modes.
+//! - [`fuzz_arena_ops`] and [`fuzz_weights_load`]: exactly what the fuzz
+//!   targets in `fuzz/` call, so `tests/corpus.rs` replays their corpus as a
+//!   plain test.
+//!
+//! Planned runs: every run that ends with no block live is recorded and
+//! becomes a plan; `BeginPlannedRun` opens a run served by one, and the
+//! operations that follow either repeat the recording or deviate from it.
+//! Sessions plan their runs by key too (`SessionRun` buckets sizes under
+//! one key, so later runs of a key deviate from its plan).
+//!
+//! With the `check-invariants` feature (on for this crate's tests) or under
+//! `cfg(fuzzing)`, every step also calls the arena's own `check_invariants`.
+
+mod counting;
+mod model;
+mod op;
+mod pattern;
+mod weights;
+
+pub use counting::Counting;
+pub use model::{config, run};
+pub use op::{
+    align_from_log2, decode, Op, SharedOp, Size, CAP, GRANULE, MAX_ALIGN, MAX_OPS, MAX_PLANS,
+    MAX_REQUEST, MAX_SESSIONS, MAX_SHARED_OPS,
+};
+pub use weights::weights_load;
+
+/// What the `arena_ops` fuzz target runs: [`decode`] then [`run`].
+pub fn fuzz_arena_ops(data: &[u8]) {
+    run(&decode(data));
+}
+
+/// What the `weights_load` fuzz target runs: [`weights_load`].
+pub fn fuzz_weights_load(data: &[u8]) {
+    weights_load(data);
+}
