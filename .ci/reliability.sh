@@ -84,7 +84,7 @@ cat >"$supp" <<'EOF'
 }
 EOF
 valgrind --leak-check=full --error-exitcode=9 --suppressions="$supp" \
-    target/debug/examples/worker_pool
+    "${CARGO_TARGET_DIR:-target}/debug/examples/worker_pool"
 
 # ---------------------------------------------------------------------------
 step "reliability checks passed in $(($(date +%s) - started)) s"
