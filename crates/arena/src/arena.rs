@@ -450,7 +450,7 @@ impl<A: Allocator> Arena<A> {
     /// that large exists); for instance to prepare a new session clone for a
     /// known plan before its first run. With no block live the arena is laid
     /// out again as one region large enough for this and for the runs since
-    /// the last shrink (resized in place when possible); otherwise a region
+    /// the last shrink (old regions are returned first); otherwise a region
     /// of exactly `bytes` is added.
     ///
     /// # Errors

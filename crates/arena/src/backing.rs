@@ -32,36 +32,6 @@ impl<A: Allocator> Backing<A> {
         Some(ptr.cast())
     }
 
-    /// Resizes a region to `new` (same alignment), keeping its first
-    /// `min(old, new)` bytes; counted as one region freed and one drawn.
-    /// `None` (and nothing changed) if the allocator refuses.
-    ///
-    /// # Safety
-    /// - `ptr` was returned by this backing with layout `old` and is live.
-    /// - `new.align() == old.align()`.
-    /// - On success nothing uses `ptr` again; the region lives at the
-    ///   returned pointer.
-    pub(crate) unsafe fn resize(
-        &mut self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Option<NonNull<u8>> {
-        debug_assert_eq!(old.align(), new.align());
-        let resized = if new.size() <= old.size() {
-            // SAFETY: the caller guarantees `ptr` is live with layout `old`;
-            // `new` is no larger with the same alignment, as `shrink` needs.
-            unsafe { self.alloc.shrink(ptr, old, new) }
-        } else {
-            // SAFETY: as above; `new` is no smaller, as `grow` needs.
-            unsafe { self.alloc.grow(ptr, old, new) }
-        };
-        let resized = resized.ok()?;
-        self.frees += 1;
-        self.allocs += 1;
-        Some(resized.cast())
-    }
-
     /// Returns a region to the allocator.
     ///
     /// # Safety

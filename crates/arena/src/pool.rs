@@ -466,31 +466,22 @@ impl<A: Allocator> Pool<A> {
             return None;
         }
         let ids: Vec<RegionId> = self.map.region_ids().collect();
-        // Keep the largest region that is at least `target`, shrunk in place:
-        // its first pages stay resident, so the next run does not fault them
-        // in again.
-        // Failing that, grow the largest in place (a `realloc`, which moves
-        // pages rather than copying them for large regions).
-        let fits = ids
+        // A region of exactly the target stays (its pages stay resident).
+        // Everything else is returned *before* the new region is drawn:
+        // resizing through the backing allocator is no better, as `Global`
+        // reallocates a 4096-aligned block by allocate + copy + free, which
+        // holds both regions (and writes every byte) at once.
+        let keep = ids
             .iter()
             .copied()
-            .filter(|&rid| self.map.region_size(rid) >= target)
-            .min_by_key(|&rid| self.map.region_size(rid));
-        let largest = ids
-            .iter()
-            .copied()
-            .max_by_key(|&rid| self.map.region_size(rid));
-        let keep = if target == 0 { None } else { fits.or(largest) };
+            .find(|&rid| target > 0 && self.map.region_size(rid) == target);
         for &rid in &ids {
             if Some(rid) != keep {
                 self.release_region(rid);
             }
         }
-        if let Some(rid) = keep {
-            if self.resize_region(rid, target) {
-                return Some(before.saturating_sub(self.reserved));
-            }
-            self.release_region(rid);
+        if keep.is_some() {
+            return Some(before.saturating_sub(self.reserved));
         }
         if target > 0 {
             if let Ok(layout) = Layout::from_size_align(target, self.max_align) {
@@ -501,42 +492,6 @@ impl<A: Allocator> Pool<A> {
         }
         // Bytes handed back net of the new region.
         Some(before.saturating_sub(self.reserved))
-    }
-
-    /// Resizes wholly free region `rid` to `size` bytes with the backing
-    /// allocator's `shrink` or `grow` (a `realloc`, which keeps the memory's
-    /// resident pages). Returns false, changing nothing, if the allocator
-    /// refuses.
-    fn resize_region(&mut self, rid: RegionId, size: usize) -> bool {
-        debug_assert!(self.map.is_region_free(rid));
-        let region = self.regions[rid as usize]
-            .as_ref()
-            .expect("the map only names live regions");
-        let old = region.layout;
-        if size == old.size() {
-            return true;
-        }
-        let Ok(new) = Layout::from_size_align(size, self.max_align) else {
-            return false;
-        };
-        // SAFETY: 1. `region.ptr` is a live allocation of the backing
-        // allocator with layout `old`; 2. `new` has the same alignment;
-        // 3. the region is wholly free, so nothing points into it, and on
-        // success the old pointer is not used again (the region is
-        // re-registered at the returned one).
-        let Some(ptr) = (unsafe { self.backing.resize(region.ptr, old, new) }) else {
-            return false;
-        };
-        let init = region.init.min(size);
-        self.map.remove_region(rid);
-        self.regions[rid as usize] = None;
-        self.reserved -= old.size();
-        self.bytes_released += old.size().saturating_sub(size) as u64;
-        let new_rid = self.add_region(ptr, new);
-        if let Some(r) = self.regions[new_rid as usize].as_mut() {
-            r.init = init;
-        }
-        true
     }
 
     /// Size of the only region, if there is exactly one.

@@ -122,14 +122,19 @@ fn clone_destroy_10000_times_returns_to_baseline() {
     // most threads that ever loaded at once; three passes saturate both.
     let mut pool_baseline = 0;
     {
-        // Make arc-swap's node list as long as it will get: 8 threads
-        // loading at the same time.
+        // Make arc-swap's node list and parking_lot's table of parked
+        // threads as large as they will get: 8 threads loading and parking
+        // at the same time.
         let handle = ModelHandle::new(Arc::clone(&weights));
         let barrier = std::sync::Barrier::new(8);
         std::thread::scope(|s| {
             for _ in 0..8 {
                 s.spawn(|| {
                     let w = handle.load();
+                    barrier.wait();
+                    let lock = parking_lot::Mutex::new(());
+                    let parked = parking_lot::Condvar::new();
+                    parked.wait_for(&mut lock.lock(), std::time::Duration::from_millis(1));
                     barrier.wait();
                     drop(w);
                     barrier.wait();
