@@ -643,10 +643,9 @@ impl<A: Allocator> State<A> {
                         .as_mut()
                         .expect("the serving plan's block is live");
                     debug_assert!(offset + size <= pb.raw.size);
-                    // SAFETY: `offset + size <= plan size <= pb.raw.size`
-                    // (the plan's offsets keep every block inside its
-                    // footprint), so the pointer stays inside the plan's
-                    // block, which is a live span of the pool.
+                    // SAFETY: `offset + size <= plan size <= pb.raw.size` (a plan
+                    // keeps every block inside its footprint): the pointer stays
+                    // inside the plan's block, a live span of the pool.
                     let ptr = unsafe { pb.raw.ptr.add(offset) };
                     pb.live += 1;
                     pb.live_bytes += size;
@@ -1211,10 +1210,9 @@ impl<T, A: Allocator> fmt::Debug for TypedBlock<'_, T, A> {
 impl<A: Allocator> Deref for Block<'_, A> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` bytes (a live span of a region
-        // that is not released while the span is live, or dangling with
-        // `len == 0`), the bytes are initialized (the pool zeroes memory the
-        // first time it hands it out), and no other block overlaps them.
+        // SAFETY: `ptr` is valid for `len` bytes (a live span, whose region stays while it lives,
+        // or dangling with `len == 0`), initialized (the pool zeroes memory the first time it
+        // hands it out), and no other block overlaps them.
         unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }

@@ -203,11 +203,9 @@ impl<A: Allocator> Pool<A> {
         let end = off + size;
         debug_assert!(end <= region.layout.size());
         if end > region.init {
-            // SAFETY: 1. `init..end` lies inside the region (`end <= size`),
-            // so the pointer arithmetic stays in one allocation; 2. those
-            // bytes belong to no live block (spans do not overlap, and bytes
-            // past `init` were never handed out), so writing them races with
-            // nothing.
+            // SAFETY: 1. `init..end` lies inside the region (`end <= size`): one allocation;
+            // 2. no live block holds those bytes (spans do not overlap, and bytes past `init`
+            // were never handed out), so writing them races with nothing.
             unsafe {
                 region
                     .ptr
@@ -434,10 +432,9 @@ impl<A: Allocator> Pool<A> {
             .expect("the map only names live regions");
         self.reserved -= size;
         self.bytes_released += size as u64;
-        // SAFETY: 1. `region.ptr` came from `self.backing.allocate` with
-        // `region.layout` and is released once (it was just taken out of
-        // `self.regions`); 2. the region is wholly free, so no live block
-        // points into it.
+        // SAFETY: 1. `region.ptr` came from `self.backing.allocate` with `region.layout` and is
+        // released once (just taken out of `self.regions`); 2. the region is wholly free, so
+        // no live block points into it.
         unsafe { self.backing.deallocate(region.ptr, region.layout) };
     }
 
@@ -533,10 +530,9 @@ impl<A: Allocator> Drop for Pool<A> {
             // Detach before freeing: a panicking backing allocator leaks the
             // rest rather than freeing anything twice.
             if let Some(region) = slot.take() {
-                // SAFETY: 1. the region came from `self.backing.allocate`
-                // with this layout and is freed once (just taken out);
-                // 2. the pool is being dropped, which happens only when the
-                // arena is, and blocks borrow the arena, so none is live.
+                // SAFETY: 1. the region came from `self.backing.allocate` with this layout and
+                // is freed once (just taken out); 2. the pool drops only with its arena, and
+                // blocks borrow the arena, so none is live.
                 unsafe { self.backing.deallocate(region.ptr, region.layout) };
             }
         }

@@ -1184,14 +1184,13 @@ fn open_file(path: &Path) -> Result<(File, u64), WeightsError> {
 #[allow(unsafe_code)]
 fn map_read_only(path: &Path) -> Result<Mmap, WeightsError> {
     let (file, _len) = open_file(path)?;
-    // SAFETY: `Mmap::map` is unsafe because the returned `&[u8]` is only sound while nobody
-    // modifies the mapped file. We cannot enforce that; it is the documented contract of
-    // `LoadMode::Mmap` (crate docs, "Files under mmap: what is safe"): while any `Weights`
-    // from this map is alive, the caller must not
+    // The contract of `LoadMode::Mmap` (crate docs, "Files under mmap: what is safe"): while
+    // any `Weights` from this map is alive, the caller must not
     //   1. write to the file in place (the bytes would change under shared references), nor
     //   2. truncate it (touching pages past the new end raises SIGBUS).
     // Deleting the file or replacing it by rename is fine: the map keeps the old inode.
-    // The map is read-only (PROT_READ), so this process never writes through it.
+    // SAFETY: the mapped bytes are sound while nobody modifies the file, which is the contract
+    // above (we cannot enforce it); the map is read-only, so this process never writes to it.
     let map = unsafe { Mmap::map(&file) }.map_err(|e| io_error(path, e))?;
     drop(file);
     Ok(map)
