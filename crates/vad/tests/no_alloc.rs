@@ -2,45 +2,14 @@
 //! heap allocation at all.
 
 mod common;
+mod counting;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use counting::allocations;
 
 use tensor_vad::{frame_rows, total_len, LstmState, SliceScratch, Stream, CONTEXT, ROW, WINDOW};
 
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-/// The system allocator, counting allocations made by the current thread.
-struct Counting;
-
-// SAFETY: every call is forwarded unchanged to `System`, which upholds the
-// `GlobalAlloc` contract; the counter is a const-initialised thread-local
-// `Cell`, whose access never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> usize {
-    ALLOCATIONS.with(|c| c.get())
-}
+static GLOBAL: counting::Counting = counting::Counting;
 
 #[test]
 fn forward_does_not_allocate() {

@@ -5,8 +5,9 @@
 //! run with plans disabled) is counted apart and only printed.
 
 mod common;
+mod counting;
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use counting::allocations;
 use std::cell::Cell;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -17,44 +18,8 @@ use tensor_vad::{
     key, load_weights, Detector, Intermediate, LstmState, Model, Scratch, CONTEXT, WINDOW,
 };
 
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-/// The system allocator, counting allocations made by the current thread.
-struct Counting;
-
-// SAFETY: every call is forwarded unchanged to `System`, which upholds the
-// `GlobalAlloc` contract; the counter is a const-initialised thread-local
-// `Cell`, whose access never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> usize {
-    ALLOCATIONS.with(|c| c.get())
-}
+static GLOBAL: counting::Counting = counting::Counting;
 
 /// The run's context as a scratch, counting the heap allocations the
 /// arena makes while it hands out or takes back a tensor.
