@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
-FUZZ_TARGETS=(arena_ops weights_load)
+FUZZ_TARGETS=(arena_ops plans weights_load)
 HOST=x86_64-unknown-linux-gnu
 
 step() { printf '\n==> %s\n' "$*"; }
@@ -34,7 +34,7 @@ cargo fuzz --version
 summary=()
 (
     cd fuzz
-    # One build for both targets; debug assertions on (-a), so the arena's
+    # One build for every target; debug assertions on (-a), so the arena's
     # own `debug_assert!`s run too; `cfg(fuzzing)` turns on its
     # `check_invariants` at every mutating call.
     cargo fuzz build -a

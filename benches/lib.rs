@@ -532,7 +532,7 @@ pub fn make_plans(trace: &Trace) -> HashMap<String, Arc<Plan>> {
         let (_, recording) = r.finish_with_recording();
         plans.insert(
             run.label.clone(),
-            Arc::new(Plan::from_recording(&recording)),
+            Arc::new(Plan::from_recording(&recording).expect("a recorded run plans")),
         );
     }
     plans
@@ -573,7 +573,7 @@ impl Replay for PlannedReplay {
                 let r = self.arena.begin_run();
                 replay_in(&r, run);
                 let (_, recording) = r.finish_with_recording();
-                let plan = Plan::from_recording(&recording);
+                let plan = Plan::from_recording(&recording).expect("a recorded run plans");
                 self.largest = self.largest.max(plan.size());
                 self.plans.insert(run.label.clone(), Arc::new(plan));
                 // As `Session` (`PlanConfig::shrink_to_plans`) and
@@ -793,7 +793,7 @@ pub fn pairs(strategy: Strategy, sizes: &[usize]) -> Option<Box<dyn Pairs>> {
                 black_box(r.try_alloc(len).expect("allocation failed"));
             }
             let (_, recording) = r.finish_with_recording();
-            let plan = Arc::new(Plan::from_recording(&recording));
+            let plan = Arc::new(Plan::from_recording(&recording).expect("a recorded run plans"));
             Box::new(PlannedPairs { arena, plan })
         }
         Strategy::Shared => shared_pairs(Arc::new(SharedArena::new(ArenaConfig::default()))),

@@ -11,7 +11,9 @@
 //!   `in_use` is the sum of live sizes, `in_use <= reserved <= cap`, backing
 //!   calls balanced and nothing outstanding at the end).
 //! - [`weights_load`]: arbitrary bytes through both `Weights::open` modes.
-//! - [`fuzz_arena_ops`] and [`fuzz_weights_load`]: exactly what the fuzz
+//! - [`plans`]: arbitrary recordings and plans (built from bytes or
+//!   deserialized from arbitrary JSON) through planned runs.
+//! - [`fuzz_arena_ops`], [`fuzz_plans`] and [`fuzz_weights_load`]: exactly what the fuzz
 //!   targets in `fuzz/` call, so `tests/corpus.rs` replays their corpus as a
 //!   plain test.
 //!
@@ -28,6 +30,7 @@ mod counting;
 mod model;
 mod op;
 mod pattern;
+mod plans;
 mod weights;
 
 pub use counting::Counting;
@@ -36,11 +39,17 @@ pub use op::{
     align_from_log2, decode, Op, SharedOp, Size, CAP, GRANULE, MAX_ALIGN, MAX_OPS, MAX_PLANS,
     MAX_REQUEST, MAX_SESSIONS, MAX_SHARED_OPS,
 };
+pub use plans::plans;
 pub use weights::weights_load;
 
 /// What the `arena_ops` fuzz target runs: [`decode`] then [`run`].
 pub fn fuzz_arena_ops(data: &[u8]) {
     run(&decode(data));
+}
+
+/// What the `plans` fuzz target runs: [`plans`].
+pub fn fuzz_plans(data: &[u8]) {
+    plans(data);
 }
 
 /// What the `weights_load` fuzz target runs: [`weights_load`].

@@ -503,10 +503,10 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
             "{at}: a plain run deviated"
         );
         if report.leaked_blocks == 0 && !recording.is_empty() {
-            let plan = Plan::from_recording(&recording);
-            if let Err(why) = plan.validate() {
-                panic!("{at}: the plan of the run is invalid: {why}");
-            }
+            let plan = match Plan::from_recording(&recording) {
+                Ok(plan) => plan,
+                Err(why) => panic!("{at}: the recording of the run does not plan: {why}"),
+            };
             assert!(
                 plan.size() >= plan.lower_bound(),
                 "{at}: plan under its lower bound"

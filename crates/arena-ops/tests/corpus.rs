@@ -43,6 +43,11 @@ fn arena_ops_corpus() {
 }
 
 #[test]
+fn plans_corpus() {
+    replay("plans", tensor_arena_ops::fuzz_plans);
+}
+
+#[test]
 fn weights_load_corpus() {
     replay("weights_load", tensor_arena_ops::fuzz_weights_load);
 }

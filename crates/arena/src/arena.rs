@@ -632,20 +632,32 @@ impl<A: Allocator> State<A> {
         if let Some(run) = &mut self.run {
             if let Some(serve) = &mut run.serve {
                 let index = run.blocks;
-                if !serve.deviated && serve.plan.serves_alloc(serve.pos, index, size, align) {
+                let pb_size = self.plan_blocks[serve.slot as usize]
+                    .as_ref()
+                    .map_or(0, |pb| pb.raw.size);
+                // Always checked, also in release builds: the block lies
+                // inside the plan's block. A validated plan always passes;
+                // were it not to, the run deviates instead of handing out
+                // memory outside the block.
+                let offset = serve
+                    .plan
+                    .offset(index as usize)
+                    .filter(|&o| o.checked_add(size).is_some_and(|end| end <= pb_size));
+                if let (false, true, Some(offset)) = (
+                    serve.deviated,
+                    serve.plan.serves_alloc(serve.pos, index, size, align),
+                    offset,
+                ) {
                     if serve.plan.block(index as usize) != Some((size, align)) {
                         // Served, but smaller than recorded: this run's own
                         // recording differs from the plan's from here on.
                         Self::materialize(serve, &mut run.rec, run.blocks);
                     }
-                    let offset = serve.plan.offset(index as usize).unwrap_or(0);
                     let pb = self.plan_blocks[serve.slot as usize]
                         .as_mut()
                         .expect("the serving plan's block is live");
-                    debug_assert!(offset + size <= pb.raw.size);
-                    // SAFETY: `offset + size <= plan size <= pb.raw.size` (a plan
-                    // keeps every block inside its footprint): the pointer stays
-                    // inside the plan's block, a live span of the pool.
+                    // SAFETY: `offset + size <= pb.raw.size` (checked just above): the
+                    // pointer stays inside the plan's block, a live span of the pool.
                     let ptr = unsafe { pb.raw.ptr.add(offset) };
                     pb.live += 1;
                     pb.live_bytes += size;

@@ -17,8 +17,8 @@ pub use allocator_api2;
 pub use arena::{Arena, Block, Run, TypedBlock};
 pub use config::{ArenaConfig, Growth, Relayout, ShrinkPolicy, DEFAULT_MAX_EXTEND};
 pub use error::ArenaError;
-pub use plan::{Plan, PlanCache, PlanStats, Recording};
-pub use shared::{SharedArena, SharedBlock};
+pub use plan::{Plan, PlanCache, PlanError, PlanStats, Recording};
+pub use shared::{SharedArena, SharedArenaGuard, SharedBlock};
 pub use stats::{LiveBlock, RunReport, Stats};
 
 /// The workspace README's examples, compiled and run as doctests.

@@ -54,8 +54,30 @@ impl<A: Allocator> SharedArena<A> {
 
     /// Locks the arena for a sequence of calls (a run, say). Blocks taken
     /// from the guard borrow it; [`SharedBlock`]s need not.
-    pub fn lock(&self) -> MutexGuard<'_, Arena<A>> {
-        self.inner.lock()
+    ///
+    /// The guard gives `&Arena` only, never `&mut Arena`: blocks of other
+    /// threads may be live in the arena, so no safe code may replace, move
+    /// or swap it while the lock is held.
+    ///
+    /// ```compile_fail
+    /// use tensor_arena::{Arena, ArenaConfig, SharedArena};
+    /// let shared = SharedArena::new(ArenaConfig::default());
+    /// let block = shared.try_alloc(64).unwrap();
+    /// // Would free `block`'s memory while it is live.
+    /// *shared.lock() = Arena::new(ArenaConfig::default());
+    /// ```
+    ///
+    /// ```compile_fail
+    /// use tensor_arena::{Arena, ArenaConfig, SharedArena};
+    /// let shared = SharedArena::new(ArenaConfig::default());
+    /// let mut other = Arena::new(ArenaConfig::default());
+    /// let block = shared.try_alloc(64).unwrap();
+    /// std::mem::swap(&mut *shared.lock(), &mut other);
+    /// ```
+    pub fn lock(&self) -> SharedArenaGuard<'_, A> {
+        SharedArenaGuard {
+            guard: self.inner.lock(),
+        }
     }
 
     /// A block of `len` bytes; see [`Arena::try_alloc`].
@@ -140,6 +162,25 @@ unsafe impl<A: Allocator> Allocator for &SharedArena<A> {
         // SAFETY: the caller's obligations for this call are those of
         // `Arena::deallocate`, and the block was allocated by this arena.
         unsafe { (&*arena).deallocate(ptr, layout) }
+    }
+}
+
+/// The lock on a [`SharedArena`], from [`SharedArena::lock`]: derefs to
+/// `&Arena` (not `&mut`), and unlocks when dropped.
+pub struct SharedArenaGuard<'a, A: Allocator = Global> {
+    guard: MutexGuard<'a, Arena<A>>,
+}
+
+impl<A: Allocator> Deref for SharedArenaGuard<'_, A> {
+    type Target = Arena<A>;
+    fn deref(&self) -> &Arena<A> {
+        &self.guard
+    }
+}
+
+impl<A: Allocator> fmt::Debug for SharedArenaGuard<'_, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.guard, f)
     }
 }
 

@@ -289,11 +289,14 @@ impl Backend for ArenaBackend<'_> {
                 .cloned()
                 .unwrap_or_default();
             if (!report.planned || report.deviated) && report.leaked_blocks == 0 {
-                let plan = Plan::from_recording(&recording);
-                p.largest = p.largest.max(plan.size());
-                p.cache.insert(label, Arc::new(plan));
-                // Every shape seen is now served from its plan's block.
-                self.arena.shrink_to(p.largest);
+                // The arena's own recordings always validate; were one not
+                // to, the shape simply stays unplanned.
+                if let Ok(plan) = Plan::from_recording(&recording) {
+                    p.largest = p.largest.max(plan.size());
+                    p.cache.insert(label, Arc::new(plan));
+                    // Every shape seen is now served from its plan's block.
+                    self.arena.shrink_to(p.largest);
+                }
             }
         }
         if self.shrink == ShrinkMode::ManualAfterSmaller && smaller {

@@ -182,13 +182,19 @@ impl Session {
             plans.note_deviation();
         }
         if (!own || report.deviated) && report.leaked_blocks == 0 && !recording.is_empty() {
-            let plan = Plan::from_recording(&recording);
-            self.largest_plan = self.largest_plan.max(plan.size());
-            plans.insert(key.into(), Arc::new(plan));
-            if cfg.shrink_to_plans {
-                // Later runs of every shape seen are served from their plan's
-                // block: no more than the largest plan is needed.
-                self.arena.shrink_to(self.largest_plan);
+            // The arena's own recordings always validate; were one not to,
+            // the key simply stays unplanned.
+            match Plan::from_recording(&recording) {
+                Ok(plan) => {
+                    self.largest_plan = self.largest_plan.max(plan.size());
+                    plans.insert(key.into(), Arc::new(plan));
+                    if cfg.shrink_to_plans {
+                        // Later runs of every shape seen are served from their
+                        // plan's block: no more than the largest plan is needed.
+                        self.arena.shrink_to(self.largest_plan);
+                    }
+                }
+                Err(e) => debug_assert!(false, "the arena recorded an invalid run: {e}"),
             }
         } else if let Some(size) = planned_size {
             self.largest_plan = self.largest_plan.max(size);

@@ -13,116 +13,30 @@
 //!    recorded, an extra block, frees in another order) the run *deviates*:
 //!    blocks already handed out stay where they are, and the rest of the
 //!    run is served by the dynamic pool.
+//!    Plans may come from files, so none is trusted: every recording planned
+//!    passes [`Recording::validate`], every plan built or deserialized passes
+//!    [`Plan::validate`], and serving checks each offset against the plan's
+//!    block once more. A malformed plan is an error, never two live blocks
+//!    on the same bytes.
 //! 4. **Cache**: [`PlanCache`] keeps plans by exact key (hash and equality,
 //!    no collisions), bounded, least recently used out; lookups take no lock.
 
+mod cache;
+mod recording;
 pub mod solver;
 
-use parking_lot::Mutex;
-use std::borrow::Borrow;
-use std::collections::HashMap;
-use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-
-/// One event of a recorded run: block `i` (in allocation order) allocated
-/// or freed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub enum PlanEvent {
-    /// Block `i` was allocated.
-    Alloc(u32),
-    /// Block `i` was freed.
-    Free(u32),
-}
-
-/// What a run did with its blocks: their sizes and alignments, and the
-/// order of allocations and frees.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct Recording {
-    /// `(size, align)` of each block, in allocation order; sizes are rounded
-    /// up to the arena's alignment.
-    pub blocks: Vec<(usize, usize)>,
-    /// The run's events in order. A block allocated but never freed in the
-    /// run lives to the end.
-    pub events: Vec<PlanEvent>,
-}
-
-impl Recording {
-    /// An empty recording.
-    pub const fn new() -> Self {
-        Self {
-            blocks: Vec::new(),
-            events: Vec::new(),
-        }
-    }
-
-    /// Appends an allocation of `size` bytes at `align`; returns its index.
-    pub fn alloc(&mut self, size: usize, align: usize) -> u32 {
-        let i = self.blocks.len() as u32;
-        self.blocks.push((size, align));
-        self.events.push(PlanEvent::Alloc(i));
-        i
-    }
-
-    /// Appends the free of block `i`.
-    pub fn free(&mut self, i: u32) {
-        self.events.push(PlanEvent::Free(i));
-    }
-
-    /// Empties the recording, keeping its capacity.
-    pub fn clear(&mut self) {
-        self.blocks.clear();
-        self.events.clear();
-    }
-
-    /// Number of blocks.
-    pub fn len(&self) -> usize {
-        self.blocks.len()
-    }
-
-    /// Whether no block was recorded.
-    pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
-    }
-
-    /// The blocks as planner requests: lifetimes are half-open intervals of
-    /// event indices, `[alloc, free)` (to the end for blocks never freed).
-    pub fn requests(&self) -> Vec<solver::Request> {
-        let end = self.events.len();
-        let mut reqs: Vec<solver::Request> = self
-            .blocks
-            .iter()
-            .map(|&(size, align)| solver::Request::new(size, align, end, end))
-            .collect();
-        for (t, ev) in self.events.iter().enumerate() {
-            match *ev {
-                PlanEvent::Alloc(i) => {
-                    if let Some(r) = reqs.get_mut(i as usize) {
-                        r.start = t;
-                    }
-                }
-                PlanEvent::Free(i) => {
-                    if let Some(r) = reqs.get_mut(i as usize) {
-                        r.end = t;
-                    }
-                }
-            }
-        }
-        reqs
-    }
-
-    /// The most bytes live at once.
-    pub fn lower_bound(&self) -> usize {
-        solver::lower_bound(&self.requests())
-    }
-}
+pub use cache::{PlanCache, PlanStats};
+pub use recording::{PlanEvent, Recording, MAX_ALIGN, MAX_BLOCK};
 
 /// Offsets for every block of a recorded run, inside one block of
 /// [`Plan::size`] bytes.
+///
+/// A `Plan` is valid by construction: [`Plan::from_recording`] and
+/// deserialization (`serde`, through [`Plan::from_parts`]) both refuse
+/// anything that [`Plan::validate`] would.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "PlanParts"))]
 pub struct Plan {
     recording: Recording,
     offsets: Vec<usize>,
@@ -133,22 +47,44 @@ pub struct Plan {
 
 impl Plan {
     /// Plans a recording with [`solver::plan`].
-    pub fn from_recording(recording: &Recording) -> Self {
+    ///
+    /// # Errors
+    /// [`PlanError`] when the recording fails [`Recording::validate`] (a
+    /// block allocated twice or out of order, freed twice or before its
+    /// allocation, a zero or oversized size, a bad alignment), or when its
+    /// blocks add up to more than fits in `usize`.
+    pub fn from_recording(recording: &Recording) -> Result<Self, PlanError> {
+        recording.validate()?;
         let requests = recording.requests();
         let solution = solver::plan(&requests);
-        let align = recording
-            .blocks
-            .iter()
-            .map(|b| b.1.max(1))
-            .max()
-            .unwrap_or(1);
-        Self {
+        let plan = Self {
             recording: recording.clone(),
             offsets: solution.offsets,
             size: solution.size,
-            align,
+            align: max_align(recording),
             lower_bound: solver::lower_bound(&requests),
-        }
+        };
+        // The solver's output is checked like any other plan's: a solver
+        // bug becomes an error here, not overlapping blocks later.
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// A plan from its parts (as [`Plan`]'s serialized form holds them),
+    /// checked with [`Plan::validate`].
+    ///
+    /// # Errors
+    /// [`PlanError`] naming the first problem.
+    pub fn from_parts(parts: PlanParts) -> Result<Self, PlanError> {
+        let plan = Self {
+            recording: parts.recording,
+            offsets: parts.offsets,
+            size: parts.size,
+            align: parts.align,
+            lower_bound: parts.lower_bound,
+        };
+        plan.validate()?;
+        Ok(plan)
     }
 
     /// Bytes of the one block the plan needs.
@@ -226,205 +162,107 @@ impl Plan {
         self.recording.events.len()
     }
 
-    /// Checks that no two blocks alive at the same time overlap and every
-    /// offset is aligned.
+    /// Checks everything serving relies on: the recording passes
+    /// [`Recording::validate`]; there is one offset per block; every offset
+    /// is a multiple of its block's alignment; no two blocks alive at the
+    /// same time share a byte; `size` is exactly the highest end offset
+    /// (so every block lies inside the plan's block); `align` is a power of
+    /// two no smaller than any block's; and `lower_bound` is the recording's.
     ///
     /// # Errors
-    /// A description of the first problem found.
-    pub fn validate(&self) -> Result<(), String> {
+    /// [`PlanError`] naming the first problem found.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        self.recording.validate()?;
+        let requests = self.recording.requests();
         let solution = solver::Solution {
             offsets: self.offsets.clone(),
             size: self.size,
         };
-        solver::validate(&self.recording.requests(), &solution)
+        solver::validate(&requests, &solution).map_err(PlanError::new)?;
+        if self.size > MAX_BLOCK {
+            return Err(PlanError::new(format!(
+                "size {} is over the largest block ({MAX_BLOCK})",
+                self.size
+            )));
+        }
+        let needed = max_align(&self.recording);
+        if !self.align.is_power_of_two() || self.align < needed || self.align > MAX_ALIGN {
+            return Err(PlanError::new(format!(
+                "align {} must be a power of two between the blocks' largest alignment \
+                 ({needed}) and {MAX_ALIGN}",
+                self.align
+            )));
+        }
+        let lower_bound = solver::lower_bound(&requests);
+        if self.lower_bound != lower_bound {
+            return Err(PlanError::new(format!(
+                "lower_bound {} but the recording's is {lower_bound}",
+                self.lower_bound
+            )));
+        }
+        Ok(())
     }
 }
 
-/// Counters of a [`PlanCache`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct PlanStats {
-    /// Lookups that found a plan.
-    pub hits: u64,
-    /// Lookups that found none.
-    pub misses: u64,
-    /// Plans added (or replaced).
-    pub inserts: u64,
-    /// Plans evicted to stay within the capacity.
-    pub evictions: u64,
-    /// Planned runs that deviated from their plan.
-    pub deviations: u64,
-    /// Plans held now.
-    pub plans: usize,
+/// The largest alignment of a recording's blocks (1 for none).
+fn max_align(recording: &Recording) -> usize {
+    recording
+        .blocks
+        .iter()
+        .map(|b| b.1.max(1))
+        .max()
+        .unwrap_or(1)
 }
 
-struct Entry {
-    plan: Arc<Plan>,
-    /// Stamp of the last lookup that returned this entry.
-    last_used: AtomicU64,
+/// The fields of a [`Plan`], unchecked: what its serialized form holds.
+/// [`Plan::from_parts`] turns them into a plan after checking them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+pub struct PlanParts {
+    /// The recorded run.
+    pub recording: Recording,
+    /// One offset per block.
+    pub offsets: Vec<usize>,
+    /// Bytes of the plan's block: the highest end offset.
+    pub size: usize,
+    /// Alignment of the plan's block.
+    pub align: usize,
+    /// The most bytes the recording has live at once.
+    pub lower_bound: usize,
 }
 
-/// Plans by key, bounded, least recently used out.
-///
-/// Lookups take no lock (they read an immutable snapshot of the map); adding
-/// a plan takes a lock, copies the map (plans are shared, not copied) and
-/// publishes the new snapshot. So the cache is made for many readers (one
-/// per worker) and rare writes (the first run of each shape).
-pub struct PlanCache<K> {
-    map: arc_swap::ArcSwap<HashMap<K, Arc<Entry>>>,
-    writer: Mutex<()>,
-    capacity: usize,
-    clock: AtomicU64,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    inserts: AtomicU64,
-    evictions: AtomicU64,
-    deviations: AtomicU64,
+impl TryFrom<PlanParts> for Plan {
+    type Error = PlanError;
+    fn try_from(parts: PlanParts) -> Result<Self, PlanError> {
+        Plan::from_parts(parts)
+    }
 }
 
-impl<K: Hash + Eq + Clone> PlanCache<K> {
-    /// A cache holding at most `capacity` plans (at least 1).
-    pub fn new(capacity: usize) -> Self {
+/// Why a recording or plan was refused: it could not have come from a run,
+/// or its offsets would put two live blocks on the same bytes or a block
+/// outside the plan's block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanError {
+    reason: String,
+}
+
+impl PlanError {
+    pub(crate) fn new(reason: impl Into<String>) -> Self {
         Self {
-            map: arc_swap::ArcSwap::from_pointee(HashMap::new()),
-            writer: Mutex::new(()),
-            capacity: capacity.max(1),
-            clock: AtomicU64::new(0),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            inserts: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
-            deviations: AtomicU64::new(0),
+            reason: reason.into(),
         }
     }
 
-    /// The plan for `key`, if any (counted as a hit or a miss).
-    pub fn get<Q>(&self, key: &Q) -> Option<Arc<Plan>>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let map = self.map.load();
-        match map.get(key) {
-            Some(e) => {
-                let now = self.clock.fetch_add(1, Ordering::Relaxed);
-                e.last_used.store(now, Ordering::Relaxed);
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                Some(Arc::clone(&e.plan))
-            }
-            None => {
-                self.misses.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-        }
-    }
-
-    /// The plan for `key`, if any, without counting a hit or a miss or
-    /// touching its recency (to inspect the cache).
-    pub fn peek<Q>(&self, key: &Q) -> Option<Arc<Plan>>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.map.load().get(key).map(|e| Arc::clone(&e.plan))
-    }
-
-    /// Whether a plan for `key` is held (not counted).
-    pub fn contains<Q>(&self, key: &Q) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.map.load().contains_key(key)
-    }
-
-    /// The largest plan held (by block size), to serve a new, smaller shape
-    /// of the same model; not counted as a hit.
-    pub fn largest(&self) -> Option<Arc<Plan>> {
-        let map = self.map.load();
-        map.values()
-            .max_by_key(|e| e.plan.size())
-            .map(|e| Arc::clone(&e.plan))
-    }
-
-    /// Adds (or replaces) the plan for `key`, evicting the least recently
-    /// used plans beyond the capacity.
-    pub fn insert(&self, key: K, plan: Arc<Plan>) {
-        let _writer = self.writer.lock();
-        let mut map: HashMap<K, Arc<Entry>> = (**self.map.load()).clone();
-        let now = self.clock.fetch_add(1, Ordering::Relaxed);
-        map.insert(
-            key,
-            Arc::new(Entry {
-                plan,
-                last_used: AtomicU64::new(now),
-            }),
-        );
-        while map.len() > self.capacity {
-            let oldest = map
-                .iter()
-                .min_by_key(|(_, e)| e.last_used.load(Ordering::Relaxed))
-                .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                map.remove(&k);
-                self.evictions.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.inserts.fetch_add(1, Ordering::Relaxed);
-        self.map.store(Arc::new(map));
-    }
-
-    /// Adds saved plans (for instance deserialized from a file written with
-    /// [`PlanCache::entries`]), so that a server starts warm.
-    pub fn load(&self, entries: impl IntoIterator<Item = (K, Plan)>) {
-        for (k, plan) in entries {
-            self.insert(k, Arc::new(plan));
-        }
-    }
-
-    /// Drops every plan.
-    pub fn clear(&self) {
-        let _writer = self.writer.lock();
-        self.map.store(Arc::new(HashMap::new()));
-    }
-
-    /// Counts a planned run that deviated from its plan.
-    pub fn note_deviation(&self) {
-        self.deviations.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Every `(key, plan)` held, for saving.
-    pub fn entries(&self) -> Vec<(K, Arc<Plan>)> {
-        self.map
-            .load()
-            .iter()
-            .map(|(k, e)| (k.clone(), Arc::clone(&e.plan)))
-            .collect()
-    }
-
-    /// The capacity.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// The counters.
-    pub fn stats(&self) -> PlanStats {
-        PlanStats {
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
-            inserts: self.inserts.load(Ordering::Relaxed),
-            evictions: self.evictions.load(Ordering::Relaxed),
-            deviations: self.deviations.load(Ordering::Relaxed),
-            plans: self.map.load().len(),
-        }
+    /// What is wrong, in words.
+    pub fn reason(&self) -> &str {
+        &self.reason
     }
 }
 
-impl<K> std::fmt::Debug for PlanCache<K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PlanCache")
-            .field("capacity", &self.capacity)
-            .field("plans", &self.map.load().len())
-            .finish()
+impl core::fmt::Display for PlanError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "invalid plan: {}", self.reason)
     }
 }
+
+impl std::error::Error for PlanError {}

@@ -9,4 +9,5 @@ mod planner;
 mod plans;
 mod reliability;
 mod shared;
+mod soundness;
 mod trace;

@@ -155,15 +155,32 @@ fn run_ops(ops: &[Op]) {
                 Op::Shrink => {
                     let before = arena.stats().reserved;
                     let released = arena.shrink();
-                    assert!(arena.stats().reserved <= before.max(arena.stats().watermark + 64));
-                    assert!(released <= before);
+                    let after = arena.stats().reserved;
+                    // A shrink never raises the reservation, and reports
+                    // exactly what it gave back.
+                    assert!(
+                        after <= before,
+                        "shrink raised reserved {before} -> {after}"
+                    );
+                    assert_eq!(released, before - after, "released bytes");
+                    if live.is_empty() {
+                        let watermark = arena.stats().watermark;
+                        assert!(
+                            after <= before.min(watermark.next_multiple_of(64)),
+                            "nothing live: shrink reaches the watermark {watermark}, kept {after}"
+                        );
+                    }
                 }
                 Op::ShrinkTo { kib } => {
                     let target = kib as usize * 1024;
                     let before = arena.stats().reserved;
-                    arena.shrink_to(target);
+                    let released = arena.shrink_to(target);
                     let after = arena.stats().reserved;
-                    assert!(after <= before.max(target));
+                    assert!(
+                        after <= before,
+                        "shrink_to raised reserved {before} -> {after}"
+                    );
+                    assert_eq!(released, before - after, "released bytes");
                     if live.is_empty() && before > target {
                         assert!(
                             after <= target,

@@ -46,7 +46,7 @@ fn a_planned_run_serves_every_block_with_no_search_and_no_backing_call() {
     let (first, rec) = replay(&arena, None, run, None);
     assert!(!first.planned);
     assert_eq!(rec.len(), run.events.iter().filter(|e| e.0).count());
-    let plan = Arc::new(Plan::from_recording(&rec));
+    let plan = Arc::new(Plan::from_recording(&rec).unwrap());
     plan.validate().unwrap();
     assert!(plan.size() <= first.high_water);
     let calls = counting.calls.get() + counting.frees.get();
@@ -76,7 +76,7 @@ fn a_run_that_changes_one_size_halfway_deviates_and_stays_correct() {
     let arena = Arena::new(ArenaConfig::default());
     let run = &read_trace("densenet121-1x3x224x224.trace")[0];
     let (_, rec) = replay(&arena, None, run, None);
-    let plan = Arc::new(Plan::from_recording(&rec));
+    let plan = Arc::new(Plan::from_recording(&rec).unwrap());
     let half = rec.len() / 2;
     let (report, rec2) = replay(&arena, Some(Arc::clone(&plan)), run, Some((half, 5 << 20)));
     assert!(report.planned && report.deviated);
@@ -84,7 +84,7 @@ fn a_run_that_changes_one_size_halfway_deviates_and_stays_correct() {
     assert_eq!(arena.stats().deviations, 1);
     assert_eq!(arena.stats().in_use, 0);
     // The re-recording serves the changed run exactly.
-    let replan = Arc::new(Plan::from_recording(&rec2));
+    let replan = Arc::new(Plan::from_recording(&rec2).unwrap());
     let (again, _) = replay(&arena, Some(replan), run, Some((half, 5 << 20)));
     assert!(!again.deviated);
     // More blocks than recorded: the extra ones come from the pool.
@@ -102,7 +102,7 @@ fn a_smaller_run_is_served_by_a_larger_plan_that_covers_it() {
     let big = &read_trace("silero-vad-313x576.trace")[0];
     let small = &read_trace("silero-vad-31x576.trace")[0];
     let (_, rec_big) = replay(&arena, None, big, None);
-    let plan = Arc::new(Plan::from_recording(&rec_big));
+    let plan = Arc::new(Plan::from_recording(&rec_big).unwrap());
     let (report, rec_small) = replay(&arena, Some(Arc::clone(&plan)), small, None);
     assert!(report.planned && !report.deviated, "{report:?}");
     assert_eq!(
@@ -111,7 +111,7 @@ fn a_smaller_run_is_served_by_a_larger_plan_that_covers_it() {
         "served smaller: the run's own recording is kept"
     );
     assert!(plan.covers(&rec_small));
-    assert!(!Plan::from_recording(&rec_small).covers(&rec_big));
+    assert!(!Plan::from_recording(&rec_small).unwrap().covers(&rec_big));
 }
 
 #[test]
@@ -120,7 +120,7 @@ fn leaked_planned_blocks_keep_the_plan_block_until_dropped() {
     let r = arena.begin_run();
     drop(r.try_alloc(1000).unwrap());
     let (_, rec) = r.finish_with_recording();
-    let plan = Arc::new(Plan::from_recording(&rec));
+    let plan = Arc::new(Plan::from_recording(&rec).unwrap());
     let r = arena.begin_planned_run(plan).unwrap();
     let mut kept = r.try_alloc(1000).unwrap();
     assert_eq!(
@@ -155,7 +155,7 @@ fn the_cache_compares_keys_exactly_and_evicts_the_least_recently_used() {
         let mut rec = Recording::new();
         let i = rec.alloc(n * 64, 64);
         rec.free(i);
-        Arc::new(Plan::from_recording(&rec))
+        Arc::new(Plan::from_recording(&rec).unwrap())
     };
     // Keys whose XOR of dimensions collide (ONNX Runtime's weakness) stay apart.
     let cache: PlanCache<Vec<usize>> = PlanCache::new(2);
@@ -182,7 +182,10 @@ fn plans_round_trip_through_serde() {
     let run = &read_trace("silero-vad-31x576.trace")[0];
     let (_, rec) = replay(&arena, None, run, None);
     let cache: PlanCache<String> = PlanCache::new(8);
-    cache.insert("31x576".into(), Arc::new(Plan::from_recording(&rec)));
+    cache.insert(
+        "31x576".into(),
+        Arc::new(Plan::from_recording(&rec).unwrap()),
+    );
     let saved: Vec<(String, Plan)> = cache
         .entries()
         .into_iter()

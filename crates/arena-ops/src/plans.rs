@@ -1,0 +1,300 @@
+//! [`plans`]: arbitrary recordings and plans, built from fuzz bytes or
+//! deserialized from arbitrary JSON, fed to planned runs.
+//!
+//! Whatever comes in, a plan is either refused with an error or serves runs
+//! whose live blocks never overlap and each lie inside the plan's block.
+//! After every step of a run the checker compares every pair of live
+//! blocks' address ranges, re-reads their fill patterns, and checks that
+//! each block served from the plan sits at its planned offset from one
+//! common base, inside `base..base + plan.size()`.
+
+use crate::Counting;
+use arbitrary::{Arbitrary, Unstructured};
+use std::sync::Arc;
+use tensor_arena::plan::{PlanEvent, PlanParts};
+use tensor_arena::{Arena, ArenaConfig, Block, Plan, Recording};
+
+/// Most blocks in a decoded recording.
+const MAX_BLOCKS: usize = 48;
+/// Most events in a decoded recording, and steps of a run.
+const MAX_EVENTS: usize = 160;
+
+/// Runs one fuzz input: the first byte chooses how the rest is read.
+/// - even: as JSON text, deserialized both as a [`Plan`] and as a
+///   [`Recording`] (then planned with [`Plan::from_recording`]);
+/// - odd: as structured data: a recording, and offsets, size, alignment and
+///   lower bound for [`Plan::from_parts`] (mostly near the planner's own,
+///   so that deep checks are reached), followed by the run's steps.
+///
+/// Each plan accepted is served by [`drive`].
+///
+/// # Panics
+/// When a check fails: overlapping live blocks, a block outside its plan's
+/// block or away from its offset, a fill pattern overwritten, or memory not
+/// returned after the arena drops.
+pub fn plans(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    if mode % 2 == 0 {
+        if let Ok(plan) = serde_json::from_slice::<Plan>(rest) {
+            check_accepted(&plan);
+            drive(&plan, &mut Unstructured::new(&[]));
+        }
+        if let Ok(rec) = serde_json::from_slice::<Recording>(rest) {
+            if let Ok(plan) = Plan::from_recording(&rec) {
+                check_accepted(&plan);
+                drive(&plan, &mut Unstructured::new(rest));
+            }
+        }
+        return;
+    }
+    let mut u = Unstructured::new(rest);
+    let Ok(rec) = recording(&mut u) else {
+        return;
+    };
+    match Plan::from_recording(&rec) {
+        Ok(plan) => {
+            check_accepted(&plan);
+            // The same plan through its serialized form, perhaps tampered.
+            if let Ok(parts) = tamper(&plan, &mut u) {
+                if let Ok(other) = Plan::from_parts(parts) {
+                    check_accepted(&other);
+                    drive(&other, &mut u);
+                }
+            }
+            drive(&plan, &mut u);
+        }
+        Err(_) => assert!(rec.validate().is_err(), "refused a valid recording"),
+    }
+}
+
+/// A plan that was accepted must pass its own check again.
+fn check_accepted(plan: &Plan) {
+    if let Err(e) = plan.validate() {
+        panic!("an accepted plan fails validation: {e}");
+    }
+}
+
+/// A recording: mostly a valid run (allocations in order, frees of live
+/// blocks), sometimes corrupted.
+fn recording(u: &mut Unstructured<'_>) -> arbitrary::Result<Recording> {
+    let n = usize::from(u8::arbitrary(u)?) % MAX_BLOCKS;
+    let mut rec = Recording::new();
+    for _ in 0..n {
+        let raw = u16::arbitrary(u)?;
+        // Sizes in 64-byte steps (as an arena with alignment 64 records
+        // them) or, now and then, anything.
+        let size = if raw & 0x8000 == 0 {
+            (usize::from(raw & 0x3ff) + 1) * 64
+        } else {
+            usize::from(raw & 0x7fff)
+        };
+        let align = match u8::arbitrary(u)? % 8 {
+            0..=4 => 64,
+            5 => 128,
+            6 => 4096,
+            _ => usize::from(u8::arbitrary(u)?),
+        };
+        rec.blocks.push((size, align));
+    }
+    let mut allocated = 0u32;
+    let mut live: Vec<u32> = Vec::new();
+    while rec.events.len() < MAX_EVENTS && (allocated as usize) < n || !live.is_empty() {
+        if rec.events.len() >= MAX_EVENTS {
+            break;
+        }
+        let choice = u8::arbitrary(u).unwrap_or(0);
+        match choice % 16 {
+            // Corruptions: any event at all.
+            15 => {
+                let i = u32::from(u8::arbitrary(u).unwrap_or(0)) % (n as u32 + 2);
+                rec.events.push(if choice & 0x10 == 0 {
+                    PlanEvent::Alloc(i)
+                } else {
+                    PlanEvent::Free(i)
+                });
+                if i < n as u32 && choice & 0x10 == 0 {
+                    allocated = allocated.max(i + 1);
+                }
+            }
+            0..=8 if (allocated as usize) < n => {
+                rec.events.push(PlanEvent::Alloc(allocated));
+                live.push(allocated);
+                allocated += 1;
+            }
+            _ if !live.is_empty() => {
+                let k = usize::from(choice) % live.len();
+                rec.events.push(PlanEvent::Free(live.swap_remove(k)));
+            }
+            // Nothing live and every block allocated: blocks left live
+            // live to the end.
+            _ if (allocated as usize) >= n => break,
+            _ => {}
+        }
+        if u.is_empty() && (allocated as usize) >= n {
+            break;
+        }
+    }
+    Ok(rec)
+}
+
+/// The plan's parts, each field perhaps changed a little or a lot.
+fn tamper(plan: &Plan, u: &mut Unstructured<'_>) -> arbitrary::Result<PlanParts> {
+    let mut parts = PlanParts {
+        recording: plan.recording().clone(),
+        offsets: (0..plan.len()).filter_map(|i| plan.offset(i)).collect(),
+        size: plan.size(),
+        align: plan.align(),
+        lower_bound: plan.lower_bound(),
+    };
+    let what = u8::arbitrary(u)?;
+    let delta = usize::from(u16::arbitrary(u)?);
+    match what % 8 {
+        0 => {}
+        1 if !parts.offsets.is_empty() => {
+            let i = delta % parts.offsets.len();
+            parts.offsets[i] = parts.offsets[i].wrapping_add(delta & !63);
+        }
+        2 if !parts.offsets.is_empty() => {
+            let i = delta % parts.offsets.len();
+            parts.offsets[i] = 0;
+        }
+        3 => parts.size = parts.size.wrapping_add(delta).wrapping_sub(delta / 2),
+        4 => parts.align = 1 << (delta % 40),
+        5 => parts.lower_bound = delta,
+        6 => parts.offsets.truncate(delta % (parts.offsets.len() + 1)),
+        _ => {
+            // Both offsets of two blocks set equal: overlapping, unless
+            // they never live at once.
+            if parts.offsets.len() >= 2 {
+                let (i, j) = (
+                    delta % parts.offsets.len(),
+                    (delta / 7) % parts.offsets.len(),
+                );
+                parts.offsets[i] = parts.offsets[j];
+            }
+        }
+    }
+    Ok(parts)
+}
+
+/// A live block of a driven run and its fill byte.
+struct Live<'a, 'c> {
+    block: Block<'a, &'c Counting>,
+    fill: u8,
+}
+
+/// Serves a planned run of `plan`: follows its events, and with the bytes
+/// of `u` sometimes asks for less or more than recorded, adds blocks, or
+/// frees out of order (deviations). Checks after every step.
+fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
+    let counting = Counting::new();
+    {
+        let config = ArenaConfig {
+            max_reserved: 64 << 20,
+            ..ArenaConfig::default()
+        };
+        let arena = Arena::with_backing(config, &counting);
+        let Ok(run) = arena.begin_planned_run(Arc::new(plan.clone())) else {
+            // Over the cap, or an alignment over the arena's maximum.
+            return;
+        };
+        let rec = plan.recording();
+        // Blocks of the recording by index, then blocks it never recorded.
+        let mut live: Vec<Option<Live<'_, '_>>> = Vec::new();
+        let mut extras: Vec<Live<'_, '_>> = Vec::new();
+        let mut base: Option<usize> = None;
+        let mut step = 0u8;
+        for ev in rec.events.iter().take(MAX_EVENTS) {
+            step = step.wrapping_add(1);
+            let tweak = u8::arbitrary(u).unwrap_or(0);
+            match *ev {
+                PlanEvent::Alloc(i) => {
+                    let (size, align) = rec.blocks[i as usize];
+                    let len = match tweak % 16 {
+                        0 => size / 2 + 1,
+                        1 => size + 64,
+                        _ => size,
+                    };
+                    let before = arena.stats().planned_allocs;
+                    let Ok(mut block) = arena.try_alloc_aligned(len, align.min(4096)) else {
+                        live.push(None);
+                        continue;
+                    };
+                    block.fill(step);
+                    if arena.stats().planned_allocs > before {
+                        let offset = plan
+                            .offset(i as usize)
+                            .expect("planned block has an offset");
+                        let at = block.as_ptr() as usize;
+                        let b = *base.get_or_insert(at - offset);
+                        assert_eq!(at, b + offset, "block {i} away from its planned offset");
+                        assert!(
+                            offset + block.len() <= plan.size(),
+                            "block {i} outside the plan's block"
+                        );
+                        assert_eq!(b % plan.align(), 0, "plan block misaligned");
+                    }
+                    live.push(Some(Live { block, fill: step }));
+                    if tweak % 16 == 2 {
+                        // An extra block the plan never recorded.
+                        if let Ok(mut extra) = arena.try_alloc(64 + usize::from(tweak)) {
+                            extra.fill(!step);
+                            extras.push(Live {
+                                block: extra,
+                                fill: !step,
+                            });
+                        }
+                    }
+                }
+                PlanEvent::Free(_) if tweak % 16 == 3 && !live.is_empty() => {
+                    // Free some other block instead: out of order.
+                    let k = usize::from(tweak) % live.len();
+                    live[k] = None;
+                }
+                PlanEvent::Free(i) => {
+                    if let Some(slot) = live.get_mut(i as usize) {
+                        *slot = None;
+                    }
+                }
+            }
+            check(live.iter().flatten().chain(&extras));
+        }
+        drop(extras);
+        drop(live);
+        let _report = run.finish();
+        assert_eq!(
+            arena.stats().in_use,
+            0,
+            "bytes in use after every block dropped"
+        );
+    }
+    assert_eq!(counting.outstanding(), 0, "memory not returned after drop");
+}
+
+/// No two live blocks overlap, and every fill pattern is intact.
+fn check<'a, 'b: 'a, 'c: 'b>(live: impl Iterator<Item = &'a Live<'b, 'c>> + Clone) {
+    let mut ranges: Vec<(usize, usize)> = live
+        .clone()
+        .filter(|l| !l.block.is_empty())
+        .map(|l| (l.block.as_ptr() as usize, l.block.len()))
+        .collect();
+    ranges.sort_unstable();
+    for pair in ranges.windows(2) {
+        assert!(
+            pair[0].0 + pair[0].1 <= pair[1].0,
+            "live blocks overlap: {:#x}+{} and {:#x}+{}",
+            pair[0].0,
+            pair[0].1,
+            pair[1].0,
+            pair[1].1
+        );
+    }
+    for l in live {
+        assert!(
+            l.block.iter().all(|&b| b == l.fill),
+            "a live block was overwritten"
+        );
+    }
+}

@@ -1,0 +1,185 @@
+//! What a run did with its blocks: [`Recording`], and the checks every
+//! recording passes before a plan is made from it.
+
+use super::{solver, PlanError};
+
+/// One event of a recorded run: block `i` (in allocation order) allocated
+/// or freed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum PlanEvent {
+    /// Block `i` was allocated.
+    Alloc(u32),
+    /// Block `i` was freed.
+    Free(u32),
+}
+
+/// What a run did with its blocks: their sizes and alignments, and the
+/// order of allocations and frees.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Recording {
+    /// `(size, align)` of each block, in allocation order; sizes are rounded
+    /// up to the arena's alignment.
+    pub blocks: Vec<(usize, usize)>,
+    /// The run's events in order. A block allocated but never freed in the
+    /// run lives to the end.
+    pub events: Vec<PlanEvent>,
+}
+
+impl Recording {
+    /// An empty recording.
+    pub const fn new() -> Self {
+        Self {
+            blocks: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Appends an allocation of `size` bytes at `align`; returns its index.
+    pub fn alloc(&mut self, size: usize, align: usize) -> u32 {
+        let i = self.blocks.len() as u32;
+        self.blocks.push((size, align));
+        self.events.push(PlanEvent::Alloc(i));
+        i
+    }
+
+    /// Appends the free of block `i`.
+    pub fn free(&mut self, i: u32) {
+        self.events.push(PlanEvent::Free(i));
+    }
+
+    /// Empties the recording, keeping its capacity.
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+        self.events.clear();
+    }
+
+    /// Number of blocks.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether no block was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// The blocks as planner requests: lifetimes are half-open intervals of
+    /// event indices, `[alloc, free)` (to the end for blocks never freed).
+    pub fn requests(&self) -> Vec<solver::Request> {
+        let end = self.events.len();
+        let mut reqs: Vec<solver::Request> = self
+            .blocks
+            .iter()
+            .map(|&(size, align)| solver::Request::new(size, align, end, end))
+            .collect();
+        for (t, ev) in self.events.iter().enumerate() {
+            match *ev {
+                PlanEvent::Alloc(i) => {
+                    if let Some(r) = reqs.get_mut(i as usize) {
+                        r.start = t;
+                    }
+                }
+                PlanEvent::Free(i) => {
+                    if let Some(r) = reqs.get_mut(i as usize) {
+                        r.end = t;
+                    }
+                }
+            }
+        }
+        reqs
+    }
+
+    /// The most bytes live at once.
+    pub fn lower_bound(&self) -> usize {
+        solver::lower_bound(&self.requests())
+    }
+
+    /// Checks that the recording describes a run an arena could have made:
+    /// - every block is allocated exactly once, in index order (the `k`-th
+    ///   `Alloc` event names block `k`), and there are as many `Alloc`
+    ///   events as blocks;
+    /// - every block is freed at most once, after its allocation;
+    /// - every size is between 1 byte and [`MAX_BLOCK`] bytes, and every
+    ///   alignment a power of two of at most [`MAX_ALIGN`];
+    /// - there are at most `u32::MAX` blocks.
+    ///
+    /// Plans are made only from recordings that pass, so that no two blocks
+    /// alive at the same time can be planned at the same bytes (a block
+    /// allocated twice, say, would get one lifetime for two).
+    ///
+    /// # Errors
+    /// [`PlanError`] naming the first violation.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        if u32::try_from(self.blocks.len()).is_err() {
+            return Err(PlanError::new(format!(
+                "{} blocks: at most {} are supported",
+                self.blocks.len(),
+                u32::MAX
+            )));
+        }
+        for (i, &(size, align)) in self.blocks.iter().enumerate() {
+            if size == 0 || size > MAX_BLOCK {
+                return Err(PlanError::new(format!(
+                    "block {i}: size {size} is not in 1..={MAX_BLOCK}"
+                )));
+            }
+            if !align.is_power_of_two() || align > MAX_ALIGN {
+                return Err(PlanError::new(format!(
+                    "block {i}: alignment {align} is not a power of two of at most {MAX_ALIGN}"
+                )));
+            }
+        }
+        // Per block: allocated yet, freed yet.
+        let mut freed = vec![false; self.blocks.len()];
+        let mut allocated = 0usize;
+        for (t, ev) in self.events.iter().enumerate() {
+            match *ev {
+                PlanEvent::Alloc(i) => {
+                    if i as usize != allocated {
+                        return Err(PlanError::new(format!(
+                            "event {t}: Alloc({i}), but the next block to allocate is {allocated} \
+                             (blocks are allocated once each, in index order)"
+                        )));
+                    }
+                    if allocated == self.blocks.len() {
+                        return Err(PlanError::new(format!(
+                            "event {t}: Alloc({i}) of a block that is not in `blocks` ({} blocks)",
+                            self.blocks.len()
+                        )));
+                    }
+                    allocated += 1;
+                }
+                PlanEvent::Free(i) => {
+                    let i = i as usize;
+                    if i >= allocated {
+                        return Err(PlanError::new(format!(
+                            "event {t}: Free({i}) of a block not allocated yet"
+                        )));
+                    }
+                    if core::mem::replace(&mut freed[i], true) {
+                        return Err(PlanError::new(format!(
+                            "event {t}: Free({i}) of a block already freed"
+                        )));
+                    }
+                }
+            }
+        }
+        if allocated != self.blocks.len() {
+            return Err(PlanError::new(format!(
+                "{} blocks but only {allocated} Alloc events",
+                self.blocks.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The largest block a recording or plan may hold: 128 TiB, as for any
+/// arena block.
+pub const MAX_BLOCK: usize = 1 << 47;
+
+/// The largest alignment a recording or plan may ask for: 1 GiB, as for
+/// [`ArenaConfig::max_align`](crate::ArenaConfig::max_align).
+pub const MAX_ALIGN: usize = 1 << 30;
