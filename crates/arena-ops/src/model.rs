@@ -11,7 +11,9 @@ use std::mem::ManuallyDrop;
 use std::sync::{Arc, OnceLock};
 use tensor_arena::allocator_api2::vec::Vec as AVec;
 use tensor_arena::plan::Plan;
-use tensor_arena::{Arena, ArenaConfig, ArenaError, Block, Run, SharedArena, SharedBlock, Stats};
+use tensor_arena::{
+    Arena, ArenaConfig, ArenaError, Block, Heap, Run, SharedArena, SharedBlock, Stats,
+};
 use tensor_session::{Dtype, Session, SessionConfig, Weights};
 
 /// The configuration of the arenas [`run`] drives: the defaults (64-byte
@@ -38,7 +40,7 @@ impl fmt::Display for At<'_> {
 
 /// A live block of the single-threaded arena and what the model knows of it.
 struct Live<'a, 'c> {
-    block: Block<'a, &'c Counting>,
+    block: Block<'a, Heap<&'c Counting>>,
     seed: u8,
     /// Alignment asked for.
     align: usize,
@@ -51,13 +53,13 @@ struct Live<'a, 'c> {
 
 /// A live block of the shared arena.
 struct SharedLive<'s, 'c> {
-    block: SharedBlock<'s, &'c Counting>,
+    block: SharedBlock<'s, Heap<&'c Counting>>,
     seed: u8,
 }
 
 /// The open run: the arena's handle, its id, and the stats when it began.
 struct OpenRun<'a, 'c> {
-    run: Run<'a, &'c Counting>,
+    run: Run<'a, Heap<&'c Counting>>,
     id: u64,
     begin: Stats,
     /// Whether a plan serves it.
@@ -214,7 +216,7 @@ pub fn run(ops: &[Op]) -> Stats {
 
 /// Everything [`run`] drives, and what it expects of it.
 struct Model<'a, 'c, 's> {
-    arena: &'a Arena<&'c Counting>,
+    arena: &'a Arena<Heap<&'c Counting>>,
     counting: &'c Counting,
     live: Vec<Live<'a, 'c>>,
     run: Option<OpenRun<'a, 'c>>,
@@ -225,7 +227,7 @@ struct Model<'a, 'c, 's> {
     /// The session clones are made from.
     template: Session,
     sessions: Vec<Session>,
-    shared: &'s SharedArena<&'c Counting>,
+    shared: &'s SharedArena<Heap<&'c Counting>>,
     shared_counting: &'c Counting,
     shared_live: Vec<SharedLive<'s, 'c>>,
 }
@@ -522,7 +524,7 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
         &mut self,
         at: &At<'_>,
         target: usize,
-        f: impl FnOnce(&Arena<&'c Counting>) -> usize,
+        f: impl FnOnce(&Arena<Heap<&'c Counting>>) -> usize,
     ) {
         let before = self.arena.stats();
         let released = f(self.arena);
@@ -561,7 +563,7 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
         let before = self.arena.stats();
         {
             // Leaked, not freed, if a check fails meanwhile (see `Model`'s drop).
-            let mut v: ManuallyDrop<AVec<u32, &Arena<&Counting>>> =
+            let mut v: ManuallyDrop<AVec<u32, &Arena<Heap<&Counting>>>> =
                 ManuallyDrop::new(AVec::new_in(self.arena));
             for i in 0..u32::from(len) {
                 if v.try_reserve(1).is_err() {
@@ -870,7 +872,7 @@ impl Drop for Hand<'_, '_> {
 /// One thread of an [`Op::Shared`] step: runs `ops` against `shared` with the
 /// blocks it was dealt, and gives back the blocks still live.
 fn shared_thread<'s, 'c>(
-    shared: &'s SharedArena<&'c Counting>,
+    shared: &'s SharedArena<Heap<&'c Counting>>,
     ops: &[SharedOp],
     mine: Vec<SharedLive<'s, 'c>>,
     seed: u8,

@@ -12,7 +12,7 @@ use crate::Counting;
 use arbitrary::{Arbitrary, Unstructured};
 use std::sync::Arc;
 use tensor_arena::plan::{PlanEvent, PlanParts};
-use tensor_arena::{Arena, ArenaConfig, Block, Plan, Recording};
+use tensor_arena::{Arena, ArenaConfig, Block, Heap, Plan, Recording};
 
 /// Most blocks in a decoded recording.
 const MAX_BLOCKS: usize = 48;
@@ -181,7 +181,7 @@ fn tamper(plan: &Plan, u: &mut Unstructured<'_>) -> arbitrary::Result<PlanParts>
 
 /// A live block of a driven run and its fill byte.
 struct Live<'a, 'c> {
-    block: Block<'a, &'c Counting>,
+    block: Block<'a, Heap<&'c Counting>>,
     fill: u8,
 }
 

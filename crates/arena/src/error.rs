@@ -36,6 +36,36 @@ pub enum ArenaError {
         /// The cap.
         limit: usize,
     },
+    /// The arena's reserved address space is used up (only without a cap:
+    /// with one, the reservation is the cap and this is
+    /// [`ArenaError::OverCap`]). Raise
+    /// [`PagesConfig::reservation`](crate::memory::PagesConfig::reservation).
+    ReservationExhausted {
+        /// Bytes requested (rounded up to the arena's alignment).
+        requested: usize,
+        /// Bytes of address space the arena reserved.
+        reservation: usize,
+    },
+    /// The memory layer could not reserve the arena's range of address
+    /// space, even at the size the request needs.
+    ReserveFailed {
+        /// Bytes requested by the caller.
+        requested: usize,
+        /// The smallest reservation tried.
+        reservation: usize,
+        /// The operating system's error code, if any.
+        code: Option<i32>,
+    },
+    /// The memory layer could not commit memory (the system is out of
+    /// memory, say).
+    CommitFailed {
+        /// Bytes requested by the caller.
+        requested: usize,
+        /// Bytes the arena tried to commit.
+        bytes: usize,
+        /// The operating system's (or driver's) error code, if any.
+        code: Option<i32>,
+    },
     /// The backing allocator refused a region.
     BackingFailed {
         /// Bytes requested by the caller.
@@ -75,6 +105,33 @@ impl fmt::Display for ArenaError {
                 f,
                 "the backing allocator refused a region of {region} bytes (for a request of {requested} bytes)"
             ),
+            Self::ReservationExhausted { requested, reservation } => write!(
+                f,
+                "the arena's reserved address space is used up: {requested} more bytes do not fit in its \
+                 {reservation}-byte reservation (not the memory cap; raise the reservation)"
+            ),
+            Self::ReserveFailed {
+                requested,
+                reservation,
+                code,
+            } => {
+                write!(
+                    f,
+                    "could not reserve {reservation} bytes of address space (for a request of {requested} bytes)"
+                )?;
+                os_code(f, code)
+            }
+            Self::CommitFailed {
+                requested,
+                bytes,
+                code,
+            } => {
+                write!(
+                    f,
+                    "could not commit {bytes} bytes of memory (for a request of {requested} bytes)"
+                )?;
+                os_code(f, code)
+            }
             Self::RunAlreadyOpen => f.write_str("a run is already open on this arena"),
             Self::InvalidConfig(why) => write!(f, "invalid arena configuration: {why}"),
         }
@@ -82,3 +139,11 @@ impl fmt::Display for ArenaError {
 }
 
 impl std::error::Error for ArenaError {}
+
+/// Appends the system's description of `code`, if any.
+fn os_code(f: &mut fmt::Formatter<'_>, code: Option<i32>) -> fmt::Result {
+    match code {
+        Some(code) => write!(f, ": {}", std::io::Error::from_raw_os_error(code)),
+        None => Ok(()),
+    }
+}

@@ -3,12 +3,13 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod arena;
-mod backing;
 mod config;
 mod error;
 mod freemap;
+pub mod memory;
 pub mod plan;
 mod pool;
+mod raw;
 mod shared;
 mod stats;
 pub mod trace;
@@ -17,7 +18,10 @@ pub use allocator_api2;
 pub use arena::{Arena, Block, Run, TypedBlock};
 pub use config::{ArenaConfig, Growth, Relayout, ShrinkPolicy, DEFAULT_MAX_EXTEND};
 pub use error::ArenaError;
+pub use freemap::FreeError;
+pub use memory::{DefaultMemory, Heap, HostMemory, Memory};
 pub use plan::{Plan, PlanCache, PlanError, PlanStats, Recording};
+pub use raw::{Handle, RawAlloc, RawArena};
 pub use shared::{SharedArena, SharedArenaGuard, SharedBlock};
 pub use stats::{LiveBlock, RunReport, Stats};
 

@@ -1,17 +1,25 @@
-//! Regions of real memory carved into blocks. All pointer arithmetic of the
-//! crate lives here.
+//! Regions of a memory layer carved into blocks: offsets only.
 //!
 //! The bookkeeping (which offsets are free) is [`FreeMap`]; this layer owns
-//! the memory behind it: it grows by the configured policy, keeps every byte
-//! it hands out initialized, and releases wholly free regions on shrink.
+//! the regions behind it and asks the [`Memory`] layer to reserve, commit,
+//! decommit and release them. It never reads or writes the memory: a block
+//! is a region and an offset, and its address comes from [`Memory::at`].
+//!
+//! Two ways to grow, chosen by the layer ([`MemoryProps::committed_on_reserve`]):
+//! - **in place** ([`Pages`](crate::memory::Pages), device memory): one
+//!   reservation; the free map's region is its committed prefix, and grows
+//!   at its top by committing granules. Shrinking decommits the top down to
+//!   the target, and whole free granules above the target inside the
+//!   region (*holes*), which are committed again before a block covers
+//!   them.
+//! - **by regions** ([`Heap`](crate::memory::Heap)): each growth adds a
+//!   region sized by the [`Growth`] policy; shrinking returns wholly free
+//!   regions, and with nothing live the regions may be laid out again as one.
 
-use crate::backing::Backing;
 use crate::config::{ArenaConfig, Growth};
 use crate::freemap::{align_up, FreeError, FreeMap, RegionId, SpanId, MAX_REGION, MAX_REGIONS};
+use crate::memory::{Memory, MemoryError, MemoryProps};
 use crate::ArenaError;
-use allocator_api2::alloc::{Allocator, Layout};
-use core::ptr::NonNull;
-use std::collections::HashMap;
 
 /// The payload of a live block, kept in its span.
 #[derive(Clone, Copy, Debug)]
@@ -36,88 +44,102 @@ pub(crate) const NOT_PLANNED: u32 = u32::MAX;
 /// of the caller's, so not listed or counted as one.
 pub(crate) const PLAN_BLOCK: u32 = u32::MAX - 1;
 
-/// One region of backing memory.
+/// One range from the memory layer.
 #[derive(Debug)]
-struct Region {
-    /// Start of the region; aligned to `max_align`.
-    ptr: NonNull<u8>,
-    /// Its layout, as given to the backing allocator.
-    layout: Layout,
-    /// Bytes `0..init` have been written at least once (zeroed when first
-    /// handed out), so they are initialized; always `<= layout.size()`.
-    init: usize,
+struct Region<P> {
+    /// Start of the range; aligned to the arena's `max_align` and the
+    /// layer's granule.
+    base: P,
+    /// Bytes of address space reserved (`base..base + len`).
+    len: usize,
+    /// Alignment it was reserved with.
+    align: usize,
+    /// Bytes `0..committed` are committed, except `holes`; always the free
+    /// map's size of this region, and `<= len`.
+    committed: usize,
+    /// Decommitted granule-aligned ranges `(offset, len)` inside
+    /// `0..committed`, sorted, disjoint, each inside one free span.
+    holes: Vec<(usize, usize)>,
 }
-
-// SAFETY: a `Region` owns its memory exclusively (nothing else points into it
-// except blocks, which borrow the arena), and that memory has no affinity to
-// the thread that allocated it.
-unsafe impl Send for Region {}
 
 /// A block handed out by the pool.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct RawBlock {
-    /// Start of the block; valid for `size` bytes, initialized.
-    pub(crate) ptr: NonNull<u8>,
+pub(crate) struct RawBlock<P> {
+    /// Address of the block: `size` bytes, committed.
+    pub(crate) ptr: P,
     /// Region it lies in.
     pub(crate) rid: RegionId,
     /// Offset in that region.
     pub(crate) off: usize,
     /// The span holding it.
     pub(crate) span: SpanId,
-    /// Size of the span (the request rounded up to the granule).
+    /// Size of the span (the request rounded up to the arena's alignment).
     pub(crate) size: usize,
 }
 
-// SAFETY: a `RawBlock` is an address inside a region the pool owns; moving
-// it to another thread along with its arena (it is stored in the arena's
-// state) gives no access the arena's own `Send` does not.
-unsafe impl Send for RawBlock {}
+/// Calls made to the memory layer, each counted once.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Calls {
+    /// Ranges reserved.
+    pub(crate) reserves: u64,
+    /// Ranges released.
+    pub(crate) releases: u64,
+    /// Commit calls.
+    pub(crate) commits: u64,
+    /// Decommit calls.
+    pub(crate) decommits: u64,
+}
 
 /// Memory regions and the blocks carved from them.
 #[derive(Debug)]
-pub(crate) struct Pool<A: Allocator> {
-    backing: Backing<A>,
+pub(crate) struct Pool<M: Memory> {
+    memory: M,
+    props: MemoryProps,
     /// Regions by id (the ids of `map`); `None` for released ids.
-    regions: Vec<Option<Region>>,
+    regions: Vec<Option<Region<M::Ptr>>>,
     map: FreeMap<Tag>,
-    /// Spans handed out through the `Allocator` trait, by address: that
-    /// interface gives back a pointer, not a span id.
-    by_addr: HashMap<usize, SpanId>,
-    granule: usize,
+    /// The arena's alignment: every span is a multiple of it.
+    align: usize,
     max_align: usize,
     growth: Growth,
     initial_region: usize,
     cap: usize,
     /// Sum of live block sizes (spans, not requests); always `<= reserved`.
     in_use: usize,
-    /// Sum of region sizes.
+    /// Committed bytes: the regions' committed prefixes less their holes.
     reserved: usize,
-    /// Allocations served from cached memory with no backing call.
+    pub(crate) calls: Calls,
+    /// Allocations served from cached memory with no memory-layer call.
     pub(crate) cache_hits: u64,
-    /// Bytes returned to the backing allocator by shrink or relayout.
+    /// Bytes given back to the memory layer (decommitted or released).
     pub(crate) bytes_released: u64,
 }
 
-impl<A: Allocator> Pool<A> {
-    /// An empty pool; allocates nothing.
-    pub(crate) fn new(config: &ArenaConfig, alloc: A) -> Self {
+impl<M: Memory> Pool<M> {
+    /// An empty pool; reserves nothing.
+    pub(crate) fn new(config: &ArenaConfig, memory: M) -> Self {
+        let props = memory.props();
         Self {
-            backing: Backing::new(alloc),
+            memory,
+            props,
             regions: Vec::new(),
             map: FreeMap::new(),
-            by_addr: HashMap::new(),
-            granule: config.alignment,
+            align: config.alignment,
             max_align: config.max_align,
             growth: config.growth,
             initial_region: config.initial_region,
             cap: config.max_reserved,
             in_use: 0,
             reserved: 0,
+            calls: Calls::default(),
             cache_hits: 0,
             bytes_released: 0,
         }
     }
 
+    pub(crate) fn memory(&self) -> &M {
+        &self.memory
+    }
     pub(crate) fn in_use(&self) -> usize {
         self.in_use
     }
@@ -136,14 +158,12 @@ impl<A: Allocator> Pool<A> {
     pub(crate) fn free_bytes(&self) -> usize {
         self.map.free_bytes()
     }
-    pub(crate) fn backing_allocs(&self) -> u64 {
-        self.backing.allocs
-    }
-    pub(crate) fn backing_frees(&self) -> u64 {
-        self.backing.frees
-    }
     pub(crate) fn granule(&self) -> usize {
-        self.granule
+        self.align
+    }
+    /// Whether the pool grows in place (one reservation, commit at its top).
+    pub(crate) fn in_place(&self) -> bool {
+        !self.props.committed_on_reserve
     }
 
     /// The span size for a request of `len` bytes at `align`, after checking
@@ -158,7 +178,7 @@ impl<A: Allocator> Pool<A> {
                 max: self.max_align,
             });
         }
-        match align_up(len, self.granule) {
+        match align_up(len, self.align) {
             // No region is larger than `MAX_REGION` (128 TiB, beyond any
             // address space in use; it keeps offsets in 47 bits).
             Some(size) if size <= MAX_REGION => Ok(size),
@@ -166,79 +186,215 @@ impl<A: Allocator> Pool<A> {
         }
     }
 
-    /// Hands out a block of `size` bytes (a multiple of the granule, from
+    /// Hands out a block of `size` bytes (a multiple of the alignment, from
     /// [`Pool::span_size`]) at `align`, growing if no cached span fits.
     pub(crate) fn alloc(
         &mut self,
         size: usize,
         align: usize,
         tag: Tag,
-    ) -> Result<RawBlock, ArenaError> {
-        let align = align.max(self.granule);
+    ) -> Result<RawBlock<M::Ptr>, ArenaError> {
+        let align = align.max(self.align);
         let (rid, off, span) = match self.map.alloc(size, align, tag) {
             Some(found) => {
                 self.cache_hits += 1;
                 found
             }
             None => {
-                let rid = self.grow(size, tag.len)?;
-                // A fresh region is aligned to `max_align >= align` and at
-                // least `size` long, so its top span fits.
+                self.grow(size, align, tag.len)?;
                 self.map
                     .alloc(size, align, tag)
-                    .inspect(|found| debug_assert_eq!(found.0, rid))
-                    .expect("a fresh region fits the request it was sized for")
+                    .expect("the pool grew to fit the request")
             }
         };
-        self.in_use += size;
-        Ok(self.block_at(rid, off, span, size))
-    }
-
-    /// Builds the block at `(rid, off)`, first initializing any byte of it
-    /// never handed out before.
-    fn block_at(&mut self, rid: RegionId, off: usize, span: SpanId, size: usize) -> RawBlock {
-        let region = self.regions[rid as usize]
-            .as_mut()
-            .expect("the map only names live regions");
-        let end = off + size;
-        debug_assert!(end <= region.layout.size());
-        if end > region.init {
-            // SAFETY: 1. `init..end` lies inside the region (`end <= size`): one allocation;
-            // 2. no live block holds those bytes (spans do not overlap, and bytes past `init`
-            // were never handed out), so writing them races with nothing.
-            unsafe {
-                region
-                    .ptr
-                    .add(region.init)
-                    .write_bytes(0, end - region.init)
-            };
-            region.init = end;
+        if self.regions[rid as usize]
+            .as_ref()
+            .is_some_and(|r| !r.holes.is_empty())
+        {
+            if let Err(e) = self.fill_holes(rid, off, size) {
+                let freed = self.map.free(span);
+                debug_assert!(freed.is_ok());
+                return Err(commit_failed(tag.len, e));
+            }
         }
-        // SAFETY: `off < end <= region size`, so the result is in bounds of
-        // the region's allocation.
-        let ptr = unsafe { region.ptr.add(off) };
-        debug_assert!(
-            ptr.as_ptr() as usize % self.granule == 0,
-            "{ptr:p} should be aligned to {:#x}",
-            self.granule
-        );
-        RawBlock {
-            ptr,
+        self.in_use += size;
+        let base = self.regions[rid as usize]
+            .as_ref()
+            .expect("the map only names live regions")
+            .base;
+        Ok(RawBlock {
+            ptr: M::at(base, off),
             rid,
             off,
             span,
             size,
+        })
+    }
+
+    /// The address of `off` in region `rid`.
+    pub(crate) fn address(&self, rid: RegionId, off: usize) -> Option<M::Ptr> {
+        let r = self.regions.get(rid as usize)?.as_ref()?;
+        Some(M::at(r.base, off))
+    }
+
+    /// Commits every hole of region `rid` that `off..off + size` touches
+    /// (whole granules).
+    fn fill_holes(&mut self, rid: RegionId, off: usize, size: usize) -> Result<(), MemoryError> {
+        let g = self.props.granule;
+        let lo = off & !(g - 1);
+        let hi = (off + size).next_multiple_of(g);
+        let region = self.regions[rid as usize].as_mut().expect("live region");
+        let mut i = 0;
+        while i < region.holes.len() {
+            let (h, hl) = region.holes[i];
+            let (a, b) = (h.max(lo), (h + hl).min(hi));
+            if a >= b {
+                if h >= hi {
+                    break;
+                }
+                i += 1;
+                continue;
+            }
+            self.calls.commits += 1;
+            self.memory.commit(region.base, a, b - a)?;
+            self.reserved += b - a;
+            // What stays a hole: the parts before `a` and after `b`.
+            let mut rest = Vec::with_capacity(2);
+            if a > h {
+                rest.push((h, a - h));
+            }
+            if b < h + hl {
+                rest.push((b, h + hl - b));
+            }
+            let n = rest.len();
+            region.holes.splice(i..=i, rest);
+            i += n;
+        }
+        Ok(())
+    }
+
+    /// Makes room for `size` bytes at `align`: commits at the top of the
+    /// reservation (in place), or adds a region.
+    fn grow(&mut self, size: usize, align: usize, requested: usize) -> Result<(), ArenaError> {
+        if self.in_place() {
+            self.grow_in_place(size, align, requested)
+        } else {
+            self.grow_by(size, requested, false).map(drop)
         }
     }
 
-    /// Makes sure a free span of `size` bytes (a multiple of the granule)
-    /// exists, adding one region if none does.
-    /// With no live block, the memory is laid out again as one region of
-    /// `idle_target` (at least `size`) instead; otherwise a region of exactly
-    /// `size` is added.
+    /// Commits granules at the top of the one reservation (making it first
+    /// if there is none) so that `size` bytes at `align` fit there.
+    fn grow_in_place(
+        &mut self,
+        size: usize,
+        align: usize,
+        requested: usize,
+    ) -> Result<(), ArenaError> {
+        let g = self.props.granule;
+        let Some(rid) = self.map.region_ids().next() else {
+            return self.first_reservation(size, requested);
+        };
+        let region = self.regions[rid as usize].as_ref().expect("live region");
+        let (committed, len, base) = (region.committed, region.len, region.base);
+        let start = align_up(self.map.used_end(rid), align).unwrap_or(usize::MAX);
+        let end = start.saturating_add(size);
+        if end > len {
+            return Err(if self.cap != usize::MAX {
+                ArenaError::OverCap {
+                    requested: size,
+                    reserved: self.reserved,
+                    limit: self.cap,
+                }
+            } else {
+                ArenaError::ReservationExhausted {
+                    requested: size,
+                    reservation: len,
+                }
+            });
+        }
+        let new_committed = end.next_multiple_of(g).min(len);
+        let extra = new_committed - committed;
+        self.calls.commits += 1;
+        self.memory
+            .commit(base, committed, extra)
+            .map_err(|e| commit_failed(requested, e))?;
+        self.map.extend_region(rid, new_committed);
+        let region = self.regions[rid as usize].as_mut().expect("live region");
+        region.committed = new_committed;
+        self.reserved += extra;
+        Ok(())
+    }
+
+    /// Reserves the arena's range and commits what `size` bytes need.
+    fn first_reservation(&mut self, size: usize, requested: usize) -> Result<(), ArenaError> {
+        let g = self.props.granule;
+        let need = size.next_multiple_of(g);
+        if need > self.cap {
+            return Err(ArenaError::OverCap {
+                requested: size,
+                reserved: self.reserved,
+                limit: self.cap,
+            });
+        }
+        let align = self.max_align.max(g);
+        let mut len = self.memory.reservation_size(need, self.cap).max(need);
+        // Address space may be short (many arenas, `ulimit -v`): try
+        // smaller reservations down to what this request needs.
+        let base = loop {
+            match self.memory.reserve(len, align) {
+                Ok(base) => break base,
+                Err(e) if len <= need => {
+                    return Err(ArenaError::ReserveFailed {
+                        requested,
+                        reservation: len,
+                        code: e.code,
+                    })
+                }
+                Err(_) => len = (len / 2).next_multiple_of(g).max(need),
+            }
+        };
+        self.calls.reserves += 1;
+        self.calls.commits += 1;
+        if let Err(e) = self.memory.commit(base, 0, need) {
+            self.memory.release(base, len, align);
+            self.calls.releases += 1;
+            return Err(commit_failed(requested, e));
+        }
+        let rid = self.map.add_region(need);
+        self.put_region(
+            rid,
+            Region {
+                base,
+                len,
+                align,
+                committed: need,
+                holes: Vec::new(),
+            },
+        );
+        self.reserved += need;
+        Ok(())
+    }
+
+    fn put_region(&mut self, rid: RegionId, region: Region<M::Ptr>) {
+        let slot = rid as usize;
+        if self.regions.len() <= slot {
+            self.regions.resize_with(slot + 1, || None);
+        }
+        debug_assert!(self.regions[slot].is_none());
+        self.regions[slot] = Some(region);
+    }
+
+    /// Makes sure a free span of `size` bytes (a multiple of the alignment)
+    /// exists. In place: commits at the top. By regions: with no live
+    /// block, the memory is laid out again as one region of `idle_target`
+    /// (at least `size`); otherwise a region of exactly `size` is added.
     pub(crate) fn reserve(&mut self, size: usize, idle_target: usize) -> Result<(), ArenaError> {
         if self.map.largest_free() >= size {
             return Ok(());
+        }
+        if self.in_place() {
+            return self.grow_in_place(size, self.align, size);
         }
         if self.map.used_count() == 0 {
             self.relayout(idle_target.max(size));
@@ -249,12 +405,8 @@ impl<A: Allocator> Pool<A> {
         self.grow_by(size, size, true).map(drop)
     }
 
-    /// Adds a region able to hold `size` bytes; returns its id.
-    fn grow(&mut self, size: usize, requested: usize) -> Result<RegionId, ArenaError> {
-        self.grow_by(size, requested, false)
-    }
-
-    /// [`Pool::grow`], or a region of exactly `size` bytes with `exact`.
+    /// Adds a region able to hold `size` bytes (exactly `size` with
+    /// `exact_only`, else as the growth policy says); returns its id.
     fn grow_by(
         &mut self,
         size: usize,
@@ -297,10 +449,9 @@ impl<A: Allocator> Pool<A> {
             });
         }
         for region in [want, exact] {
-            let layout = Layout::from_size_align(region, self.max_align)
-                .map_err(|_| ArenaError::CapacityOverflow { requested })?;
-            if let Some(ptr) = self.backing.allocate(layout) {
-                return Ok(self.add_region(ptr, layout));
+            if let Ok(base) = self.memory.reserve(region, self.max_align) {
+                self.calls.reserves += 1;
+                return Ok(self.add_region(base, region));
             }
             if region == exact {
                 break;
@@ -312,19 +463,19 @@ impl<A: Allocator> Pool<A> {
         })
     }
 
-    fn add_region(&mut self, ptr: NonNull<u8>, layout: Layout) -> RegionId {
-        let rid = self.map.add_region(layout.size());
-        let slot = rid as usize;
-        if self.regions.len() <= slot {
-            self.regions.resize_with(slot + 1, || None);
-        }
-        debug_assert!(self.regions[slot].is_none());
-        self.regions[slot] = Some(Region {
-            ptr,
-            layout,
-            init: 0,
-        });
-        self.reserved += layout.size();
+    fn add_region(&mut self, base: M::Ptr, len: usize) -> RegionId {
+        let rid = self.map.add_region(len);
+        self.put_region(
+            rid,
+            Region {
+                base,
+                len,
+                align: self.max_align,
+                committed: len,
+                holes: Vec::new(),
+            },
+        );
+        self.reserved += len;
         rid
     }
 
@@ -346,9 +497,9 @@ impl<A: Allocator> Pool<A> {
         self.round_region(picked.max(first))
     }
 
-    /// `size` rounded up to the granule, saturating at the largest valid region.
+    /// `size` rounded up to the alignment, saturating at the largest region.
     fn round_region(&self, size: usize) -> usize {
-        align_up(size, self.granule).map_or(MAX_REGION, |s| s.min(MAX_REGION))
+        align_up(size, self.align).map_or(MAX_REGION, |s| s.min(MAX_REGION))
     }
 
     /// Frees live span `span`; returns its size and tag.
@@ -358,47 +509,136 @@ impl<A: Allocator> Pool<A> {
         Ok((size, tag))
     }
 
-    /// Remembers the address of a block handed out through the `Allocator`
-    /// trait, so that [`Pool::take_by_addr`] finds it.
-    pub(crate) fn track_addr(&mut self, raw: &RawBlock) {
-        self.by_addr.insert(raw.ptr.as_ptr() as usize, raw.span);
-    }
-
-    /// The span of a block handed out through the `Allocator` trait at
-    /// `ptr`, forgetting the address.
-    pub(crate) fn take_by_addr(&mut self, ptr: NonNull<u8>) -> Option<SpanId> {
-        self.by_addr.remove(&(ptr.as_ptr() as usize))
-    }
-
     /// The size and tag of live span `span`.
     pub(crate) fn get(&self, span: SpanId) -> Option<(usize, Tag)> {
         self.map.get(span)
     }
 
-    /// Zeroes live span `span`, so that bytes a typed user may have left
-    /// uninitialized (padding) never reach a later `&[u8]` view.
-    pub(crate) fn zero_block(&mut self, span: SpanId) {
-        let (Some((size, _)), Some((rid, off))) = (self.map.get(span), self.map.position(span))
-        else {
-            return;
-        };
-        let region = self.regions[rid as usize]
-            .as_ref()
-            .expect("the map only names live regions");
-        // SAFETY: the span is live, `size` bytes at `off` inside this
-        // region; the caller (the `Allocator::deallocate` path) owns it and
-        // is giving it back, so nothing else reads or writes it.
-        unsafe { region.ptr.add(off).write_bytes(0, size) };
+    /// Region and offset of live span `span`.
+    pub(crate) fn position(&self, span: SpanId) -> Option<(RegionId, usize)> {
+        self.map.position(span)
     }
 
     /// Every live block as `(address, span size, tag)`.
-    pub(crate) fn live(&self) -> impl Iterator<Item = (usize, usize, Tag)> + '_ {
-        self.map.used_spans().map(|(rid, off, size, tag)| {
-            let base = self.regions[rid as usize]
-                .as_ref()
-                .map_or(0, |r| r.ptr.as_ptr() as usize);
-            (base + off, size, tag)
-        })
+    pub(crate) fn live(&self) -> impl Iterator<Item = (Option<M::Ptr>, usize, Tag)> + '_ {
+        self.map
+            .used_spans()
+            .map(|(rid, off, size, tag)| (self.address(rid, off), size, tag))
+    }
+
+    /// Gives committed memory back until at most `target` bytes stay
+    /// committed, as far as live blocks allow. In place: decommits above
+    /// the target (the top, and whole free granules between live blocks).
+    /// By regions: releases wholly free regions, largest first. Returns the
+    /// bytes given back.
+    pub(crate) fn trim(&mut self, target: usize) -> usize {
+        if self.in_place() {
+            self.decommit_above(target)
+        } else {
+            self.release_free_regions(target)
+        }
+    }
+
+    /// In place: decommits every whole free granule at or above
+    /// `target` rounded up to the granule. Returns the bytes decommitted.
+    fn decommit_above(&mut self, target: usize) -> usize {
+        let Some(rid) = self.map.region_ids().next() else {
+            return 0;
+        };
+        let g = self.props.granule;
+        let keep_from = target.next_multiple_of(g);
+        let before = self.reserved;
+        // 1. The top.
+        let region = self.regions[rid as usize].as_ref().expect("live region");
+        let (committed, base) = (region.committed, region.base);
+        let keep = keep_from.max(self.map.used_end(rid).next_multiple_of(g));
+        if keep == 0 && self.map.is_region_free(rid) {
+            self.release_reservation(rid);
+            return before - self.reserved;
+        }
+        if keep < committed {
+            self.calls.decommits += 1;
+            if self.memory.decommit(base, keep, committed - keep).is_ok() {
+                let truncated = self.map.truncate_region(rid, keep);
+                debug_assert!(truncated, "the top above the used end is free");
+                let region = self.regions[rid as usize].as_mut().expect("live region");
+                region.committed = keep;
+                // Holes above the new top are gone with it.
+                let mut cut = 0;
+                region.holes.retain(|&(h, l)| {
+                    let gone = h >= keep;
+                    cut += if gone { l } else { 0 };
+                    !gone
+                });
+                self.reserved -= committed - keep - cut;
+            }
+        }
+        // 2. Whole free granules inside the committed part, above the target.
+        let spans: Vec<(usize, usize)> = self
+            .map
+            .free_spans(rid)
+            .filter_map(|(off, size)| {
+                let lo = off.next_multiple_of(g).max(keep_from);
+                let hi = (off + size) & !(g - 1);
+                (lo < hi).then_some((lo, hi - lo))
+            })
+            .collect();
+        for (lo, len) in spans {
+            self.decommit_hole(rid, lo, len);
+        }
+        before - self.reserved
+    }
+
+    /// Decommits the parts of `lo..lo + len` (whole granules of one free
+    /// span) that are not holes yet, and records them as holes.
+    fn decommit_hole(&mut self, rid: RegionId, lo: usize, len: usize) {
+        let region = self.regions[rid as usize].as_mut().expect("live region");
+        let mut gaps: Vec<(usize, usize)> = Vec::new();
+        let mut at = lo;
+        for &(h, hl) in &region.holes {
+            if h + hl <= at {
+                continue;
+            }
+            if h >= lo + len {
+                break;
+            }
+            if h > at {
+                gaps.push((at, h - at));
+            }
+            at = at.max(h + hl);
+        }
+        if at < lo + len {
+            gaps.push((at, lo + len - at));
+        }
+        for (off, n) in gaps {
+            self.calls.decommits += 1;
+            if self.memory.decommit(region.base, off, n).is_ok() {
+                let i = region.holes.partition_point(|&(h, _)| h < off);
+                region.holes.insert(i, (off, n));
+                self.reserved -= n;
+            }
+        }
+        // Merge touching holes.
+        region.holes.dedup_by(|next, prev| {
+            if prev.0 + prev.1 == next.0 {
+                prev.1 += next.1;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Releases the in-place reservation, which must be wholly free.
+    fn release_reservation(&mut self, rid: RegionId) {
+        self.map.remove_region(rid);
+        let region = self.regions[rid as usize]
+            .take()
+            .expect("the map only names live regions");
+        let committed = region.committed - region.holes.iter().map(|h| h.1).sum::<usize>();
+        self.reserved -= committed;
+        self.calls.releases += 1;
+        self.memory.release(region.base, region.len, region.align);
     }
 
     /// Releases wholly free regions, largest first, until reserved bytes are
@@ -422,35 +662,33 @@ impl<A: Allocator> Pool<A> {
         released
     }
 
-    /// Returns one wholly free region to the backing allocator.
+    /// Returns one wholly free region (by regions) to the memory layer.
     fn release_region(&mut self, rid: RegionId) {
         let size = self.map.remove_region(rid);
-        // Detach the region before freeing it: a panic in the backing
-        // allocator then leaks it rather than freeing it twice.
+        // Detach the region before releasing it: a panic in the layer then
+        // leaks it rather than releasing it twice.
         let region = self.regions[rid as usize]
             .take()
             .expect("the map only names live regions");
         self.reserved -= size;
         self.bytes_released += size as u64;
-        // SAFETY: 1. `region.ptr` came from `self.backing.allocate` with `region.layout` and is
-        // released once (just taken out of `self.regions`); 2. the region is wholly free, so
-        // no live block points into it.
-        unsafe { self.backing.deallocate(region.ptr, region.layout) };
+        self.calls.releases += 1;
+        self.memory.release(region.base, region.len, region.align);
     }
 
-    /// With no live block, replaces every region by a single region of
-    /// `target` bytes (rounded up to the granule; none if `target` is 0).
-    /// Returns the bytes released (which may be less than those freed, as
-    /// the new region counts against them). If the new region cannot be
-    /// allocated the pool is left empty, which is still consistent.
+    /// By regions, with no live block: replaces every region by a single
+    /// region of `target` bytes (rounded up to the alignment; none if
+    /// `target` is 0). Returns the bytes released (net of the new region).
+    /// If the new region cannot be had the pool is left empty, which is
+    /// still consistent.
     pub(crate) fn relayout(&mut self, target: usize) -> usize {
         self.try_relayout(target).unwrap_or(0)
     }
 
-    /// [`Pool::relayout`], or `None` (nothing done) when a block is live or
-    /// `target` is over the cap.
+    /// [`Pool::relayout`], or `None` (nothing done) when the pool grows in
+    /// place, a block is live, or `target` is over the cap.
     pub(crate) fn try_relayout(&mut self, target: usize) -> Option<usize> {
-        if self.map.used_count() != 0 {
+        if self.in_place() || self.map.used_count() != 0 {
             return None;
         }
         let target = if target == 0 {
@@ -464,10 +702,8 @@ impl<A: Allocator> Pool<A> {
         }
         let ids: Vec<RegionId> = self.map.region_ids().collect();
         // A region of exactly the target stays (its pages stay resident).
-        // Everything else is returned *before* the new region is drawn:
-        // resizing through the backing allocator is no better, as `Global`
-        // reallocates a 4096-aligned block by allocate + copy + free, which
-        // holds both regions (and writes every byte) at once.
+        // Everything else is returned *before* the new region is drawn, so
+        // the two are never held at once.
         let keep = ids
             .iter()
             .copied()
@@ -477,21 +713,16 @@ impl<A: Allocator> Pool<A> {
                 self.release_region(rid);
             }
         }
-        if keep.is_some() {
-            return Some(before.saturating_sub(self.reserved));
-        }
-        if target > 0 {
-            if let Ok(layout) = Layout::from_size_align(target, self.max_align) {
-                if let Some(ptr) = self.backing.allocate(layout) {
-                    self.add_region(ptr, layout);
-                }
+        if keep.is_none() && target > 0 {
+            if let Ok(base) = self.memory.reserve(target, self.max_align) {
+                self.calls.reserves += 1;
+                self.add_region(base, target);
             }
         }
-        // Bytes handed back net of the new region.
         Some(before.saturating_sub(self.reserved))
     }
 
-    /// Size of the only region, if there is exactly one.
+    /// The only region and its size, if there is exactly one.
     pub(crate) fn single_region(&self) -> Option<(RegionId, usize)> {
         let mut ids = self.map.region_ids();
         let rid = ids.next()?;
@@ -504,14 +735,27 @@ impl<A: Allocator> Pool<A> {
     pub(crate) fn check_invariants(&self) {
         self.map.check_invariants();
         let mut reserved = 0;
+        let g = self.props.granule;
         for rid in self.map.region_ids() {
             let r = self.regions[rid as usize]
                 .as_ref()
                 .expect("map region without memory");
-            assert_eq!(r.layout.size(), self.map.region_size(rid));
-            assert!(r.init <= r.layout.size());
-            assert_eq!(r.ptr.as_ptr() as usize % self.max_align, 0);
-            reserved += r.layout.size();
+            assert_eq!(r.committed, self.map.region_size(rid));
+            assert!(r.committed <= r.len);
+            let mut prev_end = 0;
+            for &(h, l) in &r.holes {
+                assert!(l > 0 && h % g == 0 && l % g == 0, "hole {h:#x}+{l:#x}");
+                assert!(h >= prev_end && h + l <= r.committed, "hole {h:#x}+{l:#x}");
+                prev_end = h + l;
+                // A hole lies inside free memory only.
+                assert!(
+                    self.map
+                        .free_spans(rid)
+                        .any(|(o, s)| o <= h && h + l <= o + s),
+                    "hole {h:#x}+{l:#x} under a live block"
+                );
+            }
+            reserved += r.committed - r.holes.iter().map(|h| h.1).sum::<usize>();
         }
         let live_regions = self.regions.iter().filter(|r| r.is_some()).count();
         assert_eq!(live_regions, self.map.region_ids().count());
@@ -520,20 +764,29 @@ impl<A: Allocator> Pool<A> {
         assert_eq!(in_use, self.in_use);
         assert!(self.in_use <= self.reserved);
         assert!(self.reserved <= self.cap);
-        assert_eq!(self.reserved - self.in_use, self.map.free_bytes());
+        if self.in_place() {
+            assert!(self.regions.iter().flatten().count() <= 1);
+        }
     }
 }
 
-impl<A: Allocator> Drop for Pool<A> {
+/// A failed commit as the arena reports it.
+fn commit_failed(requested: usize, e: MemoryError) -> ArenaError {
+    ArenaError::CommitFailed {
+        requested,
+        bytes: e.bytes,
+        code: e.code,
+    }
+}
+
+impl<M: Memory> Drop for Pool<M> {
     fn drop(&mut self) {
         for slot in &mut self.regions {
-            // Detach before freeing: a panicking backing allocator leaks the
-            // rest rather than freeing anything twice.
+            // Detach before releasing: a panicking layer leaks the rest
+            // rather than releasing anything twice.
             if let Some(region) = slot.take() {
-                // SAFETY: 1. the region came from `self.backing.allocate` with this layout and
-                // is freed once (just taken out); 2. the pool drops only with its arena, and
-                // blocks borrow the arena, so none is live.
-                unsafe { self.backing.deallocate(region.ptr, region.layout) };
+                self.calls.releases += 1;
+                self.memory.release(region.base, region.len, region.align);
             }
         }
     }

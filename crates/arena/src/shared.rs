@@ -3,9 +3,10 @@
 use crate::arena::Arena;
 use crate::config::ArenaConfig;
 use crate::freemap::SpanId;
+use crate::memory::{DefaultMemory, Heap, HostMemory};
 use crate::stats::Stats;
 use crate::ArenaError;
-use allocator_api2::alloc::{AllocError, Allocator, Global, Layout};
+use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use core::fmt;
 use core::ops::{Deref, DerefMut};
 use core::panic::Location;
@@ -17,12 +18,12 @@ use parking_lot::{Mutex, MutexGuard};
 /// Blocks ([`SharedBlock`]) are `Send`: one thread may allocate a block and
 /// another free it. For a thread that allocates a lot, prefer an `Arena` of
 /// its own (no lock at all).
-pub struct SharedArena<A: Allocator = Global> {
-    inner: Mutex<Arena<A>>,
+pub struct SharedArena<M: HostMemory = DefaultMemory> {
+    inner: Mutex<Arena<M>>,
 }
 
-impl SharedArena<Global> {
-    /// A shared arena drawing from the global allocator.
+impl SharedArena<DefaultMemory> {
+    /// A shared arena on the default memory layer.
     ///
     /// # Panics
     /// If `config` is inconsistent ([`ArenaConfig::validate`]).
@@ -31,7 +32,7 @@ impl SharedArena<Global> {
     }
 }
 
-impl<A: Allocator> SharedArena<A> {
+impl<A: Allocator> SharedArena<Heap<A>> {
     /// A shared arena drawing its regions from `alloc`.
     ///
     /// # Panics
@@ -39,16 +40,18 @@ impl<A: Allocator> SharedArena<A> {
     pub fn with_backing(config: ArenaConfig, alloc: A) -> Self {
         Self::from_arena(Arena::with_backing(config, alloc))
     }
+}
 
+impl<M: HostMemory> SharedArena<M> {
     /// Wraps an existing arena.
-    pub fn from_arena(arena: Arena<A>) -> Self {
+    pub fn from_arena(arena: Arena<M>) -> Self {
         Self {
             inner: Mutex::new(arena),
         }
     }
 
     /// Unwraps the arena.
-    pub fn into_inner(self) -> Arena<A> {
+    pub fn into_inner(self) -> Arena<M> {
         self.inner.into_inner()
     }
 
@@ -74,7 +77,7 @@ impl<A: Allocator> SharedArena<A> {
     /// let block = shared.try_alloc(64).unwrap();
     /// std::mem::swap(&mut *shared.lock(), &mut other);
     /// ```
-    pub fn lock(&self) -> SharedArenaGuard<'_, A> {
+    pub fn lock(&self) -> SharedArenaGuard<'_, M> {
         SharedArenaGuard {
             guard: self.inner.lock(),
         }
@@ -85,7 +88,7 @@ impl<A: Allocator> SharedArena<A> {
     /// # Errors
     /// As [`Arena::try_alloc`].
     #[track_caller]
-    pub fn try_alloc(&self, len: usize) -> Result<SharedBlock<'_, A>, ArenaError> {
+    pub fn try_alloc(&self, len: usize) -> Result<SharedBlock<'_, M>, ArenaError> {
         self.alloc_inner(len, 1, Location::caller())
     }
 
@@ -94,7 +97,7 @@ impl<A: Allocator> SharedArena<A> {
     /// # Errors
     /// As [`Arena::try_alloc_layout`].
     #[track_caller]
-    pub fn try_alloc_layout(&self, layout: Layout) -> Result<SharedBlock<'_, A>, ArenaError> {
+    pub fn try_alloc_layout(&self, layout: Layout) -> Result<SharedBlock<'_, M>, ArenaError> {
         self.alloc_inner(layout.size(), layout.align(), Location::caller())
     }
 
@@ -103,7 +106,7 @@ impl<A: Allocator> SharedArena<A> {
         len: usize,
         align: usize,
         location: &'static Location<'static>,
-    ) -> Result<SharedBlock<'_, A>, ArenaError> {
+    ) -> Result<SharedBlock<'_, M>, ArenaError> {
         if len == 0 {
             if !align.is_power_of_two() {
                 return Err(ArenaError::InvalidAlignment { align });
@@ -115,12 +118,12 @@ impl<A: Allocator> SharedArena<A> {
                 at: None,
             });
         }
-        let raw = self.inner.lock().alloc_raw(len, align, location)?;
+        let (ptr, span, _) = self.inner.lock().alloc_raw(len, align, location)?;
         Ok(SharedBlock {
             shared: self,
-            ptr: raw.ptr,
+            ptr,
             len,
-            at: Some(raw.span),
+            at: Some(span),
         })
     }
 
@@ -141,7 +144,7 @@ impl<A: Allocator> SharedArena<A> {
     }
 }
 
-impl<A: Allocator> fmt::Debug for SharedArena<A> {
+impl<M: HostMemory> fmt::Debug for SharedArena<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedArena")
             .field("stats", &self.stats())
@@ -151,7 +154,7 @@ impl<A: Allocator> fmt::Debug for SharedArena<A> {
 
 // SAFETY: delegates to the `Arena` implementation under the lock, which
 // upholds the contract; the lock adds no way to break it.
-unsafe impl<A: Allocator> Allocator for &SharedArena<A> {
+unsafe impl<M: HostMemory> Allocator for &SharedArena<M> {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
         let arena = self.inner.lock();
         (&*arena).allocate(layout)
@@ -167,26 +170,26 @@ unsafe impl<A: Allocator> Allocator for &SharedArena<A> {
 
 /// The lock on a [`SharedArena`], from [`SharedArena::lock`]: derefs to
 /// `&Arena` (not `&mut`), and unlocks when dropped.
-pub struct SharedArenaGuard<'a, A: Allocator = Global> {
-    guard: MutexGuard<'a, Arena<A>>,
+pub struct SharedArenaGuard<'a, M: HostMemory = DefaultMemory> {
+    guard: MutexGuard<'a, Arena<M>>,
 }
 
-impl<A: Allocator> Deref for SharedArenaGuard<'_, A> {
-    type Target = Arena<A>;
-    fn deref(&self) -> &Arena<A> {
+impl<M: HostMemory> Deref for SharedArenaGuard<'_, M> {
+    type Target = Arena<M>;
+    fn deref(&self) -> &Arena<M> {
         &self.guard
     }
 }
 
-impl<A: Allocator> fmt::Debug for SharedArenaGuard<'_, A> {
+impl<M: HostMemory> fmt::Debug for SharedArenaGuard<'_, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&*self.guard, f)
     }
 }
 
 /// A buffer from a [`SharedArena`]; may be sent to and freed on another thread.
-pub struct SharedBlock<'a, A: Allocator = Global> {
-    shared: &'a SharedArena<A>,
+pub struct SharedBlock<'a, M: HostMemory = DefaultMemory> {
+    shared: &'a SharedArena<M>,
     /// Valid for `len` bytes, initialized, owned by this block alone.
     ptr: NonNull<u8>,
     len: usize,
@@ -198,11 +201,11 @@ pub struct SharedBlock<'a, A: Allocator = Global> {
 // them), and giving it back goes through the arena's mutex, so moving it to
 // another thread or sharing `&SharedBlock` (read-only bytes) is sound when the
 // arena itself may be shared.
-unsafe impl<A: Allocator + Send> Send for SharedBlock<'_, A> {}
+unsafe impl<M: HostMemory + Send> Send for SharedBlock<'_, M> {}
 // SAFETY: `&SharedBlock` only gives `&[u8]`; see `Send`.
-unsafe impl<A: Allocator + Send> Sync for SharedBlock<'_, A> {}
+unsafe impl<M: HostMemory + Send> Sync for SharedBlock<'_, M> {}
 
-impl<A: Allocator> SharedBlock<'_, A> {
+impl<M: HostMemory> SharedBlock<'_, M> {
     /// Bytes requested.
     pub fn len(&self) -> usize {
         self.len
@@ -214,7 +217,7 @@ impl<A: Allocator> SharedBlock<'_, A> {
     }
 }
 
-impl<A: Allocator> Deref for SharedBlock<'_, A> {
+impl<M: HostMemory> Deref for SharedBlock<'_, M> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         // SAFETY: `ptr` is valid for `len` initialized bytes that no other
@@ -224,22 +227,22 @@ impl<A: Allocator> Deref for SharedBlock<'_, A> {
     }
 }
 
-impl<A: Allocator> DerefMut for SharedBlock<'_, A> {
+impl<M: HostMemory> DerefMut for SharedBlock<'_, M> {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `deref`; `&mut self` makes this the only access.
         unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
-impl<A: Allocator> Drop for SharedBlock<'_, A> {
+impl<M: HostMemory> Drop for SharedBlock<'_, M> {
     fn drop(&mut self) {
         if let Some(span) = self.at {
-            self.shared.inner.lock().release(span);
+            self.shared.inner.lock().release_span(span);
         }
     }
 }
 
-impl<A: Allocator> fmt::Debug for SharedBlock<'_, A> {
+impl<M: HostMemory> fmt::Debug for SharedBlock<'_, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedBlock")
             .field("ptr", &self.ptr)

@@ -12,7 +12,9 @@ pub struct Stats {
     pub in_use: usize,
     /// Highest `in_use` since the arena was made or the peak was reset.
     pub peak_in_use: usize,
-    /// Bytes held from the backing allocator now (the sum of region sizes).
+    /// Bytes committed in the memory layer now: for [`Pages`](crate::memory::Pages)
+    /// the committed granules (address space reserved but not committed is
+    /// not counted); for [`Heap`](crate::memory::Heap) the sum of region sizes.
     pub reserved: usize,
     /// What the recent runs needed: the largest high-water mark among the
     /// last [`ArenaConfig::watermark_window`](crate::ArenaConfig::watermark_window)
@@ -23,14 +25,20 @@ pub struct Stats {
     pub allocs: u64,
     /// Blocks given back.
     pub frees: u64,
-    /// Allocations served from cached memory with no backing call.
+    /// Allocations served from committed memory with no memory-layer call.
     pub cache_hits: u64,
-    /// Regions drawn from the backing allocator.
+    /// Ranges reserved from the memory layer (regions of a `Heap`, the one
+    /// reservation of `Pages`).
     pub backing_allocs: u64,
-    /// Regions returned to the backing allocator.
+    /// Ranges released to the memory layer.
     pub backing_frees: u64,
-    /// Bytes returned to the backing allocator (by shrink, relayout or cap
-    /// pressure; a relayout's new region is not subtracted).
+    /// Commit calls (growth in place, holes committed again).
+    pub commits: u64,
+    /// Decommit calls (shrink).
+    pub decommits: u64,
+    /// Bytes given back to the memory layer (decommitted or released, by
+    /// shrink, relayout or cap pressure; a relayout's new region is not
+    /// subtracted).
     pub bytes_released: u64,
     /// Size of the largest free span: the largest request served with no
     /// backing call (at the default alignment).
@@ -38,7 +46,7 @@ pub struct Stats {
     /// Bytes of free spans in the regions: `reserved - in_use`, less the
     /// unused part of a planned run's block while one is held.
     pub free_bytes: usize,
-    /// Regions held now.
+    /// Regions held now (at most 1 for `Pages`).
     pub regions: usize,
     /// Live blocks now.
     pub live_blocks: usize,
@@ -57,6 +65,12 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Every call to the memory layer so far: reservations, releases,
+    /// commits and decommits.
+    pub fn memory_calls(&self) -> u64 {
+        self.backing_allocs + self.backing_frees + self.commits + self.decommits
+    }
+
     /// Share of free bytes that the largest free span does not cover:
     /// 0.0 when all free memory is one span (or there is none), towards 1.0
     /// as it splinters.
@@ -85,10 +99,14 @@ pub struct RunReport {
     /// run's allocations reach when replayed alone. A region this large
     /// serves the same run again with no backing call.
     pub high_water: usize,
-    /// Regions drawn from the backing allocator during the run.
+    /// Ranges reserved from the memory layer during the run.
     pub backing_allocs: u64,
-    /// Regions returned during the run, including at its end.
+    /// Ranges released during the run, including at its end.
     pub backing_frees: u64,
+    /// Commit calls during the run (0 when the run fit committed memory).
+    pub commits: u64,
+    /// Decommit calls during the run, including at its end.
+    pub decommits: u64,
     /// Blocks allocated in the run and still live at its end.
     pub leaked_blocks: usize,
     /// Bytes of those blocks.
@@ -106,6 +124,13 @@ pub struct RunReport {
     /// Blocks served from the plan; `allocs - planned_allocs` came from the
     /// dynamic pool.
     pub planned_allocs: u64,
+}
+
+impl RunReport {
+    /// Every call to the memory layer during the run.
+    pub fn memory_calls(&self) -> u64 {
+        self.backing_allocs + self.backing_frees + self.commits + self.decommits
+    }
 }
 
 /// A block still live, from [`Arena::live_blocks`](crate::Arena::live_blocks).

@@ -52,9 +52,9 @@ impl Trace {
     ///
     /// # Errors
     /// The first allocation error.
-    pub fn replay<A: allocator_api2::alloc::Allocator>(
+    pub fn replay<M: crate::memory::HostMemory>(
         &self,
-        arena: &crate::Arena<A>,
+        arena: &crate::Arena<M>,
     ) -> Result<Vec<crate::RunReport>, crate::ArenaError> {
         self.runs.iter().map(|r| r.replay(arena)).collect()
     }
@@ -432,13 +432,13 @@ impl TraceRun {
     ///
     /// # Errors
     /// The first allocation error; the run is closed and its blocks freed.
-    pub fn replay<A: allocator_api2::alloc::Allocator>(
+    pub fn replay<M: crate::memory::HostMemory>(
         &self,
-        arena: &crate::Arena<A>,
+        arena: &crate::Arena<M>,
     ) -> Result<crate::RunReport, crate::ArenaError> {
         let run = arena.try_begin_run()?;
         run.set_label(&self.label);
-        let mut live: HashMap<u64, crate::Block<'_, A>> = HashMap::new();
+        let mut live: HashMap<u64, crate::Block<'_, M>> = HashMap::new();
         for ev in &self.events {
             match *ev {
                 Event::Alloc { id, bytes } => {

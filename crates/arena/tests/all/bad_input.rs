@@ -6,7 +6,7 @@ use tensor_arena::{Arena, ArenaConfig, ArenaError, Growth};
 
 /// Asserts that `f` fails with `want`, leaves the stats unchanged, and that
 /// a valid request succeeds afterwards.
-fn refused<A: allocator_api2::alloc::Allocator>(
+fn refused<A: tensor_arena::HostMemory>(
     arena: &Arena<A>,
     want: ArenaError,
     f: impl FnOnce(&Arena<A>) -> Result<(), ArenaError>,

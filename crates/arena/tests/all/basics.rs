@@ -2,11 +2,11 @@
 
 use crate::common::Counting;
 use allocator_api2::vec::Vec as AVec;
-use tensor_arena::{Arena, ArenaConfig, Growth, Relayout, ShrinkPolicy};
+use tensor_arena::{Arena, ArenaConfig, Growth, Heap, Relayout, ShrinkPolicy};
 
 /// A run shaped like a small network: a chain of layers whose outputs die
 /// one step later, plus one long-lived skip tensor.
-fn pattern(arena: &Arena<impl allocator_api2::alloc::Allocator>, scale: usize) -> usize {
+fn pattern(arena: &Arena<impl tensor_arena::HostMemory>, scale: usize) -> usize {
     let run = arena.begin_run();
     let skip = run.try_alloc(3000 * scale).unwrap();
     let mut prev = run.try_alloc(10_000 * scale).unwrap();
@@ -260,7 +260,7 @@ fn collections_live_in_the_arena() {
     let counting = Counting::default();
     let arena = Arena::with_backing(ArenaConfig::default(), &counting);
     {
-        let mut v: AVec<u64, &Arena<&Counting>> = AVec::new_in(&arena);
+        let mut v: AVec<u64, &Arena<Heap<&Counting>>> = AVec::new_in(&arena);
         for i in 0..10_000 {
             v.push(i);
         }

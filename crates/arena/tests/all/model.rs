@@ -2,7 +2,7 @@
 
 use crate::common::Counting;
 use proptest::prelude::*;
-use tensor_arena::{Arena, ArenaConfig, ArenaError, Block, Run};
+use tensor_arena::{Arena, ArenaConfig, ArenaError, Block, Heap, Run};
 
 const CAP: usize = 256 << 20;
 
@@ -39,7 +39,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// A live block and the byte its pattern is made of.
 struct Live<'a, 'c> {
-    block: Block<'a, &'c Counting>,
+    block: Block<'a, Heap<&'c Counting>>,
     seed: u8,
     align: usize,
 }
@@ -57,7 +57,7 @@ fn fill(live: &mut Live<'_, '_>) {
     }
 }
 
-fn check(arena: &Arena<&Counting>, live: &[Live<'_, '_>]) {
+fn check(arena: &Arena<Heap<&Counting>>, live: &[Live<'_, '_>]) {
     arena.check_invariants();
     let stats = arena.stats();
     let mut ranges: Vec<(usize, usize)> = Vec::new();
@@ -107,7 +107,7 @@ fn run_ops(ops: &[Op]) {
         };
         let arena = Arena::with_backing(cfg, &counting);
         let mut live: Vec<Live<'_, '_>> = Vec::new();
-        let mut run: Option<Run<'_, &Counting>> = None;
+        let mut run: Option<Run<'_, Heap<&Counting>>> = None;
         for (step, op) in ops.iter().enumerate() {
             match *op {
                 Op::Alloc {

@@ -7,7 +7,7 @@ use tensor_arena::{Arena, ArenaConfig, Block, Plan, PlanCache, Recording, RunRep
 
 /// Replays `run` (scaled sizes), checking a per-block pattern when each
 /// block dies, and returns the report and recording.
-fn replay<A: allocator_api2::alloc::Allocator>(
+fn replay<A: tensor_arena::HostMemory>(
     arena: &Arena<A>,
     plan: Option<Arc<Plan>>,
     run: &TraceRun,

@@ -17,7 +17,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
-use tensor_arena::{Arena, ArenaConfig, ArenaError, Growth, SharedArena, SharedBlock};
+use tensor_arena::{Arena, ArenaConfig, ArenaError, Growth, Heap, SharedArena, SharedBlock};
 
 /// Regions larger than this are refused, like a machine with less memory
 /// (and so that no test asks the system for terabytes, which some
@@ -126,7 +126,7 @@ impl Lcg {
 }
 
 /// Asserts that the arena still serves a request, and writes and reads it.
-fn assert_usable<A: Allocator>(arena: &Arena<A>) {
+fn assert_usable<A: tensor_arena::HostMemory>(arena: &Arena<A>) {
     let before = arena.stats().in_use;
     let mut b = arena
         .try_alloc(1000)
@@ -140,7 +140,7 @@ fn assert_usable<A: Allocator>(arena: &Arena<A>) {
 }
 
 /// Asserts `result` is `want` and nothing changed.
-fn refused<A: Allocator>(
+fn refused<A: tensor_arena::HostMemory>(
     arena: &Arena<A>,
     want: ArenaError,
     f: impl FnOnce(&Arena<A>) -> Result<(), ArenaError>,
@@ -151,7 +151,7 @@ fn refused<A: Allocator>(
     assert_eq!(arena.stats(), before, "a refused request changed the stats");
 }
 
-fn warm(backing: &Backing) -> Arena<&Backing> {
+fn warm(backing: &Backing) -> Arena<Heap<&Backing>> {
     let arena = Arena::with_backing(ArenaConfig::default(), backing);
     drop(arena.try_alloc(4096).unwrap());
     arena
@@ -424,7 +424,7 @@ fn cap_near_usize_max() {
 /// A fixed sequence of runs, shrinks and collections that draws several
 /// regions; every allocation error must be `BackingFailed`, and every
 /// checked block keeps its bytes. Returns the number of failed requests.
-fn backing_sequence(arena: &Arena<&Backing>) -> usize {
+fn backing_sequence(arena: &Arena<Heap<&Backing>>) -> usize {
     let mut failed = 0;
     let mut check = |r: Result<(), ArenaError>| match r {
         Ok(()) => {}
@@ -702,7 +702,7 @@ fn concurrent_stress_with_cross_thread_frees() {
         let arena = SharedArena::with_backing(ArenaConfig::default(), &backing);
         std::thread::scope(|s| {
             let (txs, rxs): (Vec<_>, Vec<_>) = (0..THREADS)
-                .map(|_| mpsc::sync_channel::<(SharedBlock<'_, &Backing>, u8)>(64))
+                .map(|_| mpsc::sync_channel::<(SharedBlock<'_, Heap<&Backing>>, u8)>(64))
                 .unzip();
             for (t, rx) in rxs.into_iter().enumerate() {
                 let tx = txs[(t + 1) % THREADS].clone();
@@ -754,7 +754,7 @@ fn concurrent_stress_with_cross_thread_frees() {
 
 /// One run of a transformer-like layer over `batch` x `seq` tokens; returns
 /// the run's lower bound (most bytes live at once, sizes rounded to 64).
-fn soak_run(arena: &Arena<&Backing>, batch: usize, seq: usize) -> usize {
+fn soak_run(arena: &Arena<Heap<&Backing>>, batch: usize, seq: usize) -> usize {
     const HIDDEN: usize = 64;
     const HEADS: usize = 4;
     let run = arena.begin_run();
@@ -777,7 +777,7 @@ fn soak_run(arena: &Arena<&Backing>, batch: usize, seq: usize) -> usize {
         b[n - 1] = i as u8;
         (b, i as u8)
     };
-    let check = |(b, seed): &(tensor_arena::Block<'_, &Backing>, u8)| {
+    let check = |(b, seed): &(tensor_arena::Block<'_, Heap<&Backing>>, u8)| {
         assert_eq!((b[0], b[b.len() - 1]), (*seed, *seed), "block overwritten");
     };
     let x = take(0);

@@ -1,0 +1,177 @@
+//! The memory layer: where an arena's bytes live.
+//!
+//! A [`Memory`] reserves ranges of addresses and commits and decommits
+//! granules inside them. The arena's core ([`RawArena`](crate::RawArena))
+//! only ever asks it for those calls and does arithmetic on offsets; it
+//! never reads or writes the memory, so the same core serves host memory
+//! ([`Pages`], [`Heap`]) and device memory (`tensor-arena-cuda`).
+//!
+//! | layer | reserve | commit / decommit | fresh memory | default |
+//! |---|---|---|---|---|
+//! | [`Pages`] | one range of address space per arena, nothing committed (`mmap` `PROT_NONE`) | in place at the range's top, granules of 2 MiB with transparent huge pages (else pages): `mprotect`; decommit: `madvise(MADV_DONTNEED)` + `PROT_NONE` | reads as zero (from the kernel) | on Linux |
+//! | [`Heap`] | a region from an `allocator_api2` allocator, committed at once (`allocate_zeroed`) | none: regions are returned whole | reads as zero (`allocate_zeroed`) | elsewhere, or with a custom allocator |
+//!
+//! All pointer arithmetic of the crate happens in this module (and the
+//! host shell's views of blocks): the core hands out offsets, and
+//! [`Memory::at`] turns a range's base and an offset into an address.
+
+mod heap;
+#[cfg(target_os = "linux")]
+mod pages;
+
+pub use heap::Heap;
+#[cfg(target_os = "linux")]
+pub use pages::{HugePages, Pages, PagesConfig, DEFAULT_RESERVATION};
+
+use core::fmt;
+use core::ptr::NonNull;
+
+/// What a memory layer is like; fixed for the layer's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryProps {
+    /// Commits and decommits are made in multiples of this (a power of
+    /// two): 2 MiB for [`Pages`] with transparent huge pages.
+    pub granule: usize,
+    /// Whether memory reads as zero when it is first committed and after it
+    /// is decommitted and committed again.
+    pub zeroed: bool,
+    /// Whether the CPU may read and write committed memory (false for
+    /// device memory).
+    pub host_accessible: bool,
+    /// Whether a reservation is committed whole when it is made and can
+    /// neither grow in place nor decommit ([`Heap`]): the arena then grows
+    /// by new regions and shrinks by returning whole ones.
+    pub committed_on_reserve: bool,
+}
+
+/// What failed in a memory layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryOp {
+    /// Reserving a range.
+    Reserve,
+    /// Committing granules.
+    Commit,
+    /// Decommitting granules.
+    Decommit,
+}
+
+/// A memory layer's refusal: which call, how many bytes, and the system's
+/// error code when there is one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryError {
+    /// The call that failed.
+    pub op: MemoryOp,
+    /// Bytes it was asked for.
+    pub bytes: usize,
+    /// The operating system's (or driver's) error code, if any.
+    pub code: Option<i32>,
+}
+
+impl fmt::Display for MemoryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = match self.op {
+            MemoryOp::Reserve => "reserving",
+            MemoryOp::Commit => "committing",
+            MemoryOp::Decommit => "decommitting",
+        };
+        write!(f, "{op} {} bytes failed", self.bytes)?;
+        if let Some(code) = self.code {
+            write!(f, " ({})", std::io::Error::from_raw_os_error(code))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for MemoryError {}
+
+/// A memory layer: reserves ranges, commits and decommits granules in them.
+///
+/// The arena calls it with these promises, which an implementation may rely
+/// on: `commit` and `decommit` name granule-aligned ranges inside a range
+/// `reserve` returned and that was not released; `release` is called once
+/// per reservation, with its base, length and alignment, and nothing is used after.
+/// Every call is counted by the arena ([`Stats`](crate::Stats)).
+pub trait Memory {
+    /// An address in this memory: a pointer for host memory, a device
+    /// address for device memory. The core never dereferences it.
+    type Ptr: Copy + fmt::Debug;
+
+    /// What the layer is like.
+    fn props(&self) -> MemoryProps;
+
+    /// How many bytes of address space to reserve for an arena that needs
+    /// at least `min` and is capped at `cap` bytes. Layers that commit on
+    /// reserve return `min`.
+    fn reservation_size(&self, min: usize, cap: usize) -> usize;
+
+    /// Reserves `len` bytes (a multiple of the granule) aligned to `align`
+    /// (a power of two). With [`MemoryProps::committed_on_reserve`] the
+    /// range is usable at once; otherwise nothing in it is.
+    ///
+    /// # Errors
+    /// [`MemoryError`] when the range cannot be had.
+    fn reserve(&mut self, len: usize, align: usize) -> Result<Self::Ptr, MemoryError>;
+
+    /// Makes `len` bytes at `offset` of the range at `base` usable.
+    ///
+    /// # Errors
+    /// [`MemoryError`]; the range is then as before.
+    fn commit(&mut self, base: Self::Ptr, offset: usize, len: usize) -> Result<(), MemoryError>;
+
+    /// Gives back the memory behind `len` bytes at `offset` of the range at
+    /// `base`; they keep their addresses and may be committed again.
+    ///
+    /// # Errors
+    /// [`MemoryError`]; the arena then counts the bytes as still committed.
+    fn decommit(&mut self, base: Self::Ptr, offset: usize, len: usize) -> Result<(), MemoryError>;
+
+    /// Returns the range at `base` that `reserve(len, align)` gave,
+    /// committed or not.
+    fn release(&mut self, base: Self::Ptr, len: usize, align: usize);
+
+    /// The address `offset` bytes past `base` (inside a range, or one past
+    /// its end).
+    fn at(base: Self::Ptr, offset: usize) -> Self::Ptr;
+
+    /// `ptr` as a number, for reports ([`LiveBlock::addr`](crate::LiveBlock::addr)).
+    fn address(ptr: Self::Ptr) -> usize;
+}
+
+/// A [`Memory`] whose committed bytes the CPU may read and write: what the
+/// host arena ([`Arena`](crate::Arena)) needs to hand out `&[u8]` views.
+///
+/// # Safety
+/// Implementors promise, for every range `reserve` returned and until it is
+/// released:
+/// - the range's addresses belong to this layer alone (no other allocation
+///   overlaps them), and they do not move;
+/// - after `commit` returns `Ok` (or at once, with
+///   [`MemoryProps::committed_on_reserve`]), the committed bytes may be read
+///   and written through pointers derived from the range's base, by any
+///   thread, and they are initialized (zeroed, or holding what was last
+///   written), until they are decommitted or the range released;
+/// - [`Memory::at`] returns `base` moved by `offset` bytes with `base`'s
+///   provenance, and [`MemoryProps::host_accessible`] is true.
+pub unsafe trait HostMemory: Memory<Ptr = NonNull<u8>> {}
+
+/// The memory layer of [`Arena::new`](crate::Arena::new): [`Pages`] on
+/// Linux, [`Heap`] over the global allocator elsewhere.
+#[cfg(target_os = "linux")]
+pub type DefaultMemory = Pages;
+
+/// The memory layer of [`Arena::new`](crate::Arena::new): [`Pages`] on
+/// Linux, [`Heap`] over the global allocator elsewhere.
+#[cfg(not(target_os = "linux"))]
+pub type DefaultMemory = Heap<allocator_api2::alloc::Global>;
+
+/// A new [`DefaultMemory`].
+pub(crate) fn default_memory() -> DefaultMemory {
+    #[cfg(target_os = "linux")]
+    {
+        Pages::new(PagesConfig::default())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Heap::new(allocator_api2::alloc::Global)
+    }
+}

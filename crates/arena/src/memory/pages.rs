@@ -1,0 +1,241 @@
+//! [`Pages`]: one reservation of address space per arena, committed in
+//! place, with transparent huge pages where the system offers them.
+
+use super::{HostMemory, Memory, MemoryError, MemoryOp, MemoryProps};
+use core::ffi::c_void;
+use core::ptr::NonNull;
+use rustix::mm::{self, Advice, MapFlags, MprotectFlags, ProtFlags};
+
+/// Address space reserved for an arena with no cap: 64 GiB. Nothing of it
+/// is committed until used; see "Address space" in the crate docs.
+pub const DEFAULT_RESERVATION: usize = 64 << 30;
+
+/// Whether [`Pages`] asks for transparent huge pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HugePages {
+    /// When the system offers them (`/sys/kernel/mm/transparent_hugepage/
+    /// enabled` is `always` or `madvise`): the reservation is advised with
+    /// `MADV_HUGEPAGE` and the granule is the huge page size (2 MiB on
+    /// x86-64).
+    #[default]
+    Auto,
+    /// Never: the granule is the base page size (4 KiB).
+    Never,
+}
+
+/// Settings of a [`Pages`] layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagesConfig {
+    /// Address space reserved per arena when it has no cap; with a cap
+    /// ([`ArenaConfig::max_reserved`](crate::ArenaConfig::max_reserved))
+    /// the reservation is the cap. Default [`DEFAULT_RESERVATION`].
+    pub reservation: usize,
+    /// Huge pages; default [`HugePages::Auto`].
+    pub huge_pages: HugePages,
+}
+
+impl Default for PagesConfig {
+    fn default() -> Self {
+        Self {
+            reservation: DEFAULT_RESERVATION,
+            huge_pages: HugePages::Auto,
+        }
+    }
+}
+
+/// Virtual memory from the kernel: one `mmap` reservation per arena,
+/// `PROT_NONE` and `MAP_NORESERVE` (address space only, no memory), made
+/// usable granule by granule at its top as the arena grows (`mprotect`),
+/// and given back with `madvise(MADV_DONTNEED)` (then `PROT_NONE`) on
+/// shrink. Fresh and decommitted memory reads as zero, so the arena never
+/// zero-fills.
+///
+/// With transparent huge pages (see [`HugePages`]) the range is aligned to
+/// the huge page size and advised `MADV_HUGEPAGE`, so first touching 2 MiB
+/// takes one page fault instead of 512.
+#[derive(Debug, Clone)]
+pub struct Pages {
+    config: PagesConfig,
+    page: usize,
+    granule: usize,
+    huge: bool,
+}
+
+impl Pages {
+    /// A layer with `config`; reads the system's page and huge page sizes
+    /// and whether transparent huge pages are offered.
+    pub fn new(config: PagesConfig) -> Self {
+        let page = rustix::param::page_size();
+        let huge = match config.huge_pages {
+            HugePages::Never => None,
+            HugePages::Auto => thp_size(),
+        };
+        Self {
+            config,
+            page,
+            granule: huge.unwrap_or(page).max(page),
+            huge: huge.is_some(),
+        }
+    }
+
+    /// Whether the layer asks for transparent huge pages.
+    pub fn huge_pages(&self) -> bool {
+        self.huge
+    }
+
+    /// The settings.
+    pub fn config(&self) -> PagesConfig {
+        self.config
+    }
+}
+
+impl Default for Pages {
+    fn default() -> Self {
+        Self::new(PagesConfig::default())
+    }
+}
+
+/// The huge page size if transparent huge pages may be used with
+/// `madvise` (mode `always` or `madvise`), else `None`.
+fn thp_size() -> Option<usize> {
+    let enabled = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+    let mode = enabled.split('[').nth(1)?.split(']').next()?;
+    if mode != "always" && mode != "madvise" {
+        return None;
+    }
+    let size = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(2 << 20);
+    size.is_power_of_two().then_some(size)
+}
+
+fn os_error(op: MemoryOp, bytes: usize, e: rustix::io::Errno) -> MemoryError {
+    MemoryError {
+        op,
+        bytes,
+        code: Some(e.raw_os_error()),
+    }
+}
+
+impl Memory for Pages {
+    type Ptr = NonNull<u8>;
+
+    fn props(&self) -> MemoryProps {
+        MemoryProps {
+            granule: self.granule,
+            zeroed: true,
+            host_accessible: true,
+            committed_on_reserve: false,
+        }
+    }
+
+    fn reservation_size(&self, min: usize, cap: usize) -> usize {
+        let want = if cap == usize::MAX {
+            self.config.reservation
+        } else {
+            // The cap, down to whole pages: reserved bytes never pass it.
+            cap & !(self.page - 1)
+        };
+        let want = want.max(min);
+        // Whole granules.
+        want.checked_next_multiple_of(self.granule)
+            .unwrap_or(want & !(self.granule - 1))
+    }
+
+    fn reserve(&mut self, len: usize, align: usize) -> Result<NonNull<u8>, MemoryError> {
+        let refused = |code| MemoryError {
+            op: MemoryOp::Reserve,
+            bytes: len,
+            code,
+        };
+        let align = align.max(self.granule);
+        let Some(total) = len.checked_add(align - self.page) else {
+            return Err(refused(None));
+        };
+        if len == 0 || len % self.page != 0 {
+            return Err(refused(None));
+        }
+        // SAFETY: a new anonymous mapping at an address of the kernel's
+        // choosing (null hint, no MAP_FIXED) replaces nothing.
+        let raw = unsafe {
+            mm::mmap_anonymous(
+                core::ptr::null_mut(),
+                total,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
+            )
+        }
+        .map_err(|e| os_error(MemoryOp::Reserve, len, e))?;
+        let start = raw as usize;
+        let aligned = start.next_multiple_of(align);
+        let (head, tail) = (aligned - start, total - (aligned - start) - len);
+        if head > 0 {
+            // SAFETY: `raw..raw + head` is the start of the mapping just
+            // made, which nothing uses.
+            let _ = unsafe { mm::munmap(raw, head) };
+        }
+        if tail > 0 {
+            // SAFETY: the `tail` bytes after `aligned + len` are the end of
+            // the mapping just made, which nothing uses.
+            let _ = unsafe { mm::munmap(raw.wrapping_byte_add(head + len), tail) };
+        }
+        let base = raw.wrapping_byte_add(head);
+        if self.huge {
+            // Advice only: without it the range still works, in base pages.
+            // SAFETY: the range is the reservation just made.
+            let _ = unsafe { mm::madvise(base, len, Advice::LinuxHugepage) };
+        }
+        NonNull::new(base.cast::<u8>()).ok_or(refused(None))
+    }
+
+    fn commit(&mut self, base: NonNull<u8>, offset: usize, len: usize) -> Result<(), MemoryError> {
+        let at = Self::at(base, offset).as_ptr().cast::<c_void>();
+        // SAFETY: the arena commits granule-aligned ranges inside a
+        // reservation of this layer (the `Memory` contract): making them
+        // readable and writable affects no other mapping.
+        unsafe { mm::mprotect(at, len, MprotectFlags::READ | MprotectFlags::WRITE) }
+            .map_err(|e| os_error(MemoryOp::Commit, len, e))
+    }
+
+    fn decommit(
+        &mut self,
+        base: NonNull<u8>,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), MemoryError> {
+        let at = Self::at(base, offset).as_ptr().cast::<c_void>();
+        // SAFETY: the range lies inside a reservation of this layer and
+        // holds no live block (the arena decommits free granules only):
+        // dropping its pages loses nothing anyone may read.
+        unsafe { mm::madvise(at, len, Advice::LinuxDontNeed) }
+            .map_err(|e| os_error(MemoryOp::Decommit, len, e))?;
+        // Back to address space only (also returns the commit charge under
+        // strict overcommit). A failure here leaves the pages released but
+        // the range accessible, which is harmless.
+        // SAFETY: as above.
+        let _ = unsafe { mm::mprotect(at, len, MprotectFlags::empty()) };
+        Ok(())
+    }
+
+    fn release(&mut self, base: NonNull<u8>, len: usize, _align: usize) {
+        // SAFETY: `base..base + len` is a reservation of this layer that the
+        // arena releases once, with nothing live in it.
+        let _ = unsafe { mm::munmap(base.as_ptr().cast(), len) };
+    }
+
+    fn at(base: NonNull<u8>, offset: usize) -> NonNull<u8> {
+        NonNull::new(base.as_ptr().wrapping_add(offset)).unwrap_or(base)
+    }
+
+    fn address(ptr: NonNull<u8>) -> usize {
+        ptr.as_ptr() as usize
+    }
+}
+
+// SAFETY: 1. each range is a mapping of its own, made by `reserve` and
+// unmapped only by `release`, at a fixed address; 2. `commit` makes it
+// readable and writable (process-wide), and anonymous private memory reads
+// as zero when first touched and after `MADV_DONTNEED`, so it is
+// initialized; 3. `at` offsets `base` with its provenance.
+unsafe impl HostMemory for Pages {}
