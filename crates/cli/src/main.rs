@@ -1,23 +1,26 @@
 //! The `tensor-arena` command.
 //!
 //! `tensor-arena replay` drives the arena and the allocators it is meant to
-//! replace with the same workload, in turn, in one process, and reports per
-//! run what each held, how often it called its backing allocator, the page
-//! faults and the time. The workload is a built-in BERT-style encoder over a
+//! replace with the same workload, each in its own child process (or, with
+//! `--in-process`, in turn in this one), and reports per run what each held,
+//! how often it called its backing allocator, the page faults, the resident
+//! memory and the time. The workload is a built-in BERT-style encoder over a
 //! sequence of input lengths, or trace files of real ONNX models
 //! (`--trace`).
 //!
 //! Exit codes: 0 on success; 1 when a run failed (an allocation was refused,
-//! e.g. over `--max-reserved`: the report is still complete); 2 on bad
-//! input or usage (nothing is printed on stdout).
+//! e.g. over `--max-reserved`) or a strategy's child process failed (the
+//! report is still complete); 2 on bad input or usage (nothing is printed on
+//! stdout).
 //!
 //! `unsafe` is denied in the whole crate and allowed only in `baselines.rs`
 //! (calling `GlobalAlloc` and writing to the memory it returns) and `os.rs`
-//! (`getrusage`, `sysconf`).
+//! (`getrusage`, `wait4`, `sysconf`).
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
 mod baselines;
+mod child;
 mod model;
 mod os;
 mod replay;
@@ -26,6 +29,7 @@ mod strategies;
 mod svg;
 mod workload;
 
+use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -57,7 +61,8 @@ enum Command {
     /// lengths 512, 128, 64, 64, 512, through every strategy.
     #[command(
         after_help = "Exit status: 0 success; 1 a run failed (an allocation was refused, e.g. over \
-                      --max-reserved; the report is complete); 2 bad input or usage (nothing on stdout)."
+                      --max-reserved) or a strategy's child process failed (the report is complete); \
+                      2 bad input or usage (nothing on stdout)."
     )]
     Replay(ReplayArgs),
 }
@@ -112,6 +117,18 @@ struct ReplayArgs {
     /// Also write a timeline of bytes live and reserved to this SVG file.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
+
+    /// Run the strategies one after another in this process instead of each
+    /// in a fresh child process (for profiling). Each strategy then starts
+    /// from the heap and page tables the previous ones left, so memory and
+    /// fault figures depend on the order.
+    #[arg(long)]
+    in_process: bool,
+
+    /// Internal: run only this strategy and send its result as JSON on
+    /// stdout (what each child process of `replay` does).
+    #[arg(long, hide = true, value_name = "STRATEGY", value_parser = child_names(), conflicts_with_all = ["json", "in_process"])]
+    child: Option<String>,
 }
 
 /// `--strategy` values.
@@ -151,6 +168,41 @@ impl StrategyArg {
 /// The `--model` choices.
 fn model_names() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(MODELS.map(|m| m.name))
+}
+
+/// The `--child` choices: one strategy each.
+fn child_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(Strategy::EACH.map(Strategy::name))
+}
+
+/// The arguments a child process gets to rebuild the same workload and
+/// settings (its strategy is added by `child::run_in_children`). `--svg`
+/// only tells it to record the timeline; the parent writes the file.
+fn child_args(args: &ReplayArgs) -> Vec<OsString> {
+    let mut v: Vec<OsString> = vec!["replay".into()];
+    let mut flag = |name: &str, value: OsString| {
+        let mut a = OsString::from(format!("--{name}="));
+        a.push(value);
+        v.push(a);
+    };
+    if args.trace.is_empty() {
+        flag("model", args.model.clone().into());
+        flag("batch", args.batch.to_string().into());
+        let lens: Vec<String> = args.seq_lens.iter().map(u32::to_string).collect();
+        flag("seq-lens", lens.join(",").into());
+    }
+    for t in &args.trace {
+        flag("trace", t.clone().into_os_string());
+    }
+    flag("touch", serde_plain(&args.touch).into());
+    flag("shrink", serde_plain(&args.shrink).into());
+    if let Some(cap) = args.max_reserved {
+        flag("max-reserved", cap.to_string().into());
+    }
+    if let Some(svg) = &args.svg {
+        flag("svg", svg.clone().into_os_string());
+    }
+    v
 }
 
 /// Parses a byte count: an integer with an optional binary suffix (K, KiB,
@@ -223,6 +275,17 @@ fn build_workload(args: &ReplayArgs) -> Result<Workload, String> {
 /// `tensor-arena replay`: returns the exit code, or a message for exit 2.
 fn replay_command(args: &ReplayArgs) -> Result<ExitCode, String> {
     let workload = build_workload(args)?;
+    let settings = Settings {
+        touch: args.touch,
+        shrink: args.shrink,
+        max_reserved: args.max_reserved,
+        timeline: args.svg.is_some(),
+    };
+    if let Some(name) = &args.child {
+        let strategy =
+            Strategy::from_name(name).ok_or_else(|| format!("unknown strategy `{name}`"))?;
+        return Ok(child::child_main(strategy, &workload, settings));
+    }
     // Open the SVG first, so a bad path fails before the replay.
     let svg_file = match &args.svg {
         Some(path) => Some(
@@ -237,31 +300,35 @@ fn replay_command(args: &ReplayArgs) -> Result<ExitCode, String> {
             strategies.push(*s);
         }
     }
-    let settings = Settings {
-        touch: args.touch,
-        shrink: args.shrink,
-        max_reserved: args.max_reserved,
-        timeline: args.svg.is_some(),
-    };
     let progress = Progress::new();
-    let results: Vec<StrategyResult> = strategies
-        .iter()
-        .map(|&s| run_strategy(s, &workload, settings, &progress))
-        .collect();
+    let results: Vec<StrategyResult> = if args.in_process {
+        strategies
+            .iter()
+            .map(|&s| run_strategy(s, &workload, settings, &progress))
+            .collect()
+    } else {
+        child::run_in_children(&strategies, &child_args(args), &progress)
+    };
 
     let report = Report {
         workload: WorkloadInfo::of(&workload),
         touch: args.touch,
         shrink: args.shrink,
         max_reserved: args.max_reserved,
+        in_process: args.in_process,
         strategies: &results,
     };
     if let (Some(path), Some(mut file)) = (&args.svg, svg_file) {
         let subtitle = format!(
-            "{}; touch {}, arena shrink {}",
+            "{}; touch {}, arena shrink {}; {}",
             workload.description,
             serde_plain(&args.touch),
-            serde_plain(&args.shrink)
+            serde_plain(&args.shrink),
+            if args.in_process {
+                "all strategies in one process"
+            } else {
+                "one process per strategy"
+            }
         );
         file.write_all(svg::timeline(&workload, &results, &subtitle).as_bytes())
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -283,14 +350,21 @@ fn replay_command(args: &ReplayArgs) -> Result<ExitCode, String> {
             return Ok(ExitCode::FAILURE);
         }
     }
+    let mut code = ExitCode::SUCCESS;
+    for r in &results {
+        if let Some(e) = &r.error {
+            eprintln!("tensor-arena: {}: {e}", r.name);
+            code = ExitCode::FAILURE;
+        }
+    }
     let failed: u64 = results.iter().map(|r| r.summary.failed_runs).sum();
     if failed > 0 {
         eprintln!(
             "tensor-arena: {failed} run(s) failed (an allocation was refused); see the report"
         );
-        return Ok(ExitCode::FAILURE);
+        code = ExitCode::FAILURE;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
 }
 
 /// A unit enum's serde name (`manual-after-smaller`).

@@ -1,8 +1,10 @@
 //! What the operating system says about this process: minor page faults
-//! (`getrusage`) and resident memory (`/proc/self/statm`).
+//! (`getrusage`) and resident memory (`/proc/self/statm`); and about a child
+//! process when it ends: its exit status and peak resident memory (`wait4`).
 //!
-//! `getrusage` and `sysconf` are C calls, hence the one `unsafe` block each
-//! here; the rest of the CLI has no `unsafe` outside `baselines.rs`.
+//! `getrusage`, `wait4` and `sysconf` are C calls, hence the one `unsafe`
+//! block each here; the rest of the CLI has no `unsafe` outside
+//! `baselines.rs`.
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -28,6 +30,65 @@ pub fn minor_faults() -> Option<u64> {
 #[cfg(not(unix))]
 pub fn minor_faults() -> Option<u64> {
     None
+}
+
+/// How a child process ended, from `wait4`.
+#[derive(Debug)]
+pub struct ChildExit {
+    /// Its exit status (an exit code or the signal that ended it).
+    pub status: std::process::ExitStatus,
+    /// Its peak resident memory in bytes (`ru_maxrss`, which Linux gives in
+    /// KiB), if the system reports it.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// Waits for `child` to end and reaps it, returning its status and its
+/// resource usage (`wait4`). Takes the child by value: std must not wait for
+/// (or kill) a pid that is already reaped.
+///
+/// # Errors
+/// What `wait4` reports.
+#[cfg(unix)]
+pub fn wait_child(child: std::process::Child) -> std::io::Result<ChildExit> {
+    use std::os::unix::process::ExitStatusExt as _;
+    let pid = libc::pid_t::try_from(child.id())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "pid out of range"))?;
+    let mut status: libc::c_int = 0;
+    let mut usage = core::mem::MaybeUninit::<libc::rusage>::zeroed();
+    loop {
+        // SAFETY: `status` and `usage` point to writable memory of the size
+        // and alignment of a `c_int` and a `rusage`, all `wait4` writes to.
+        let rc = unsafe { libc::wait4(pid, &mut status, 0, usage.as_mut_ptr()) };
+        if rc == pid {
+            break;
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+    // SAFETY: `wait4` returned the pid, so it filled the struct (which was
+    // zeroed before anyway, a valid `rusage`: plain integers).
+    let usage = unsafe { usage.assume_init() };
+    Ok(ChildExit {
+        status: std::process::ExitStatus::from_raw(status),
+        peak_rss_bytes: u64::try_from(usage.ru_maxrss)
+            .ok()
+            .filter(|&k| k > 0)
+            .map(|k| k * 1024),
+    })
+}
+
+/// Waits for `child`: without `wait4`, std's wait and no peak memory.
+///
+/// # Errors
+/// What the wait reports.
+#[cfg(not(unix))]
+pub fn wait_child(mut child: std::process::Child) -> std::io::Result<ChildExit> {
+    Ok(ChildExit {
+        status: child.wait()?,
+        peak_rss_bytes: None,
+    })
 }
 
 /// Reads this process's resident set size, keeping `/proc/self/statm` open

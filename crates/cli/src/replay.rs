@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::os;
 use crate::workload::{Ev, Workload};
@@ -20,7 +20,7 @@ pub const PAGE: usize = 4096;
 pub const ALIGN: usize = 64;
 
 /// How a buffer is written when it is handed out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Touch {
     /// One write per 4 KiB page the buffer spans, so first use of memory
@@ -33,7 +33,7 @@ pub enum Touch {
 }
 
 /// When the arena strategies give memory back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ShrinkMode {
     /// Never: the arena keeps what it grew to.
@@ -106,7 +106,7 @@ pub trait Backend {
 
 /// What one run of one strategy did. Field names are part of the `--json`
 /// output: scripts rely on them.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunResult {
     /// The run's label (input shape).
     pub label: String,
@@ -123,15 +123,18 @@ pub struct RunResult {
     pub backing_calls: Option<u64>,
     /// Minor page faults of the process during the run.
     pub minor_faults: Option<u64>,
+    /// Resident memory of the process after the run (`/proc/self/statm`),
+    /// baseline included.
+    pub rss_bytes: Option<u64>,
     /// Wall time of the run in nanoseconds.
     pub nanos: u64,
     /// Why the run was aborted, if it was (an allocation failed).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
 /// Totals of one strategy over the whole replay.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Summary {
     /// Sum of the runs' wall times.
     pub total_nanos: u64,
@@ -150,22 +153,34 @@ pub struct Summary {
 }
 
 /// The timeline of one strategy: bytes after each event, for `--svg`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Timeline {
     /// `(event index over the whole replay, in use, reserved)`.
     pub samples: Vec<(u64, u64, Option<u64>)>,
 }
 
 /// What one strategy did over the whole replay.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StrategyResult {
     /// The strategy's name (`arena`, `system`, ...).
     pub name: String,
     /// What `reserved` means for it.
-    pub reserved_is: &'static str,
+    pub reserved_is: String,
     /// A remark (e.g. a fallback), if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Why the strategy has no (or not all) results: its child process
+    /// failed (killed by a signal, exited with an error, sent no report).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Resident memory of the process just before the strategy's first
+    /// allocation (`/proc/self/statm`): the binary, the workload and the
+    /// replay's own bookkeeping.
+    pub baseline_rss_bytes: Option<u64>,
+    /// Highest resident memory of the strategy's child process over its
+    /// life (`ru_maxrss` from `wait4`), baseline included; `None` with
+    /// `--in-process`, where the process's peak is shared by every strategy.
+    pub peak_rss_bytes: Option<u64>,
     /// One entry per run, in order.
     pub runs: Vec<RunResult>,
     /// Totals.
@@ -187,6 +202,18 @@ impl Progress {
     pub fn new() -> Self {
         Self {
             start: Instant::now(),
+        }
+    }
+
+    /// Reports that `strategy`, the `k`-th of `n`, started in child process
+    /// `pid`.
+    pub fn child_started(&self, strategy: &str, pid: u32, k: usize, n: usize) {
+        let elapsed = self.start.elapsed();
+        if elapsed > Duration::from_secs(1) {
+            eprintln!(
+                "[{strategy}] child process {pid} started ({k}/{n} strategies, {:.1} s)",
+                elapsed.as_secs_f64()
+            );
         }
     }
 
@@ -220,6 +247,8 @@ pub fn replay<B: Backend>(
     }
     let mut x = 0u64;
     let mut previous_lb: Option<usize> = None;
+    let rss = os::Rss::new();
+    let baseline_rss_bytes = rss.bytes();
     for (i, run) in workload.runs.iter().enumerate() {
         let lower_bound = run.lower_bound();
         let allocs = run.allocs();
@@ -253,6 +282,7 @@ pub fn replay<B: Backend>(
         let end = backend.end_run(smaller);
         let elapsed = start.elapsed().saturating_sub(sampling);
         let faults_after = os::minor_faults();
+        let rss_bytes = rss.bytes();
         // An aborted run skips its remaining events on the timeline too.
         x = run_start + run.events.len() as u64;
         if timeline {
@@ -269,6 +299,7 @@ pub fn replay<B: Backend>(
             minor_faults: faults_before
                 .zip(faults_after)
                 .map(|(a, b)| b.saturating_sub(a)),
+            rss_bytes,
             nanos: u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
             error,
         });
@@ -277,8 +308,11 @@ pub fn replay<B: Backend>(
     let summary = summarize(&runs);
     StrategyResult {
         name: name.to_owned(),
-        reserved_is,
+        reserved_is: reserved_is.to_owned(),
         note: None,
+        error: None,
+        baseline_rss_bytes,
+        peak_rss_bytes: None,
         runs,
         summary,
         timeline: Timeline { samples },
@@ -286,7 +320,7 @@ pub fn replay<B: Backend>(
 }
 
 /// Totals over `runs`.
-fn summarize(runs: &[RunResult]) -> Summary {
+pub fn summarize(runs: &[RunResult]) -> Summary {
     let sum = |f: fn(&RunResult) -> Option<u64>| -> Option<u64> { runs.iter().map(f).sum() };
     let max_reserved = runs
         .iter()

@@ -18,6 +18,9 @@ pub struct Report<'a> {
     pub shrink: ShrinkMode,
     /// Cap on the arena strategies' reserved bytes, if any.
     pub max_reserved: Option<usize>,
+    /// Whether the strategies ran in one process (`--in-process`) rather than
+    /// each in its own child process.
+    pub in_process: bool,
     /// One entry per strategy, in the order they ran.
     pub strategies: &'a [StrategyResult],
 }
@@ -87,6 +90,11 @@ pub fn count(n: u64) -> String {
     out
 }
 
+/// `value - baseline`, when both are known.
+fn growth(value: Option<u64>, baseline: Option<u64>) -> Option<u64> {
+    Some(value?.saturating_sub(baseline?))
+}
+
 /// `-` for an unknown value.
 fn or_dash(v: Option<String>) -> String {
     v.unwrap_or_else(|| "-".to_owned())
@@ -146,9 +154,18 @@ pub fn plain(report: &Report<'_>) -> String {
         .map_or("none".to_owned(), |c| bytes(c as u64));
     let _ = writeln!(
         out,
-        "{} runs, {} allocations; touch: {touch}; arena shrink: {shrink}; arena max reserved: {cap}\n",
+        "{} runs, {} allocations; touch: {touch}; arena shrink: {shrink}; arena max reserved: {cap}",
         w.runs,
         count(w.allocs as u64)
+    );
+    let _ = writeln!(
+        out,
+        "{}\n",
+        if report.in_process {
+            "all strategies in this process, one after another (--in-process)"
+        } else {
+            "each strategy in its own child process"
+        }
     );
 
     let mut rows = Vec::new();
@@ -173,6 +190,7 @@ pub fn plain(report: &Report<'_>) -> String {
                 or_dash(ratio),
                 or_dash(r.backing_calls.map(count)),
                 or_dash(r.minor_faults.map(count)),
+                or_dash(growth(r.rss_bytes, s.baseline_rss_bytes).map(bytes)),
                 if r.error.is_some() {
                     "FAILED".to_owned()
                 } else {
@@ -194,6 +212,7 @@ pub fn plain(report: &Report<'_>) -> String {
             "res/lb",
             "backing",
             "minor faults",
+            "rss growth",
             "time",
         ],
         &rows,
@@ -214,7 +233,11 @@ pub fn plain(report: &Report<'_>) -> String {
                 or_dash(m.reserved_over_lower_bound.map(|r| format!("{r:.2}"))),
                 or_dash(m.minor_faults.map(count)),
                 or_dash(m.backing_calls.map(count)),
-                if m.failed_runs > 0 {
+                or_dash(s.baseline_rss_bytes.map(bytes)),
+                or_dash(growth(s.peak_rss_bytes, s.baseline_rss_bytes).map(bytes)),
+                if s.error.is_some() {
+                    "FAILED (child process)".to_owned()
+                } else if m.failed_runs > 0 {
                     format!("{} FAILED", m.failed_runs)
                 } else {
                     String::new()
@@ -232,10 +255,12 @@ pub fn plain(report: &Report<'_>) -> String {
             "max res/lb",
             "minor faults",
             "backing calls",
+            "baseline rss",
+            "peak rss growth",
             "",
         ],
         &rows,
-        &[0, 7],
+        &[0, 9],
     );
 
     out.push('\n');
@@ -256,7 +281,7 @@ fn legend(strategies: &[StrategyResult]) -> String {
     for s in strategies {
         match groups.iter_mut().find(|(m, _)| *m == s.reserved_is) {
             Some((_, names)) => names.push(&s.name),
-            None => groups.push((s.reserved_is, vec![&s.name])),
+            None => groups.push((&s.reserved_is, vec![&s.name])),
         }
     }
     for (i, (meaning, names)) in groups.iter().enumerate() {
@@ -272,7 +297,16 @@ fn legend(strategies: &[StrategyResult]) -> String {
          (arena: regions drawn + returned; system, mimalloc, jemalloc: alloc + free calls; bump: chunks drawn + freed).\n",
     );
     out.push_str("minor faults: getrusage(RUSAGE_SELF) ru_minflt during the run. time: wall time of the run.\n");
+    out.push_str(
+        "rss growth: resident memory after the run (/proc/self/statm) minus the baseline. \
+         baseline rss: resident memory before the strategy's first allocation (the program and the workload). \
+         peak rss growth: the peak resident memory of the strategy's child process (ru_maxrss from wait4) minus the baseline; \
+         '-' with --in-process, where the process's peak is shared.\n",
+    );
     for s in strategies {
+        if let Some(e) = &s.error {
+            let _ = writeln!(out, "FAILED: {}: {e}", s.name);
+        }
         if let Some(note) = &s.note {
             let _ = writeln!(out, "note: {}: {note}.", s.name);
         }

@@ -48,6 +48,20 @@ impl Strategy {
             Strategy::Bump => "bump",
         }
     }
+
+    /// The strategy named `name` (as [`Strategy::name`] spells it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::EACH.into_iter().find(|s| s.name() == name)
+    }
+
+    /// What `reserved` means for it.
+    pub fn reserved_is(self) -> &'static str {
+        match self {
+            Strategy::Arena | Strategy::Planned => RESERVED_ARENA,
+            Strategy::System | Strategy::Mimalloc | Strategy::Jemalloc => RESERVED_RSS,
+            Strategy::Bump => RESERVED_BUMP,
+        }
+    }
 }
 
 /// How the strategies are run.
@@ -67,7 +81,7 @@ pub struct Settings {
 pub const RESERVED_ARENA: &str = "bytes the arena holds from its backing allocator (exact)";
 /// What `reserved` means for the general-purpose allocators.
 pub const RESERVED_RSS: &str =
-    "growth of the process's resident memory (RSS, /proc/self/statm) since the strategy started";
+    "growth of the process's resident memory (RSS, /proc/self/statm) over its baseline";
 /// What `reserved` means for bumpalo.
 pub const RESERVED_BUMP: &str = "bumpalo's allocated_bytes() after the reset that ends the run";
 

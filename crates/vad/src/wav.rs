@@ -1,5 +1,11 @@
 //! A tiny WAV reader: RIFF/WAVE, 16-bit PCM, one channel. Anything else is
 //! an error.
+//!
+//! Streamed WAVs are read too: a program writing to a pipe cannot go back to
+//! fill in the sizes, so it leaves a placeholder in the `data` size: ffmpeg
+//! writes `0xFFFFFFFF`, others 0, sox `0x7FFFF000`. Such a `data` chunk is
+//! taken to run to the end of the input (whole samples only), as Python's
+//! `wave` module reads it.
 
 use std::fmt;
 use std::path::Path;
@@ -94,15 +100,36 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
+/// Whether a `data` chunk size of `declared`, with `available` bytes after
+/// the chunk header, is a streaming writer's placeholder: 0, `0xFFFFFFFF`,
+/// or a size near 2 GiB (sox writes `0x7FFFF000`) larger than the input.
+/// Any other size past the end is a truncated file.
+fn is_streamed_size(declared: u32, available: usize) -> bool {
+    const NEAR_2_GIB: u32 = 0x7FFF_0000;
+    declared == 0
+        || declared == u32::MAX
+        || (declared >= NEAR_2_GIB && declared as usize > available)
+}
+
 /// Reads and decodes a WAV file (see [`parse`]).
 pub fn read(path: impl AsRef<Path>) -> Result<Wav, WavError> {
     parse(&std::fs::read(path)?)
 }
 
+/// Reads a whole WAV stream (a pipe, stdin) and decodes it (see [`parse`]).
+pub fn read_from(mut reader: impl std::io::Read) -> Result<Wav, WavError> {
+    let mut bytes = Vec::new();
+    reader.read_to_end(&mut bytes)?;
+    parse(&bytes)
+}
+
 /// Decodes a WAV file held in memory: RIFF/WAVE with a `fmt ` chunk of
 /// 16-bit integer PCM (format tag 1, or 0xFFFE with the PCM subformat), one
 /// channel, and a `data` chunk. Other chunks are skipped; the RIFF size field
-/// is not trusted (chunks are read to the end of `bytes`).
+/// is not trusted (chunks are read to the end of `bytes`). A `data` chunk
+/// whose size is a streaming writer's placeholder (0, `0xFFFFFFFF`, or near
+/// 2 GiB and past the end) runs to the end of `bytes` (a trailing odd byte,
+/// half a sample, is dropped).
 pub fn parse(bytes: &[u8]) -> Result<Wav, WavError> {
     if bytes.len() < 12 || &bytes[0..4] != b"RIFF" {
         return Err(WavError::NotRiff);
@@ -118,8 +145,14 @@ pub fn parse(bytes: &[u8]) -> Result<Wav, WavError> {
             return Err(WavError::Truncated);
         }
         let id = &bytes[at..at + 4];
-        let size = u32_at(bytes, at + 4) as usize;
+        let declared = u32_at(bytes, at + 4);
         let body = at + 8;
+        if id == b"data" && data.is_none() && is_streamed_size(declared, bytes.len() - body) {
+            let rest = &bytes[body..];
+            data = Some(&rest[..rest.len() & !1]);
+            break;
+        }
+        let size = declared as usize;
         if bytes.len() - body < size {
             return Err(WavError::Truncated);
         }

@@ -149,3 +149,40 @@ fn rejects_truncated_and_missing_chunks() {
         Err(WavError::Io(_))
     ));
 }
+
+/// `bytes` with the `data` chunk's size field (and the RIFF size) set to
+/// `size`, as a program writing to a pipe leaves them.
+fn streamed(mut bytes: Vec<u8>, size: u32) -> Vec<u8> {
+    let at = bytes
+        .windows(4)
+        .position(|w| w == b"data")
+        .expect("data chunk");
+    bytes[at + 4..at + 8].copy_from_slice(&size.to_le_bytes());
+    bytes[4..8].copy_from_slice(&size.to_le_bytes());
+    bytes
+}
+
+#[test]
+fn streamed_data_sizes_read_to_the_end() {
+    let samples: Vec<u8> = (0..200u8).collect();
+    let good = wav_bytes(&fmt_chunk(1, 1, 16000, 16), &samples, None);
+    let expected = wav::parse(&good).unwrap();
+    assert_eq!(expected.samples.len(), 100);
+    // ffmpeg, other writers, sox (`sox -t raw ... - -t wav -`).
+    for size in [u32::MAX, 0, 0x7FFF_F000] {
+        assert_eq!(wav::parse(&streamed(good.clone(), size)).unwrap(), expected);
+        // A stream cut in the middle of a sample keeps the whole ones.
+        let mut cut = streamed(good.clone(), size);
+        cut.push(7);
+        assert_eq!(wav::parse(&cut).unwrap(), expected);
+        assert_eq!(
+            wav::read_from(&streamed(good.clone(), size)[..]).unwrap(),
+            expected
+        );
+    }
+    // Any other size past the end is still a truncated file.
+    assert!(matches!(
+        wav::parse(&streamed(good, 1000)),
+        Err(WavError::Truncated)
+    ));
+}
