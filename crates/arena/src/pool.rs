@@ -161,6 +161,10 @@ impl<M: Memory> Pool<M> {
     pub(crate) fn granule(&self) -> usize {
         self.align
     }
+    /// The memory layer's commit granule.
+    pub(crate) fn commit_granule(&self) -> usize {
+        self.props.granule
+    }
     /// Whether the pool grows in place (one reservation, commit at its top).
     pub(crate) fn in_place(&self) -> bool {
         !self.props.committed_on_reserve
@@ -300,18 +304,7 @@ impl<M: Memory> Pool<M> {
         let start = align_up(self.map.used_end(rid), align).unwrap_or(usize::MAX);
         let end = start.saturating_add(size);
         if end > len {
-            return Err(if self.cap != usize::MAX {
-                ArenaError::OverCap {
-                    requested: size,
-                    reserved: self.reserved,
-                    limit: self.cap,
-                }
-            } else {
-                ArenaError::ReservationExhausted {
-                    requested: size,
-                    reservation: len,
-                }
-            });
+            return Err(self.no_room(size, len));
         }
         let new_committed = end.next_multiple_of(g).min(len);
         let extra = new_committed - committed;
@@ -329,32 +322,28 @@ impl<M: Memory> Pool<M> {
     /// Reserves the arena's range and commits what `size` bytes need.
     fn first_reservation(&mut self, size: usize, requested: usize) -> Result<(), ArenaError> {
         let g = self.props.granule;
-        let need = size.next_multiple_of(g);
-        if need > self.cap {
-            return Err(ArenaError::OverCap {
-                requested: size,
-                reserved: self.reserved,
-                limit: self.cap,
-            });
+        let mut len = self.memory.reservation_size(size, self.cap);
+        if size > len {
+            return Err(self.no_room(size, len));
         }
         let align = self.max_align.max(g);
-        let mut len = self.memory.reservation_size(need, self.cap).max(need);
         // Address space may be short (many arenas, `ulimit -v`): try
         // smaller reservations down to what this request needs.
         let base = loop {
             match self.memory.reserve(len, align) {
                 Ok(base) => break base,
-                Err(e) if len <= need => {
+                Err(e) if len <= size.next_multiple_of(g) => {
                     return Err(ArenaError::ReserveFailed {
                         requested,
                         reservation: len,
                         code: e.code,
                     })
                 }
-                Err(_) => len = (len / 2).next_multiple_of(g).max(need),
+                Err(_) => len = (len / 2).next_multiple_of(g).max(size.next_multiple_of(g)),
             }
         };
         self.calls.reserves += 1;
+        let need = size.next_multiple_of(g).min(len);
         self.calls.commits += 1;
         if let Err(e) = self.memory.commit(base, 0, need) {
             self.memory.release(base, len, align);
@@ -374,6 +363,24 @@ impl<M: Memory> Pool<M> {
         );
         self.reserved += need;
         Ok(())
+    }
+
+    /// The error for `size` bytes that do not fit a reservation of `len`:
+    /// over the cap when there is one (the reservation is the cap), else
+    /// the reservation used up.
+    fn no_room(&self, size: usize, len: usize) -> ArenaError {
+        if self.cap == usize::MAX {
+            ArenaError::ReservationExhausted {
+                requested: size,
+                reservation: len,
+            }
+        } else {
+            ArenaError::OverCap {
+                requested: size,
+                reserved: self.reserved,
+                limit: self.cap,
+            }
+        }
     }
 
     fn put_region(&mut self, rid: RegionId, region: Region<M::Ptr>) {

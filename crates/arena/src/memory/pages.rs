@@ -131,13 +131,11 @@ impl Memory for Pages {
     }
 
     fn reservation_size(&self, min: usize, cap: usize) -> usize {
-        let want = if cap == usize::MAX {
-            self.config.reservation
-        } else {
-            // The cap, down to whole pages: reserved bytes never pass it.
-            cap & !(self.page - 1)
-        };
-        let want = want.max(min);
+        if cap != usize::MAX {
+            // The cap, down to whole pages: committed bytes never pass it.
+            return cap & !(self.page - 1);
+        }
+        let want = self.config.reservation.max(min);
         // Whole granules.
         want.checked_next_multiple_of(self.granule)
             .unwrap_or(want & !(self.granule - 1))

@@ -785,7 +785,10 @@ impl<M: Memory> RawArena<M> {
             }
             ShrinkPolicy::AfterRunsBelow { runs } => {
                 let reserved = self.pool.reserved();
-                if high_water.saturating_add(high_water / 8) < reserved {
+                // What the run needs committed: its high-water mark in
+                // whole granules of the memory layer.
+                let need = high_water.next_multiple_of(self.pool.commit_granule());
+                if need.saturating_add(high_water / 8) < reserved {
                     self.below = (self.below.0 + 1, self.below.1.max(high_water));
                 } else {
                     self.below = (0, 0);

@@ -53,16 +53,56 @@ fn sizes_near_usize_max_overflow() {
             |a| a.try_alloc(len).map(drop),
         );
     }
-    // The largest size the arena serves is valid, and no machine has it.
+    // The largest size the arena serves is valid, and no reservation holds
+    // it: on `Pages` that is the reservation used up (not the cap, as no cap
+    // is set), ...
     let len = 1 << 47;
     refused(
         &arena,
+        ArenaError::ReservationExhausted {
+            requested: len,
+            reservation: tensor_arena::memory::DEFAULT_RESERVATION,
+        },
+        |a| a.try_alloc(len).map(drop),
+    );
+    // ... and on `Heap` the backing allocator's refusal.
+    let heap = Arena::with_backing(ArenaConfig::default(), allocator_api2::alloc::Global);
+    refused(
+        &heap,
         ArenaError::BackingFailed {
             requested: len,
             region: len,
         },
         |a| a.try_alloc(len).map(drop),
     );
+}
+
+#[test]
+fn reservation_exhaustion_is_told_apart_from_the_cap() {
+    use tensor_arena::memory::{Pages, PagesConfig};
+    let small = PagesConfig {
+        reservation: 8 << 20,
+        ..PagesConfig::default()
+    };
+    let arena = Arena::with_memory(ArenaConfig::default(), Pages::new(small)).unwrap();
+    let _a = arena.try_alloc(6 << 20).unwrap();
+    let err = arena.try_alloc(4 << 20).unwrap_err();
+    assert!(
+        matches!(err, ArenaError::ReservationExhausted { reservation, .. } if reservation == 8 << 20),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("not the memory cap"), "{err}");
+    let capped = Arena::new(ArenaConfig {
+        max_reserved: 8 << 20,
+        ..ArenaConfig::default()
+    });
+    let _a = capped.try_alloc(6 << 20).unwrap();
+    let err = capped.try_alloc(4 << 20).unwrap_err();
+    assert!(matches!(err, ArenaError::OverCap { .. }), "{err:?}");
+    assert!(err.to_string().contains("memory cap"), "{err}");
+    // Both stay usable.
+    assert!(arena.try_alloc(1 << 20).is_ok());
+    assert!(capped.try_alloc(1 << 20).is_ok());
 }
 
 #[test]
