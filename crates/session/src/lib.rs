@@ -13,5 +13,6 @@ pub use swap::ModelHandle;
 pub use tensor_arena;
 
 pub use weights::{
-    Dtype, Element, LoadMode, TensorView, Weights, WeightsError, MAX_HEADER_LEN, OWNED_ALIGN,
+    Dtype, Element, LoadMode, MmapAck, TensorView, Weights, WeightsError, MAX_HEADER_LEN,
+    OWNED_ALIGN,
 };

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use tensor_arena::ShrinkPolicy;
 use tensor_session::{
-    LoadMode, ModelHandle, PlanConfig, Session, SessionConfig, SessionPool, SessionStats,
+    LoadMode, MmapAck, ModelHandle, PlanConfig, Session, SessionConfig, SessionPool, SessionStats,
 };
 use tensor_vad::{
     load_weights, num_windows, wav, Detector, SegmentConfig, Segmenter, SAMPLE_RATE, WINDOW,
@@ -110,7 +110,8 @@ struct Args {
 /// How the weights file is loaded.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Load {
-    /// Memory-mapped.
+    /// Memory-mapped: the file must not be written in place or truncated while the
+    /// program runs (deleting it or renaming another file over it is fine).
     Mmap,
     /// Read into owned memory.
     Copy,
@@ -271,7 +272,10 @@ fn main() -> ExitCode {
     let weights = match load_weights(
         &args.weights,
         match args.load {
-            Load::Mmap => LoadMode::Mmap,
+            // SAFETY: `--load mmap` states the contract in `--help`: the user keeps the file
+            // from being written in place or truncated while this process runs. The default
+            // weights are the committed model file, which nothing writes.
+            Load::Mmap => LoadMode::Mmap(unsafe { MmapAck::new() }),
             Load::Copy => LoadMode::Copy,
         },
     ) {
