@@ -75,7 +75,12 @@ pub(crate) struct Family {
 /// | dropped | `drop` | every byte the arena drew is freed; weights released with their last user |
 ///
 /// A session is `Send` (give each worker thread its own clone) and not
-/// `Sync` (its arena has no lock).
+/// `Sync` (its arena has no lock), both derived by the compiler:
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<tensor_session::Session>();
+/// ```
 pub struct Session {
     model: ModelHandle,
     config: SessionConfig,

@@ -30,8 +30,8 @@ use storage::{OwnedBytes, Storage};
 
 /// Largest JSON header accepted, in bytes: the safetensors crate's own limit (100 MB).
 ///
-/// The crate does not export its constant; we check the header length against this value
-/// before parsing so that the error names the file and the length.
+/// Checked before the header is read, so that a file the crate refuses for its size is
+/// refused here too, with an error naming the file and the length.
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
 
 /// Alignment, in bytes, of the start of every owned buffer ([`LoadMode::Copy`],
