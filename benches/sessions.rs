@@ -21,8 +21,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tensor_arena::Block;
 use tensor_session::{
-    Dtype, LoadMode, ModelHandle, RunContext, Session, SessionConfig, SessionPool, Weights,
+    Dtype, LoadMode, MmapAck, ModelHandle, RunContext, Session, SessionConfig, SessionPool, Weights,
 };
+
+/// Mapped weights for the benches.
+// SAFETY: `weights` maps only files `sparse_safetensors` just wrote under a name unique to
+// this process, and deletes them (allowed) right after mapping; nothing writes them again.
+const MMAP: LoadMode = LoadMode::Mmap(unsafe { MmapAck::new() });
 
 /// Runs per pool iteration (divided among the threads).
 const POOL_RUNS: usize = 32;
@@ -48,9 +53,9 @@ fn sparse_safetensors(bytes: usize) -> PathBuf {
 
 fn weights(bytes: usize, mode: LoadMode) -> Weights {
     match mode {
-        LoadMode::Mmap => {
+        LoadMode::Mmap(ack) => {
             let path = sparse_safetensors(bytes);
-            let w = Weights::open(&path, LoadMode::Mmap).expect("map the weights");
+            let w = Weights::open(&path, LoadMode::Mmap(ack)).expect("map the weights");
             // The map keeps the inode alive; nothing is left on disk.
             let _ = std::fs::remove_file(&path);
             w
@@ -68,7 +73,7 @@ fn clone_drop(c: &mut Criterion) {
         .sample_size(20)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1));
-    for (mode, mode_name) in [(LoadMode::Mmap, "mmap"), (LoadMode::Copy, "owned")] {
+    for (mode, mode_name) in [(MMAP, "mmap"), (LoadMode::Copy, "owned")] {
         for (bytes, size_name) in [(1 << 20, "1MiB"), (1 << 30, "1GiB")] {
             let mut session: Option<Session> = None;
             group.bench_function(BenchmarkId::new(mode_name, size_name), |b| {
@@ -131,7 +136,7 @@ fn pool(c: &mut Criterion) {
         let (mut runs, mut elapsed) = (0u64, Duration::ZERO);
         group.bench_function(BenchmarkId::new("threads", threads), |b| {
             let pool = made.get_or_insert_with(|| {
-                let model = ModelHandle::new(Arc::new(weights(1 << 20, LoadMode::Mmap)));
+                let model = ModelHandle::new(Arc::new(weights(1 << 20, MMAP)));
                 let pool = SessionPool::new(model, SessionConfig::default(), threads);
                 pool_runs(&pool, run, threads, 4 * threads);
                 pool

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tensor_session::{LoadMode, Weights, WeightsError};
+use tensor_session::{LoadMode, MmapAck, Weights, WeightsError};
 
 /// A fresh scratch file path, unique in this process and across processes.
 fn scratch_path() -> PathBuf {
@@ -27,7 +27,8 @@ fn scratch_path() -> PathBuf {
     ))
 }
 
-/// Loads `data` as a safetensors file with [`LoadMode::Mmap`] and
+/// Loads `data` as a safetensors file with [`LoadMode::Mmap`] (the file is
+/// private to the call, so the mapping contract of [`MmapAck`] holds) and
 /// [`LoadMode::Copy`] and checks that neither panics and that they agree:
 /// both load, with the same tensors whose bytes are exactly the file's bytes
 /// at their range (and the right length for their dtype and shape); or both
@@ -43,7 +44,10 @@ pub fn weights_load(data: &[u8]) {
         let _ = std::fs::remove_file(&path);
         return;
     }
-    let mapped = Weights::open(&path, LoadMode::Mmap);
+    // SAFETY: `scratch_path` names a file unique to this process and call, which this
+    // function just wrote and only removes (allowed) while it is mapped; nothing writes it
+    // again.
+    let mapped = Weights::open(&path, LoadMode::Mmap(unsafe { MmapAck::new() }));
     let copied = Weights::open(&path, LoadMode::Copy);
     // Unlinking a mapped file is safe: the map keeps the inode.
     let _ = std::fs::remove_file(&path);

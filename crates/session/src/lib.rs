@@ -13,5 +13,18 @@ pub use swap::ModelHandle;
 pub use tensor_arena;
 
 pub use weights::{
-    Dtype, Element, LoadMode, TensorView, Weights, WeightsError, MAX_HEADER_LEN, OWNED_ALIGN,
+    Dtype, Element, LoadMode, MmapAck, TensorView, Weights, WeightsError, MAX_HEADER_LEN,
+    OWNED_ALIGN,
+};
+
+// Thread-safety, as "Guarantees and limits" states it; all derived by the compiler (the
+// crate has no `unsafe impl`). `Session: !Sync` is pinned by a `compile_fail` doctest.
+const _: () = {
+    const fn send<T: Send>() {}
+    const fn send_sync<T: Send + Sync>() {}
+    send::<Session>();
+    send::<PoolGuard<'static>>();
+    send_sync::<SessionPool>();
+    send_sync::<ModelHandle>();
+    send_sync::<Weights>();
 };

@@ -204,6 +204,23 @@ impl fmt::Debug for SessionPool {
 
 /// A session lent by a [`SessionPool`]; derefs to [`Session`] and goes
 /// back to the pool when dropped.
+///
+/// `DerefMut` hands out `&mut Session`, so the lent session can be replaced
+/// or swapped (`*guard = other`, `mem::swap`). That is sound: a session owns
+/// its arena, and whatever replaces it goes back to the pool in its place.
+/// What must not happen, replacing the session while a buffer borrows its
+/// arena, does not compile:
+///
+/// ```compile_fail
+/// # use std::sync::Arc;
+/// # use tensor_session::{Dtype, ModelHandle, Session, SessionConfig, SessionPool, Weights};
+/// # let w = Arc::new(Weights::from_tensors([("w", Dtype::U8, vec![1], vec![0u8])]).unwrap());
+/// let pool = SessionPool::new(ModelHandle::new(Arc::clone(&w)), SessionConfig::default(), 1);
+/// let mut guard = pool.get();
+/// let block = guard.arena().try_alloc(64).unwrap();
+/// *guard = Session::new(w, SessionConfig::default()); // the arena `block` lives in would drop
+/// drop(block);
+/// ```
 pub struct PoolGuard<'p> {
     pool: &'p SessionPool,
     session: Option<Session>,

@@ -75,7 +75,12 @@ pub(crate) struct Family {
 /// | dropped | `drop` | every byte the arena drew is freed; weights released with their last user |
 ///
 /// A session is `Send` (give each worker thread its own clone) and not
-/// `Sync` (its arena has no lock).
+/// `Sync` (its arena has no lock), both derived by the compiler:
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<tensor_session::Session>();
+/// ```
 pub struct Session {
     model: ModelHandle,
     config: SessionConfig,
@@ -145,6 +150,17 @@ impl Session {
     /// With plans enabled, the first run of a key is recorded and planned
     /// (by any clone: the family shares its plans), and later runs of the
     /// key get their buffers at the plan's offsets in one block.
+    ///
+    /// A buffer cannot leave the run that allocated it (the borrow checker
+    /// refuses it), so no buffer outlives the memory the run hands back:
+    ///
+    /// ```compile_fail
+    /// # use std::sync::Arc;
+    /// # use tensor_session::{Dtype, Session, SessionConfig, Weights};
+    /// # let w = Weights::from_tensors([("w", Dtype::U8, vec![1], vec![0u8])]).unwrap();
+    /// let mut session = Session::new(Arc::new(w), SessionConfig::default());
+    /// let escaped = session.run(&[1], |ctx| ctx.alloc(64).unwrap());
+    /// ```
     pub fn run<R>(&mut self, key: &[usize], f: impl FnOnce(&RunContext<'_>) -> R) -> R {
         let weights = self.model.load();
         let plans = &self.family.plans;

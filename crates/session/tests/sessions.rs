@@ -3,7 +3,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tensor_session::{Dtype, LoadMode, ModelHandle, Session, SessionConfig, SessionPool, Weights};
+use tensor_session::{
+    Dtype, LoadMode, MmapAck, ModelHandle, Session, SessionConfig, SessionPool, Weights,
+};
 
 /// Weights `w` (rows x 16, f32, w[r][c] = r + c/16) and a bias `b` (rows).
 fn matvec_weights(rows: usize, bias: f32) -> Weights {
@@ -208,7 +210,10 @@ fn hot_swap_moves_new_runs_and_releases_the_old_map_after_the_last_old_run() {
     let new_path = unique_path("new");
     write_weights(&old_path, 8, 0.0);
     write_weights(&new_path, 8, 100.0);
-    let handle = ModelHandle::new(Arc::new(Weights::open(&old_path, LoadMode::Mmap).unwrap()));
+    // SAFETY: both files are written above by this test under names unique to this process
+    // and run, and are only removed, after every map of them is gone.
+    let mmap = LoadMode::Mmap(unsafe { MmapAck::new() });
+    let handle = ModelHandle::new(Arc::new(Weights::open(&old_path, mmap).unwrap()));
     let pool = SessionPool::new(handle.clone(), SessionConfig::default(), 2);
     assert!(is_mapped(&old_path));
 
@@ -230,7 +235,7 @@ fn hot_swap_moves_new_runs_and_releases_the_old_map_after_the_last_old_run() {
             })
         });
         started_rx.recv().unwrap();
-        let old = handle.swap(Arc::new(Weights::open(&new_path, LoadMode::Mmap).unwrap()));
+        let old = handle.swap(Arc::new(Weights::open(&new_path, mmap).unwrap()));
         drop(old);
         // New runs see the new weights at once...
         let mut other = pool.get();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use tensor_session::{LoadMode, Session, SessionConfig};
+use tensor_session::{LoadMode, MmapAck, Session, SessionConfig};
 use tensor_vad::{
     frame_rows, load_weights, num_windows, total_len, Detector, LstmState, Model, SliceScratch,
     Stream, CONTEXT, ROW, WINDOW,
@@ -82,12 +82,10 @@ fn main() {
         stream / realtime
     );
 
+    // SAFETY: the committed model file is only read, never written, while this runs.
+    let mmap = LoadMode::Mmap(unsafe { MmapAck::new() });
     let weights = Arc::new(
-        load_weights(
-            common::data_path("silero_vad_16k_v6.safetensors"),
-            LoadMode::Mmap,
-        )
-        .expect("weights"),
+        load_weights(common::data_path("silero_vad_16k_v6.safetensors"), mmap).expect("weights"),
     );
     let mut session = Session::new(Arc::clone(&weights), SessionConfig::default());
     let whole = rate(l, secs, || {

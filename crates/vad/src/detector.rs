@@ -82,7 +82,10 @@ impl<'w> Model<'w> {
 /// shape. If a tensor's data is not aligned for `f32` (safetensors does not
 /// promise aligned offsets; the committed file is aligned), the model's
 /// tensors are copied once into aligned owned memory
-/// ([`Weights::from_tensors`]) so that runs never copy.
+/// ([`Weights::from_tensors`]) so that runs never copy. With
+/// [`LoadMode::Mmap`], the caller's [`MmapAck`](tensor_session::MmapAck)
+/// covers this file: it must not be written in place or truncated while the
+/// returned weights live.
 ///
 /// # Errors
 /// [`VadError::Weights`] if the file cannot be loaded, [`VadError::Model`]
@@ -168,11 +171,13 @@ pub fn key(l: usize) -> [usize; 2] {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use tensor_session::{LoadMode, Session, SessionConfig};
+/// use tensor_session::{LoadMode, MmapAck, Session, SessionConfig};
 /// use tensor_vad::{load_weights, Detector, WINDOW};
 ///
 /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/silero_vad_16k_v6.safetensors");
-/// let weights = Arc::new(load_weights(path, LoadMode::Mmap)?);
+/// // SAFETY: the committed model file is only read, never written, while this runs.
+/// let mmap = LoadMode::Mmap(unsafe { MmapAck::new() });
+/// let weights = Arc::new(load_weights(path, mmap)?);
 /// let mut session = Session::new(weights, SessionConfig::default());
 /// let silence = vec![0i16; 4 * WINDOW];
 ///

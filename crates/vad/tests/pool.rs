@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::data_path;
-use tensor_session::{LoadMode, ModelHandle, Session, SessionConfig, SessionPool, SessionStats};
+use tensor_session::{
+    LoadMode, MmapAck, ModelHandle, Session, SessionConfig, SessionPool, SessionStats,
+};
 use tensor_vad::{key, load_weights, num_windows, Detector, WINDOW};
 
 /// Windows per file; 13 distinct lengths.
@@ -91,8 +93,9 @@ fn pass(
 
 #[test]
 fn two_workers_match_one_thread_with_no_backing_call_in_steady_state() {
-    let weights =
-        Arc::new(load_weights(data_path("silero_vad_16k_v6.safetensors"), LoadMode::Mmap).unwrap());
+    // SAFETY: the committed model file is only read, never written, by the test suite.
+    let mmap = LoadMode::Mmap(unsafe { MmapAck::new() });
+    let weights = Arc::new(load_weights(data_path("silero_vad_16k_v6.safetensors"), mmap).unwrap());
     let files = files();
 
     // Single-threaded reference, on its own session.

@@ -6,7 +6,13 @@ mod common;
 use std::sync::Arc;
 
 use common::{data_path, max_abs_diff, speech, Reference};
-use tensor_session::{Dtype, LoadMode, Session, SessionConfig, Weights};
+use tensor_session::{Dtype, LoadMode, MmapAck, Session, SessionConfig, Weights};
+
+/// Mapped weights.
+// SAFETY: the tests of this file map the committed model file, which the test suite only
+// reads, and the file `misaligned_file` writes under a name unique to this process, which is
+// only removed (allowed) while mapped.
+const MMAP: LoadMode = LoadMode::Mmap(unsafe { MmapAck::new() });
 use tensor_vad::{
     key, load_weights, num_windows, segments, Detector, LstmState, Model, ModelError,
     SegmentConfig, Stream, TENSORS, WINDOW,
@@ -46,7 +52,7 @@ fn check_state(state: &LstmState, run: &common::RefRun) {
 #[test]
 fn whole_file_through_a_session_matches_onnxruntime() {
     let reference = Reference::load();
-    for mode in [LoadMode::Mmap, LoadMode::Copy] {
+    for mode in [MMAP, LoadMode::Copy] {
         let mut s = session(mode);
         let audio = pcm();
         let l = num_windows(audio.len());
@@ -92,7 +98,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 #[test]
 fn streaming_through_a_session_matches_onnxruntime() {
     let reference = Reference::load();
-    let mut s = session(LoadMode::Mmap);
+    let mut s = session(MMAP);
     let audio = pcm();
     let l = num_windows(audio.len());
     let mut det = Detector::new();
@@ -136,7 +142,7 @@ fn streaming_through_a_session_matches_onnxruntime() {
 #[test]
 fn chunked_through_a_session_matches_onnxruntime() {
     let reference = Reference::load();
-    let mut s = session(LoadMode::Mmap);
+    let mut s = session(MMAP);
     let audio = pcm();
     let l = num_windows(audio.len());
     let mut probs = vec![f32::NAN; l];
@@ -159,7 +165,7 @@ fn chunked_through_a_session_matches_onnxruntime() {
 
 #[test]
 fn weights_are_borrowed_in_place() {
-    for mode in [LoadMode::Mmap, LoadMode::Copy] {
+    for mode in [MMAP, LoadMode::Copy] {
         let w = load_weights(data_path("silero_vad_16k_v6.safetensors"), mode).unwrap();
         let model = Model::from_weights(&w).unwrap();
         let _ = model;
@@ -206,13 +212,13 @@ fn misaligned_file() -> std::path::PathBuf {
 #[test]
 fn misaligned_weights_are_realigned_once_at_load() {
     let path = misaligned_file();
-    let raw = Weights::open(&path, LoadMode::Mmap).unwrap();
+    let raw = Weights::open(&path, MMAP).unwrap();
     assert_eq!(raw.get("encoder.0.bias").unwrap().dtype(), Dtype::F32);
     assert!(matches!(
         Model::from_weights(&raw),
         Err(ModelError::Misaligned(_))
     ));
-    let fixed = load_weights(&path, LoadMode::Mmap).unwrap();
+    let fixed = load_weights(&path, MMAP).unwrap();
     std::fs::remove_file(&path).unwrap();
     assert!(!fixed.is_mapped(), "realigned into owned memory");
     let good = load_weights(data_path("silero_vad_16k_v6.safetensors"), LoadMode::Copy).unwrap();

@@ -11,14 +11,16 @@ use std::sync::Arc;
 
 use common::data_path;
 use tensor_arena::ShrinkPolicy;
-use tensor_session::{LoadMode, Session, SessionConfig};
+use tensor_session::{LoadMode, MmapAck, Session, SessionConfig};
 use tensor_vad::{key, load_weights, peak_len, Detector, WINDOW};
 
 const LONG: usize = 120;
 const SHORT: [usize; 12] = [3, 5, 2, 4, 5, 3, 2, 4, 5, 3, 4, 2];
 
 fn session(policy: ShrinkPolicy) -> Session {
-    let weights = load_weights(data_path("silero_vad_16k_v6.safetensors"), LoadMode::Mmap).unwrap();
+    // SAFETY: the committed model file is only read, never written, by the test suite.
+    let mmap = LoadMode::Mmap(unsafe { MmapAck::new() });
+    let weights = load_weights(data_path("silero_vad_16k_v6.safetensors"), mmap).unwrap();
     let mut config = SessionConfig::default();
     config.arena.shrink_policy = policy;
     Session::new(Arc::new(weights), config)

@@ -29,7 +29,7 @@ use clap::{Parser, ValueEnum};
 use serde::Serialize;
 use tensor_arena::ShrinkPolicy;
 use tensor_session::{
-    LoadMode, ModelHandle, PlanConfig, Session, SessionConfig, SessionPool, SessionStats,
+    LoadMode, MmapAck, ModelHandle, PlanConfig, Session, SessionConfig, SessionPool, SessionStats,
 };
 use tensor_vad::{
     load_weights, num_windows, wav, Detector, Segment, SegmentConfig, Segmenter, VadError,
@@ -141,7 +141,8 @@ fn parse_probability(s: &str) -> Result<f64, String> {
 /// How the weights file is loaded.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Load {
-    /// Memory-mapped.
+    /// Memory-mapped: the file must not be written in place or truncated while the
+    /// program runs (deleting it or renaming another file over it is fine).
     Mmap,
     /// Read into owned memory.
     Copy,
@@ -377,7 +378,10 @@ fn main() -> ExitCode {
     let weights = match load_weights(
         &args.weights,
         match args.load {
-            Load::Mmap => LoadMode::Mmap,
+            // SAFETY: `--load mmap` states the contract in `--help`: the user keeps the file
+            // from being written in place or truncated while this process runs. The default
+            // weights are the committed model file, which nothing writes.
+            Load::Mmap => LoadMode::Mmap(unsafe { MmapAck::new() }),
             Load::Copy => LoadMode::Copy,
         },
     ) {
