@@ -587,7 +587,7 @@ impl<M: Memory> Pool<M> {
             .filter_map(|(off, size)| {
                 let lo = off.next_multiple_of(g).max(keep_from);
                 let hi = (off + size) & !(g - 1);
-                (lo < hi).then_some((lo, hi - lo))
+                (lo < hi).then(|| (lo, hi - lo))
             })
             .collect();
         for (lo, len) in spans {

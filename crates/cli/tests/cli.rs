@@ -587,11 +587,10 @@ fn the_order_of_strategies_does_not_change_their_figures() {
         );
     }
     // A sanity check that the figures measure something: the 256-token runs
-    // touch 7 MiB of live tensors.
-    assert!(
-        a.iter().all(|(_, f, p)| *f > 1_000 && *p > 4 << 20),
-        "{a:?}"
-    );
+    // touch 7 MiB of live tensors, which takes page faults (a few for the
+    // arena, whose memory comes in 2 MiB huge pages where the system offers
+    // them).
+    assert!(a.iter().all(|(_, f, p)| *f > 0 && *p > 4 << 20), "{a:?}");
 }
 
 #[test]

@@ -137,7 +137,9 @@ fn shrink_policies<M: tensor_arena::HostMemory>(make: impl Fn(ArenaConfig) -> Ar
     let small = pattern(&arena, 2);
     assert!(
         arena.stats().reserved <= granules(&arena, small),
-        "third run below: shrunk: reserved {} small {small} stats {:?}", arena.stats().reserved, arena.stats()
+        "third run below: shrunk: reserved {} small {small} stats {:?}",
+        arena.stats().reserved,
+        arena.stats()
     );
     assert_eq!(arena.stats().shrinks, 1);
 }
@@ -222,7 +224,11 @@ fn a_run_grows_pages_in_place_to_its_high_water_mark() {
     assert_eq!(s.regions, 1, "one reservation");
     assert_eq!(s.backing_allocs, 1);
     assert_eq!(s.relayouts, 0, "growth in place needs no relayout");
-    assert_eq!(s.reserved, granules(&arena, hw), "committed: the high water mark");
+    assert_eq!(
+        s.reserved,
+        granules(&arena, hw),
+        "committed: the high water mark"
+    );
     // Repeating the run (and smaller ones) makes no memory-layer call.
     let calls = s.memory_calls();
     assert_eq!(pattern(&arena, 50), hw);
