@@ -251,6 +251,10 @@ impl<M: Memory> RawArena<M> {
             return Err(ArenaError::RunAlreadyOpen);
         }
         let calls = self.pool.calls;
+        // A run that starts on one wholly free region is placed the same
+        // way whatever that region's size (and measured in place): with
+        // the front coalesced, as the simulation starts.
+        self.pool.flush_front();
         let clean = match self.pool.single_region() {
             Some((rid, _)) if self.pool.in_use() == 0 => Some(rid),
             _ => None,
