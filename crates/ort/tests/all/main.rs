@@ -1,0 +1,4 @@
+//! Integration tests of tensor-arena-ort on real models.
+
+mod common;
+mod explore;

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Fetches what crates/ort's tests, benchmarks and the `tensor-arena ort`
+# examples need, from PyPI only (`pip download --no-deps`), into a cache
+# directory (default target/ort-assets, git-ignored):
+#   libonnxruntime.so           from onnxruntime==1.31.1
+#   ppocr_cls.onnx, ppocr_rec.onnx, ppocr_det.onnx
+#                               from rapidocr-onnxruntime==1.4.4
+#   silero_vad_16k_sequence.onnx from silero-vad==6.2.3
+#   densenet121.onnx            (onnx/backend/test/data/light/light_densenet121.onnx)
+#                               from onnx==1.19.1
+# Safe to run again: files already present are kept. Prints the directory.
+# Usage: tools/fetch-ort-assets.sh [DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir="${1:-${TENSOR_ARENA_ORT_ASSETS:-target/ort-assets}}"
+mkdir -p "$dir/wheels"
+dir="$(cd "$dir" && pwd)"
+
+python=python3
+command -v "$python" >/dev/null || python=python
+command -v "$python" >/dev/null || { echo "fetch-ort-assets: python3 not found" >&2; exit 1; }
+
+# file-in-cache  wheel-requirement  path-inside-the-wheel
+assets=(
+  "libonnxruntime.so|onnxruntime==1.31.1|onnxruntime/capi/libonnxruntime.so.1.31.1"
+  "ppocr_cls.onnx|rapidocr-onnxruntime==1.4.4|rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"
+  "ppocr_rec.onnx|rapidocr-onnxruntime==1.4.4|rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"
+  "ppocr_det.onnx|rapidocr-onnxruntime==1.4.4|rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"
+  "silero_vad_16k_sequence.onnx|silero-vad==6.2.3|silero_vad/data/silero_vad_16k_sequence.onnx"
+  "densenet121.onnx|onnx==1.19.1|onnx/backend/test/data/light/light_densenet121.onnx"
+)
+
+for entry in "${assets[@]}"; do
+  IFS='|' read -r name req member <<<"$entry"
+  [ -s "$dir/$name" ] && continue
+  pkg="${req%%==*}"
+  wheel="$(ls "$dir/wheels/" 2>/dev/null | grep -i "^${pkg//-/_}-${req##*==}-" | head -n1 || true)"
+  if [ -z "$wheel" ]; then
+    echo "fetch-ort-assets: pip download --no-deps $req" >&2
+    "$python" -m pip download --no-deps --disable-pip-version-check -q -d "$dir/wheels" "$req" >&2
+    wheel="$(ls "$dir/wheels/" | grep -i "^${pkg//-/_}-${req##*==}-" | head -n1)"
+  fi
+  "$python" - "$dir/wheels/$wheel" "$member" "$dir/$name" <<'PY'
+import shutil, sys, zipfile
+wheel, member, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(out + ".part", "wb") as dst:
+    shutil.copyfileobj(src, dst)
+import os
+os.replace(out + ".part", out)
+PY
+done
+echo "$dir"
