@@ -3,11 +3,16 @@
 # examples need, from PyPI only (`pip download --no-deps`), into a cache
 # directory (default target/ort-assets, git-ignored):
 #   libonnxruntime.so           from onnxruntime==1.31.1
+#   libonnxruntime-1.20.so      from onnxruntime==1.20.1 (too old: the tests
+#                               check that it is refused with a clear error)
 #   ppocr_cls.onnx, ppocr_rec.onnx, ppocr_det.onnx
 #                               from rapidocr-onnxruntime==1.4.4
 #   silero_vad_16k_sequence.onnx from silero-vad==6.2.3
 #   densenet121.onnx            (onnx/backend/test/data/light/light_densenet121.onnx)
 #                               from onnx==1.19.1
+#   densenet121_batch.onnx      the same with its batch dimension free
+#                               (tools/onnx-free-batch.py), so it runs at
+#                               several batch sizes
 # Safe to run again: files already present are kept. Prints the directory.
 # Usage: tools/fetch-ort-assets.sh [DIR]
 set -euo pipefail
@@ -23,6 +28,7 @@ command -v "$python" >/dev/null || { echo "fetch-ort-assets: python3 not found" 
 # file-in-cache  wheel-requirement  path-inside-the-wheel
 assets=(
   "libonnxruntime.so|onnxruntime==1.31.1|onnxruntime/capi/libonnxruntime.so.1.31.1"
+  "libonnxruntime-1.20.so|onnxruntime==1.20.1|onnxruntime/capi/libonnxruntime.so.1.20.1"
   "ppocr_cls.onnx|rapidocr-onnxruntime==1.4.4|rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"
   "ppocr_rec.onnx|rapidocr-onnxruntime==1.4.4|rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"
   "ppocr_det.onnx|rapidocr-onnxruntime==1.4.4|rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"
@@ -49,4 +55,8 @@ import os
 os.replace(out + ".part", out)
 PY
 done
+if [ ! -s "$dir/densenet121_batch.onnx" ]; then
+  "$python" tools/onnx-free-batch.py "$dir/densenet121.onnx" "$dir/densenet121_batch.onnx.part"
+  mv "$dir/densenet121_batch.onnx.part" "$dir/densenet121_batch.onnx"
+fi
 echo "$dir"

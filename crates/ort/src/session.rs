@@ -352,15 +352,22 @@ impl Worker<'_> {
         let planned_size = plan.as_ref().map(|p| p.size());
         let slot = Arc::clone(&self.slot);
         let mut core = slot.lock();
-        if let Some(p) = &plan {
-            let st = core.arena_stats();
-            if st.largest_free_block < p.size() && st.in_use == 0 {
-                // Lay the arena out again as one block that fits every plan
-                // this worker has used: later runs of any of their shapes
-                // then make no backing call.
-                core.shrink_to(0);
-                let _ = core.reserve(self.largest_plan.max(p.size()));
-            }
+        let need = plan
+            .as_ref()
+            .map_or(0, |p| p.size())
+            .max(if opts.shrink_to_plans {
+                self.largest_plan
+            } else {
+                0
+            });
+        let st = core.arena_stats();
+        if need > 0 && st.in_use == 0 && st.largest_free_block < need {
+            // Lay the arena out again as one block that fits every plan this
+            // worker has used, while no block is live (outputs of earlier
+            // runs keep theirs): later runs of any of those shapes then make
+            // no backing call.
+            core.shrink_to(0);
+            let _ = core.reserve(need);
         }
         core.begin_run(plan);
         let thread_calls_before = thread_alloc_calls();
