@@ -106,6 +106,7 @@ fn system_alloc(size: usize) -> Option<NonNull<u8>> {
             .copy_from_nonoverlapping(header.as_ptr(), header.len())
     };
     SYSTEM_ALLOCS.fetch_add(1, Ordering::Relaxed);
+    THREAD_SYSTEM_ALLOCS.with(|c| c.set(c.get() + 1));
     SYSTEM_LIVE.fetch_add(1, Ordering::Relaxed);
     // SAFETY: `HEADER < total`, so the result is inside the block.
     Some(unsafe { base.add(HEADER) })
@@ -127,11 +128,16 @@ unsafe fn system_free(user: NonNull<u8>, size: usize) {
 
 thread_local! {
     static THREAD_ALLOC_CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static THREAD_SYSTEM_ALLOCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// `Alloc` calls made on this thread so far.
-pub(crate) fn thread_alloc_calls() -> u64 {
-    THREAD_ALLOC_CALLS.with(std::cell::Cell::get)
+/// `Alloc` calls made on this thread so far, and how many of them the
+/// system allocator served.
+pub(crate) fn thread_alloc_calls() -> (u64, u64) {
+    (
+        THREAD_ALLOC_CALLS.with(std::cell::Cell::get),
+        THREAD_SYSTEM_ALLOCS.with(std::cell::Cell::get),
+    )
 }
 
 /// The safe body of `Alloc`.
@@ -318,4 +324,155 @@ pub(crate) fn run(
         return Err("ONNX Runtime returned a null output".into());
     }
     Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Contract tests: the allocator called through its C signature, as ONNX
+    //! Runtime calls it (no library needed).
+    use super::*;
+    use crate::slot::{self, Slot};
+    use tensor_arena::ArenaConfig;
+
+    type AllocFn = unsafe extern "system" fn(*mut ort::sys::OrtAllocator, usize) -> *mut c_void;
+    type FreeFn = unsafe extern "system" fn(*mut ort::sys::OrtAllocator, *mut c_void);
+
+    fn fns() -> (AllocFn, FreeFn, *mut ort::sys::OrtAllocator) {
+        let a = ALLOCATOR.0.get();
+        // SAFETY: the static is only read here (nothing writes it).
+        let table = unsafe { *a };
+        (table.Alloc.unwrap(), table.Free.unwrap(), a)
+    }
+
+    /// Writes and reads back every byte of a block.
+    fn touch(p: *mut c_void, len: usize) {
+        let p = p.cast::<u8>();
+        for i in 0..len {
+            // SAFETY: `p` is a live block of at least `len` bytes.
+            unsafe { p.add(i).write(i as u8) };
+        }
+        for i in 0..len {
+            // SAFETY: as above.
+            assert_eq!(unsafe { p.add(i).read() }, i as u8);
+        }
+    }
+
+    #[test]
+    fn no_worker_means_system_allocator() {
+        let (alloc, free, this) = fns();
+        // SAFETY: called as ONNX Runtime would: any size, then `Free` once.
+        let p = unsafe { alloc(this, 1000) };
+        assert!(!p.is_null());
+        assert_eq!(p as usize % ALIGN, 0);
+        touch(p, 1000);
+        // SAFETY: `p` came from `alloc` and is freed once.
+        unsafe { free(this, p) };
+        // SAFETY: null is ignored, as `free(NULL)` is.
+        unsafe { free(this, std::ptr::null_mut()) };
+    }
+
+    #[test]
+    fn oversized_request_is_null_not_a_panic() {
+        let (alloc, _, this) = fns();
+        // SAFETY: as ONNX Runtime would call it.
+        assert!(unsafe { alloc(this, usize::MAX) }.is_null());
+        let slot = Slot::new(ArenaConfig::default()).unwrap();
+        let mut core = slot.lock();
+        let _in = slot::enter(&slot, &mut core);
+        // SAFETY: as above.
+        assert!(unsafe { alloc(this, usize::MAX - 10) }.is_null());
+    }
+
+    #[test]
+    fn blocks_come_from_the_entered_arena_and_go_back() {
+        let (alloc, free, this) = fns();
+        let slot = Slot::new(ArenaConfig::default()).unwrap();
+        let mut core = slot.lock();
+        core.begin_run(None);
+        let ptrs: Vec<*mut c_void> = {
+            let _in = slot::enter(&slot, &mut core);
+            // SAFETY: as ONNX Runtime would call it.
+            (1..20).map(|i| unsafe { alloc(this, i * 100) }).collect()
+        };
+        let st = core.arena_stats();
+        assert_eq!(st.live_blocks, 19);
+        assert!(st.in_use >= (1..20).map(|i| i * 100 + HEADER).sum::<usize>());
+        for (i, &p) in ptrs.iter().enumerate() {
+            assert_eq!(p as usize % ALIGN, 0);
+            touch(p, (i + 1) * 100);
+        }
+        {
+            let _in = slot::enter(&slot, &mut core);
+            for &p in &ptrs {
+                // SAFETY: each pointer came from `alloc` and is freed once.
+                unsafe { free(this, p) };
+            }
+        }
+        let (report, rec) = core.finish_run().unwrap();
+        assert_eq!(
+            (report.allocs, report.frees, report.leaked_blocks),
+            (19, 19, 0)
+        );
+        assert_eq!(rec.len(), 19);
+        assert_eq!(core.arena_stats().in_use, 0);
+    }
+
+    #[test]
+    fn a_block_freed_on_another_thread_finds_its_arena() {
+        let (alloc, free, this) = fns();
+        let slot = Slot::new(ArenaConfig::default()).unwrap();
+        let weak = Arc::downgrade(&slot);
+        let mut core = slot.lock();
+        let (a, b) = {
+            let _in = slot::enter(&slot, &mut core);
+            // SAFETY: as ONNX Runtime would call it.
+            unsafe { (alloc(this, 4096) as usize, alloc(this, 4096) as usize) }
+        };
+        // `a` is freed while the owner holds its core (as during a run):
+        // it is queued, and freed at the owner's next lock.
+        std::thread::spawn(move || {
+            // SAFETY: `a` came from `alloc` and is freed once.
+            unsafe { free(this_ptr(), a as *mut c_void) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(core.arena_stats().live_blocks, 2);
+        drop(core);
+        assert_eq!(slot.lock().arena_stats().live_blocks, 1);
+        // The owner retires with `b` still live; `b` keeps the arena, and its
+        // free on another thread drops it.
+        slot.retire();
+        drop(slot);
+        assert!(weak.upgrade().is_some(), "a live block keeps its arena");
+        std::thread::spawn(move || {
+            // SAFETY: `b` came from `alloc` and is freed once.
+            unsafe { free(this_ptr(), b as *mut c_void) }
+        })
+        .join()
+        .unwrap();
+        assert!(weak.upgrade().is_none(), "the last free drops the arena");
+        let _ = this;
+    }
+
+    fn this_ptr() -> *mut ort::sys::OrtAllocator {
+        ALLOCATOR.0.get()
+    }
+
+    #[test]
+    fn system_blocks_are_counted() {
+        let before = SYSTEM_ALLOCS.load(Ordering::Relaxed);
+        let p = system_alloc(10).unwrap();
+        assert!(SYSTEM_ALLOCS.load(Ordering::Relaxed) > before);
+        // SAFETY: `p` came from `system_alloc`; header read as `free` does.
+        let h = unsafe { read_header(p) }.unwrap();
+        assert_eq!(
+            h,
+            Header {
+                owner: 0,
+                size: HEADER + 10
+            }
+        );
+        // SAFETY: freed once.
+        unsafe { system_free(p, h.size) };
+    }
 }

@@ -183,6 +183,9 @@ pub struct ArenaSession {
     output_names: Vec<CString>,
     plans: PlanCache<Box<[usize]>>,
     options: ArenaOptions,
+    /// The arenas of this session's workers (alive while the worker or one
+    /// of its outputs is).
+    slots: parking_lot::Mutex<Vec<std::sync::Weak<Slot>>>,
 }
 
 impl std::fmt::Debug for ArenaSession {
@@ -231,6 +234,7 @@ impl ArenaSession {
             output_names,
             plans: PlanCache::new(options.plan_capacity.max(1)),
             options,
+            slots: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -249,6 +253,25 @@ impl ArenaSession {
         &self.session
     }
 
+    /// The arenas of this session's workers still alive (a worker's arena
+    /// lives while the worker or one of its outputs does), with their stats
+    /// (as published after each run and each free from another thread),
+    /// one per worker, and summed.
+    pub fn arenas(&self) -> (Vec<Stats>, Stats) {
+        let slots: Vec<Arc<Slot>> = self
+            .slots
+            .lock()
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        let each: Vec<Stats> = slots.iter().map(|s| s.stats()).collect();
+        let mut sum = Stats::default();
+        for st in &each {
+            slot::add_stats(&mut sum, st);
+        }
+        (each, sum)
+    }
+
     /// The plans learned so far (shared by all workers).
     pub fn plans(&self) -> &PlanCache<Box<[usize]>> {
         &self.plans
@@ -259,9 +282,14 @@ impl ArenaSession {
     /// # Errors
     /// [`OrtArenaError::Arena`] if the arena cannot be created.
     pub fn worker(&self) -> Result<Worker<'_>, OrtArenaError> {
+        let slot = Slot::new(self.options.arena)?;
+        let mut slots = self.slots.lock();
+        slots.retain(|w| w.strong_count() > 0);
+        slots.push(Arc::downgrade(&slot));
+        drop(slots);
         Ok(Worker {
             session: self,
-            slot: Slot::new(self.options.arena)?,
+            slot,
             largest_plan: 0,
             runs: 0,
         })
@@ -381,7 +409,7 @@ impl Worker<'_> {
                 &s.output_names,
             )
         };
-        let alloc_calls = thread_alloc_calls() - thread_calls_before;
+        let alloc_calls = thread_alloc_calls().0 - thread_calls_before.0;
         let (report, recording) = core.finish_run().unwrap_or_default();
         if opts.plans && result.is_ok() {
             if (!own || report.deviated) && !recording.is_empty() {
@@ -438,7 +466,7 @@ impl Drop for Worker<'_> {
     }
 }
 
-/// `Alloc` calls served on this thread (by an arena or the system).
-fn thread_alloc_calls() -> u64 {
+/// `Alloc` calls served on this thread, and those the system served.
+fn thread_alloc_calls() -> (u64, u64) {
     crate::raw::thread_alloc_calls()
 }

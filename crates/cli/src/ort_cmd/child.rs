@@ -43,7 +43,7 @@ enum Target {
         session: tensor_arena_ort::ort::session::Session,
         options: Option<RunOptions>,
     },
-    Arena(ArenaSession),
+    Arena(Box<ArenaSession>),
 }
 
 pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
@@ -92,9 +92,9 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
                 intra_threads: intra,
                 ..ArenaOptions::default()
             };
-            Target::Arena(
+            Target::Arena(Box::new(
                 ArenaSession::open(runtime, &args.model, options).map_err(|e| e.to_string())?,
-            )
+            ))
         }
     };
     let specs = match &target {

@@ -52,3 +52,70 @@ pub fn runtime() -> &'static Runtime {
 pub fn model(name: &str) -> PathBuf {
     assets().join(name)
 }
+
+use tensor_arena_ort::ort::value::DynValue;
+use tensor_arena_ort::{make_input, open_session, InputSpec, Memory, SessionOptions};
+
+/// Inputs for `shapes` (name, dims), values from `seed`.
+pub fn inputs(
+    specs: &[InputSpec],
+    shapes: &[(&str, &[usize])],
+    seed: u64,
+) -> Vec<(String, DynValue)> {
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(k, (name, dims))| {
+            let spec = specs.iter().find(|s| s.name == *name).expect("input name");
+            (
+                name.to_string(),
+                make_input(spec, dims, seed * 100 + k as u64).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Every output's name, shape and bits (f32 outputs).
+pub type Bits = Vec<(String, Vec<i64>, Vec<u32>)>;
+
+/// The bits of named outputs.
+pub fn bits<'a>(outputs: impl IntoIterator<Item = (&'a str, &'a DynValue)>) -> Bits {
+    outputs
+        .into_iter()
+        .map(|(n, v)| {
+            let (shape, data) = v.try_extract_tensor::<f32>().expect("f32 output");
+            (
+                n.to_string(),
+                shape.to_vec(),
+                data.iter().map(|x| x.to_bits()).collect(),
+            )
+        })
+        .collect()
+}
+
+/// Outputs of a plain `ort` session (ONNX Runtime's defaults, its own
+/// `Session::run`), as bits.
+pub fn plain_bits(model_file: &str, runs: &[Vec<(String, DynValue)>]) -> Vec<Bits> {
+    let mut session = open_session(
+        runtime(),
+        model(model_file),
+        SessionOptions {
+            memory: Memory::OrtArena,
+            intra_threads: 1,
+        },
+    )
+    .unwrap();
+    let names: Vec<String> = session
+        .outputs()
+        .iter()
+        .map(|o| o.name().to_string())
+        .collect();
+    runs.iter()
+        .map(|inputs| {
+            let input: Vec<(&str, &DynValue)> =
+                inputs.iter().map(|(n, v)| (n.as_str(), v)).collect();
+            let out = session.run(input).unwrap();
+            bits(names.iter().map(|n| (n.as_str(), out.get(n).unwrap())))
+        })
+        .collect()
+}
