@@ -87,7 +87,7 @@ impl fmt::Display for OrtArenaError {
             ),
             Self::Library { path, message } => write!(
                 f,
-                "cannot use ONNX Runtime library {}: {message} (ONNX Runtime 1.31 or later is needed)",
+                "cannot use ONNX Runtime library {}: {message}",
                 path.display()
             ),
             Self::LibraryPathUnset => f.write_str(

@@ -120,24 +120,23 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
         resolved.push(r);
     }
     let threads = args.threads as usize;
+    let ready = Barrier::new(threads + 1);
     let start = Barrier::new(threads + 1);
     let end = Barrier::new(threads + 1);
     let mut rows = Vec::new();
     let session_rss = std::thread::scope(|scope| -> Result<u64, String> {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
-                let (target, specs, resolved, start, end) =
-                    (&target, &specs, &resolved, &start, &end);
-                scope.spawn(move || worker(target, specs, resolved, start, end))
+                let barriers = (&ready, &start, &end);
+                let (target, specs, resolved) = (&target, &specs, &resolved);
+                scope.spawn(move || worker(target, specs, resolved, barriers))
             })
             .collect();
-        // Workers are created (and sessions opened) before the first start.
-        start.wait();
+        // The session is open and the workers are created: nothing runs yet.
+        ready.wait();
         let session_rss = rss().0;
-        for (i, label) in args.inputs.iter().enumerate() {
-            if i > 0 {
-                start.wait();
-            }
+        for label in &args.inputs {
+            start.wait();
             end.wait();
             let (rss_now, peak) = rss();
             rows.push(RunRow {
@@ -194,14 +193,14 @@ fn worker(
     target: &Target,
     specs: &[InputSpec],
     runs: &[Vec<(String, Vec<usize>)>],
-    start: &Barrier,
-    end: &Barrier,
+    (ready, start, end): (&Barrier, &Barrier, &Barrier),
 ) -> Result<Vec<Step>, String> {
     let mut arena_worker = match target {
         Target::Arena(s) => Some(s.worker().map_err(|e| e.to_string())),
         Target::Ort { .. } => None,
     }
     .transpose();
+    ready.wait();
     let mut steps = Vec::new();
     let mut error = None;
     for (i, run) in runs.iter().enumerate() {
