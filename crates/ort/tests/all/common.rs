@@ -20,6 +20,7 @@ pub fn assets() -> &'static Path {
             "ppocr_rec.onnx",
             "silero_vad_16k_sequence.onnx",
             "densenet121.onnx",
+            "densenet121_batch.onnx",
         ]
         .iter()
         .all(|f| dir.join(f).is_file());
