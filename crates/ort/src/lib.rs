@@ -25,14 +25,16 @@ pub struct AllocatorCounters {
     pub alloc_calls: u64,
     /// `Free` calls.
     pub free_calls: u64,
-    /// Allocations served by the system allocator because no worker was
-    /// running on the calling thread (session creation, ONNX Runtime's own
-    /// pool threads).
+    /// Allocations served by the system allocator: no worker was running on
+    /// the calling thread (session creation, ONNX Runtime's own pool
+    /// threads), or the worker's arena refused the request.
     pub system_allocs: u64,
     /// System-allocator blocks still live.
     pub system_live: u64,
-    /// `Alloc` calls that returned null (an arena over its cap).
-    pub failed_allocs: u64,
+    /// Requests a worker's arena refused (over its `max_reserved` cap),
+    /// served by the system allocator instead (included in
+    /// `system_allocs`).
+    pub refused_allocs: u64,
 }
 
 /// The registered allocator's counters.
@@ -43,7 +45,7 @@ pub fn allocator_counters() -> AllocatorCounters {
         free_calls: raw::FREE_CALLS.load(Relaxed) as u64,
         system_allocs: raw::SYSTEM_ALLOCS.load(Relaxed) as u64,
         system_live: raw::SYSTEM_LIVE.load(Relaxed) as u64,
-        failed_allocs: raw::FAILED_ALLOCS.load(Relaxed) as u64,
+        refused_allocs: raw::REFUSED_ALLOCS.load(Relaxed) as u64,
     }
 }
 

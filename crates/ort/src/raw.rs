@@ -84,7 +84,7 @@ pub(crate) static ALLOC_CALLS: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static FREE_CALLS: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static SYSTEM_ALLOCS: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static SYSTEM_LIVE: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static FAILED_ALLOCS: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static REFUSED_ALLOCS: AtomicUsize = AtomicUsize::new(0);
 
 /// A block from the system allocator, for an allocation on a thread where
 /// no worker runs (ONNX Runtime allocates initializers at session creation
@@ -106,7 +106,6 @@ fn system_alloc(size: usize) -> Option<NonNull<u8>> {
             .copy_from_nonoverlapping(header.as_ptr(), header.len())
     };
     SYSTEM_ALLOCS.fetch_add(1, Ordering::Relaxed);
-    THREAD_SYSTEM_ALLOCS.with(|c| c.set(c.get() + 1));
     SYSTEM_LIVE.fetch_add(1, Ordering::Relaxed);
     // SAFETY: `HEADER < total`, so the result is inside the block.
     Some(unsafe { base.add(HEADER) })
@@ -128,31 +127,35 @@ unsafe fn system_free(user: NonNull<u8>, size: usize) {
 
 thread_local! {
     static THREAD_ALLOC_CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    static THREAD_SYSTEM_ALLOCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static THREAD_REFUSED_ALLOCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// `Alloc` calls made on this thread so far, and how many of them the
-/// system allocator served.
+/// `Alloc` calls made on this thread so far, and how many of them a
+/// worker's arena refused (served by the system allocator instead).
 pub(crate) fn thread_alloc_calls() -> (u64, u64) {
     (
         THREAD_ALLOC_CALLS.with(std::cell::Cell::get),
-        THREAD_SYSTEM_ALLOCS.with(std::cell::Cell::get),
+        THREAD_REFUSED_ALLOCS.with(std::cell::Cell::get),
     )
 }
 
-/// The safe body of `Alloc`.
+/// The safe body of `Alloc`. Null only when even the system allocator
+/// cannot serve the request: ONNX Runtime does not check every `Alloc` for
+/// null (a null from a custom allocator can crash it), so a request the
+/// worker's arena refuses (over its `max_reserved` cap) is served by the
+/// system allocator instead, and counted.
 fn alloc(size: usize) -> Option<NonNull<u8>> {
     ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
     THREAD_ALLOC_CALLS.with(|c| c.set(c.get() + 1));
-    let out = match slot::alloc_current(size) {
+    match slot::alloc_current(size) {
         slot::Served::Arena(ptr) => Some(ptr),
         slot::Served::NoWorker => system_alloc(size),
-        slot::Served::Failed => None,
-    };
-    if out.is_none() {
-        FAILED_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        slot::Served::Failed => {
+            REFUSED_ALLOCS.fetch_add(1, Ordering::Relaxed);
+            THREAD_REFUSED_ALLOCS.with(|c| c.set(c.get() + 1));
+            system_alloc(size)
+        }
     }
-    out
 }
 
 /// The body of `Free`.

@@ -307,6 +307,11 @@ pub struct RunOutput {
     pub report: RunReport,
     /// `Alloc` calls made on this thread during the run.
     pub alloc_calls: u64,
+    /// Of those, requests the worker's arena refused (over its
+    /// `max_reserved` cap), served by the system allocator instead: a cap
+    /// cannot fail a run inside ONNX Runtime, which does not expect a null
+    /// from `Alloc` everywhere.
+    pub refused_allocs: u64,
     /// The shape key of the run (rank and dimensions of each input).
     pub key: Vec<usize>,
 }
@@ -351,8 +356,8 @@ impl Worker<'_> {
     /// # Errors
     /// [`OrtArenaError::UnknownInput`], [`OrtArenaError::MissingInput`],
     /// [`OrtArenaError::BadShape`] (nothing is run), or
-    /// [`OrtArenaError::Ort`] if ONNX Runtime fails (for instance when the
-    /// arena refuses an allocation over its cap).
+    /// [`OrtArenaError::Ort`] if ONNX Runtime fails. An arena over its cap
+    /// does not fail the run: see [`RunOutput::refused_allocs`].
     pub fn run(&mut self, inputs: &[(&str, &DynValue)]) -> Result<RunOutput, OrtArenaError> {
         self.run_with_options(inputs, None)
     }
@@ -409,7 +414,9 @@ impl Worker<'_> {
                 &s.output_names,
             )
         };
-        let alloc_calls = thread_alloc_calls().0 - thread_calls_before.0;
+        let calls = thread_alloc_calls();
+        let alloc_calls = calls.0 - thread_calls_before.0;
+        let refused_allocs = calls.1 - thread_calls_before.1;
         let (report, recording) = core.finish_run().unwrap_or_default();
         if opts.plans && result.is_ok() {
             if (!own || report.deviated) && !recording.is_empty() {
@@ -432,6 +439,7 @@ impl Worker<'_> {
             outputs: s.outputs.iter().cloned().zip(values).collect(),
             report,
             alloc_calls,
+            refused_allocs,
             key,
         })
     }
@@ -466,7 +474,7 @@ impl Drop for Worker<'_> {
     }
 }
 
-/// `Alloc` calls served on this thread, and those the system served.
+/// `Alloc` calls served on this thread, and those the arena refused.
 fn thread_alloc_calls() -> (u64, u64) {
     crate::raw::thread_alloc_calls()
 }

@@ -183,7 +183,8 @@ pub(crate) enum Served {
     Arena(NonNull<u8>),
     /// No worker runs on this thread: use the system allocator.
     NoWorker,
-    /// The arena refused (over its cap, or the size overflowed).
+    /// The arena refused (over its cap, or the size overflowed): the
+    /// caller serves it elsewhere.
     Failed,
 }
 

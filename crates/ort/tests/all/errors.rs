@@ -55,6 +55,7 @@ fn missing_and_corrupt_models() {
     assert!(matches!(err, OrtArenaError::Model { .. }), "{err:?}");
     std::fs::write(&bad, b"garbage").unwrap();
     let err = ArenaSession::open(runtime(), &bad, ArenaOptions::default()).unwrap_err();
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(matches!(err, OrtArenaError::Model { .. }), "{err:?}");
 }
 
@@ -98,4 +99,36 @@ fn wrong_rank_unknown_and_missing_inputs() {
     assert!(matches!(err, OrtArenaError::MissingInput { .. }), "{err:?}");
     // And the worker still works after the errors.
     worker.run(&[("x", &good)]).unwrap();
+}
+
+#[test]
+fn an_arena_over_its_cap_sends_the_rest_to_the_system_allocator() {
+    // ONNX Runtime may crash on a null from `Alloc`, so a cap cannot fail
+    // the run: what does not fit goes to the system allocator, counted.
+    let options = ArenaOptions {
+        arena: tensor_arena::ArenaConfig {
+            max_reserved: 1 << 20,
+            ..tensor_arena::ArenaConfig::default()
+        },
+        ..ArenaOptions::default()
+    };
+    let session = ArenaSession::open(runtime(), model("ppocr_rec.onnx"), options).unwrap();
+    let runs = vec![inputs(session.inputs(), &[("x", &[1, 3, 48, 640])], 0)];
+    let expected = plain_bits("ppocr_rec.onnx", &runs);
+    let mut worker = session.worker().unwrap();
+    for _ in 0..2 {
+        let input: Vec<(&str, &tensor_arena_ort::ort::value::DynValue)> =
+            runs[0].iter().map(|(n, v)| (n.as_str(), v)).collect();
+        let out = worker.run(&input).unwrap();
+        assert!(
+            out.refused_allocs > 0 && out.refused_allocs < out.alloc_calls,
+            "{out:?}"
+        );
+        assert_eq!(out.alloc_calls - out.refused_allocs, out.report.allocs);
+        assert!(bits(out.outputs.iter().map(|(n, v)| (n.as_str(), v))) == expected[0]);
+        drop(out);
+        let stats = worker.stats();
+        assert_eq!((stats.in_use, stats.live_blocks), (0, 0));
+        assert!(stats.reserved <= 1 << 20);
+    }
 }
