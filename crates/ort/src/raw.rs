@@ -2,9 +2,9 @@
 //! every block it gets carries. All of the crate's pointer handling is here.
 //!
 //! Every `extern "system"` function is a thin trampoline: it catches any
-//! panic of the safe Rust function it calls ([`crate::slot::alloc`],
-//! [`crate::slot::free`]) and turns it into a null pointer or a leak, so a
-//! panic never unwinds into ONNX Runtime.
+//! panic of the safe Rust function it calls (`alloc`, `free`) and turns it
+//! into a system-allocator block or a leak, so a panic never unwinds into
+//! ONNX Runtime.
 //!
 //! # Block layout
 //! ```text
@@ -186,9 +186,10 @@ extern "system" fn tensor_arena_alloc(
     _this: *mut ort::sys::OrtAllocator,
     size: usize,
 ) -> *mut c_void {
+    // A panic (a bug) is caught and the request served by the system
+    // allocator, since ONNX Runtime may not survive a null.
     catch_unwind(|| alloc(size))
-        .ok()
-        .flatten()
+        .unwrap_or_else(|_| catch_unwind(|| system_alloc(size)).ok().flatten())
         .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast())
 }
 
