@@ -97,6 +97,16 @@ fn wrong_rank_unknown_and_missing_inputs() {
     );
     let err = worker.run(&[]).unwrap_err();
     assert!(matches!(err, OrtArenaError::MissingInput { .. }), "{err:?}");
+    // The wrong element type: ONNX Runtime's error, as an `Err`.
+    let ints = tensor_arena_ort::ort::value::Tensor::from_array((
+        vec![1i64, 3, 48, 192],
+        vec![0i64; 3 * 48 * 192],
+    ))
+    .unwrap()
+    .into_dyn();
+    let err = worker.run(&[("x", &ints)]).unwrap_err();
+    assert!(matches!(err, OrtArenaError::Ort(_)), "{err:?}");
+    assert_eq!(worker.stats().in_use, 0);
     // And the worker still works after the errors.
     worker.run(&[("x", &good)]).unwrap();
 }
