@@ -167,9 +167,10 @@ impl Default for ArenaOptions {
     }
 }
 
-/// The one place a recording becomes a plan.
+/// The one place a recording becomes a plan. The arena's own recordings
+/// always validate; were one not to, the key simply stays unplanned.
 fn plan_from(recording: &Recording) -> Option<Plan> {
-    Some(Plan::from_recording(recording))
+    Plan::from_recording(recording).ok()
 }
 
 /// An ONNX Runtime session whose CPU tensors (intermediates and outputs)
