@@ -205,6 +205,8 @@ fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
         let mut live: Vec<Option<Live<'_, '_>>> = Vec::new();
         let mut extras: Vec<Live<'_, '_>> = Vec::new();
         let mut base: Option<usize> = None;
+        // Blocks served from the plan so far: the next one gets this index.
+        let mut served = 0usize;
         let mut step = 0u8;
         for ev in rec.events.iter().take(MAX_EVENTS) {
             step = step.wrapping_add(1);
@@ -224,22 +226,32 @@ fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
                     };
                     block.fill(step);
                     if arena.stats().planned_allocs > before {
-                        let offset = plan
-                            .offset(i as usize)
-                            .expect("planned block has an offset");
-                        let at = block.as_ptr() as usize;
-                        let b = *base.get_or_insert(at - offset);
-                        assert_eq!(at, b + offset, "block {i} away from its planned offset");
-                        assert!(
-                            offset + block.len() <= plan.size(),
-                            "block {i} outside the plan's block"
+                        // Served from the plan: as its next block, whatever
+                        // this event was (an extra block may have taken an
+                        // earlier one's place).
+                        check_planned(
+                            plan,
+                            &mut base,
+                            &mut served,
+                            block.as_ptr() as usize,
+                            block.len(),
                         );
-                        assert_eq!(b % plan.align(), 0, "plan block misaligned");
                     }
                     live.push(Some(Live { block, fill: step }));
                     if tweak % 16 == 2 {
-                        // An extra block the plan never recorded.
+                        // An extra block the plan never recorded (it may be
+                        // served as the plan's next block).
+                        let before = arena.stats().planned_allocs;
                         if let Ok(mut extra) = arena.try_alloc(64 + usize::from(tweak)) {
+                            if arena.stats().planned_allocs > before {
+                                check_planned(
+                                    plan,
+                                    &mut base,
+                                    &mut served,
+                                    extra.as_ptr() as usize,
+                                    extra.len(),
+                                );
+                            }
                             extra.fill(!step);
                             extras.push(Live {
                                 block: extra,
@@ -271,6 +283,22 @@ fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
         );
     }
     assert_eq!(counting.outstanding(), 0, "memory not returned after drop");
+}
+
+/// A block served from `plan` as its block number `*served` sits at that
+/// block's offset from the plan block's base (the same for every block),
+/// inside the plan's block.
+fn check_planned(plan: &Plan, base: &mut Option<usize>, served: &mut usize, at: usize, len: usize) {
+    let i = *served;
+    *served += 1;
+    let offset = plan.offset(i).expect("a planned block has an offset");
+    let b = *base.get_or_insert(at - offset);
+    assert_eq!(at, b + offset, "block {i} away from its planned offset");
+    assert!(
+        offset + len <= plan.size(),
+        "block {i} outside the plan's block"
+    );
+    assert_eq!(b % plan.align(), 0, "plan block misaligned");
 }
 
 /// No two live blocks overlap, and every fill pattern is intact.
