@@ -119,6 +119,12 @@ struct ReplayArgs {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     max_reserved: Option<usize>,
 
+    /// Whether the arena strategies' memory layer (`Pages`) asks for
+    /// transparent huge pages: `auto` where the system offers them,
+    /// `never` for base pages only.
+    #[arg(long, value_enum, default_value_t = HugePagesArg::Auto)]
+    huge_pages: HugePagesArg,
+
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
@@ -208,10 +214,22 @@ fn child_args(args: &ReplayArgs) -> Vec<OsString> {
     if let Some(cap) = args.max_reserved {
         flag("max-reserved", cap.to_string().into());
     }
+    if args.huge_pages == HugePagesArg::Never {
+        flag("huge-pages", "never".into());
+    }
     if let Some(svg) = &args.svg {
         flag("svg", svg.clone().into_os_string());
     }
     v
+}
+
+/// `--huge-pages`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum HugePagesArg {
+    /// Where the system offers transparent huge pages.
+    Auto,
+    /// Base pages only.
+    Never,
 }
 
 /// Parses a byte count: an integer with an optional binary suffix (K, KiB,
@@ -290,6 +308,7 @@ fn replay_command(args: &ReplayArgs) -> Result<ExitCode, String> {
         shrink: args.shrink,
         max_reserved: args.max_reserved,
         timeline: args.svg.is_some(),
+        huge_pages: args.huge_pages == HugePagesArg::Auto,
     };
     if let Some(name) = &args.child {
         let strategy =

@@ -1,6 +1,7 @@
 //! The strategies `replay` compares, and how each is set up.
 
 use std::sync::Arc;
+use tensor_arena::memory::{default_memory, HugePages, PagesConfig};
 use tensor_arena::{Arena, ArenaConfig, Block, Plan, PlanCache, Run, ShrinkPolicy};
 
 use crate::baselines::{BumpBackend, GlobalAllocBackend};
@@ -75,6 +76,8 @@ pub struct Settings {
     pub max_reserved: Option<usize>,
     /// Record a timeline for `--svg`.
     pub timeline: bool,
+    /// Whether the arena's `Pages` layer asks for transparent huge pages.
+    pub huge_pages: bool,
 }
 
 /// What `reserved` means for the arena strategies.
@@ -187,7 +190,18 @@ fn replay_on_arena(
     progress: &Progress,
     planned: bool,
 ) -> StrategyResult {
-    let arena = Arena::new(arena_config(settings));
+    let pages = PagesConfig {
+        huge_pages: if settings.huge_pages {
+            HugePages::Auto
+        } else {
+            HugePages::Never
+        },
+        ..PagesConfig::default()
+    };
+    // `arena_config` sets only the cap (any value is valid) and a shrink
+    // policy on the defaults: the configuration always validates.
+    let arena = Arena::with_memory(arena_config(settings), default_memory(pages))
+        .expect("a valid arena configuration");
     let max_ids = workload.runs.iter().map(|r| r.allocs()).max().unwrap_or(0);
     let mut backend = ArenaBackend::new(&arena, settings.shrink, max_ids);
     if planned {
