@@ -178,8 +178,8 @@ impl Driver for CudaDriver {
     }
 
     fn address_free(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
-        // SAFETY: the driver checks that the range is a reservation.
         self.in_ctx(|| {
+            // SAFETY: the driver checks that the range is a reservation.
             check("cuMemAddressFree", unsafe {
                 sys::cuMemAddressFree(ptr.0, len)
             })
@@ -205,8 +205,8 @@ impl Driver for CudaDriver {
     }
 
     fn mem_map(&self, ptr: DevicePtr, len: usize, handle: PhysHandle) -> Result<(), DriverError> {
-        // SAFETY: a handle of this driver; the driver checks the range.
         self.in_ctx(|| {
+            // SAFETY: a handle of this driver; the driver checks the range.
             check("cuMemMap", unsafe {
                 sys::cuMemMap(ptr.0, len, 0, handle.0, 0)
             })
@@ -226,8 +226,8 @@ impl Driver for CudaDriver {
             },
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: one valid descriptor; the driver checks the range.
         self.in_ctx(|| {
+            // SAFETY: one valid descriptor; the driver checks the range.
             check("cuMemSetAccess", unsafe {
                 sys::cuMemSetAccess(ptr.0, len, &desc, 1)
             })
@@ -281,9 +281,9 @@ impl Driver for CudaDriver {
     fn stream_wait_event(&self, stream: Stream, event: EventHandle) -> Result<(), DriverError> {
         let e = event.0 as usize as sys::CUevent;
         let s = stream.raw() as usize as sys::CUstream;
-        // SAFETY: a live event of this driver; `stream` is live by the
-        // invariant of `Stream`.
         self.in_ctx(|| {
+            // SAFETY: a live event of this driver; `stream` is live by the
+            // invariant of `Stream`.
             check("cuStreamWaitEvent", unsafe {
                 sys::cuStreamWaitEvent(s, e, 0)
             })
