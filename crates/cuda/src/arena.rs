@@ -21,8 +21,8 @@ pub struct DeviceConfig {
     /// The core's settings. Defaults: 512-byte alignment, no cap, manual
     /// shrink.
     pub arena: ArenaConfig,
-    /// Address space reserved per arena with no cap; 0 (default) for the
-    /// device's memory size. Reserving costs no memory.
+    /// Address space reserved per arena with no cap; 0 (default) for twice
+    /// the device's memory. Reserving costs no memory.
     pub reservation: usize,
     /// Plans kept (one per run key, least recently used out); default 64.
     pub plan_capacity: usize,

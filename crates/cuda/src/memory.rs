@@ -80,14 +80,16 @@ pub struct DeviceMemory {
 
 impl DeviceMemory {
     /// A layer over `driver`, reserving `reservation` bytes of address space
-    /// per arena (0: as much as the device has memory).
+    /// per arena (0: twice the device's memory, so that growth at the top
+    /// of a fragmented range still finds addresses; address space costs no
+    /// memory).
     ///
     /// # Errors
     /// The driver's, when it cannot say its granularity or memory size.
     pub fn new(driver: Arc<dyn Driver>, reservation: usize) -> Result<Self, DriverError> {
         let granule = driver.granularity()?;
         let reservation = match reservation {
-            0 => driver.total_memory()?,
+            0 => driver.total_memory()?.saturating_mul(2),
             r => r,
         };
         Ok(Self {

@@ -57,6 +57,10 @@ pub struct SimCalls {
     pub event_query: u64,
     /// `cuStreamWaitEvent`.
     pub stream_wait_event: u64,
+    /// Physical allocations made (successful `cuMemCreate`s).
+    pub created: u64,
+    /// Physical allocations released (successful `cuMemRelease`s).
+    pub released: u64,
 }
 
 impl SimCalls {
@@ -534,6 +538,7 @@ impl Driver for SimDriver {
             ));
         }
         st.physical += len;
+        st.calls.created += 1;
         let h = st.next_handle;
         st.next_handle += 1;
         st.handles.insert(
@@ -555,6 +560,8 @@ impl Driver for SimDriver {
             return Err(invalid(CALL, format!("unknown handle {}", handle.0)));
         };
         p.released = true;
+        st.calls.released += 1;
+        let p = st.handles.get_mut(&handle.0).expect("checked");
         if p.mapped_at.is_none() {
             let len = p.data.len();
             st.handles.remove(&handle.0);
