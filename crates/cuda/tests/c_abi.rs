@@ -57,14 +57,34 @@ fn free(p: *mut c_void, size: isize, stream: usize) {
     unsafe { free_fn(p, size, 0, stream as *mut c_void) }
 }
 
+fn init(driver: &core::ffi::CStr) -> c_int {
+    // SAFETY: a NUL-terminated string.
+    unsafe { tensor_arena_init(driver.as_ptr()) }
+}
+
+fn run_begin(key: &[u8]) -> c_int {
+    // SAFETY: `key` is readable for its length.
+    unsafe { tensor_arena_run_begin(0, key.as_ptr(), key.len()) }
+}
+
+fn run_end() -> c_int {
+    // SAFETY: no pointer arguments.
+    unsafe { tensor_arena_run_end(0) }
+}
+
+fn shrink() -> i64 {
+    // SAFETY: no pointer arguments.
+    unsafe { tensor_arena_shrink(0) }
+}
+
+fn shrink_to(bytes: u64) -> i64 {
+    // SAFETY: no pointer arguments.
+    unsafe { tensor_arena_shrink_to(0, bytes) }
+}
+
 fn run(key: &str, sizes: &[isize]) {
     // SAFETY: `key` is readable for its length.
-    assert_eq!(
-        unsafe { tensor_arena_run_begin(0, key.as_ptr(), key.len()) },
-        0,
-        "{}",
-        last_error()
-    );
+    assert_eq!(run_begin(key.as_bytes()), 0, "{}", last_error());
     let mut live = Vec::new();
     for (i, &s) in sizes.iter().enumerate() {
         let p = alloc(s, 0);
@@ -79,24 +99,21 @@ fn run(key: &str, sizes: &[isize]) {
     for (p, n) in live {
         free(p, n, 0);
     }
-    assert_eq!(unsafe { tensor_arena_run_end(0) }, 0, "{}", last_error());
+    assert_eq!(run_end(), 0, "{}", last_error());
 }
 
 #[test]
 fn c_abi_contract() {
-    // SAFETY (all calls below): pointers are null or point to live buffers
-    // of the stated lengths.
-    unsafe {
-        assert_eq!(tensor_arena_init(c"no-such-driver".as_ptr()), -1);
-        assert!(last_error().contains("unknown driver"), "{}", last_error());
-        assert_eq!(tensor_arena_init(c"simulated".as_ptr()), 0);
-    }
+    assert_eq!(init(c"no-such-driver"), -1);
+    assert!(last_error().contains("unknown driver"), "{}", last_error());
+    assert_eq!(init(c"simulated"), 0);
     // Sizes PyTorch may pass.
     assert!(alloc(0, 0).is_null(), "zero bytes: null, no error");
     assert!(alloc(-1, 0).is_null());
     assert!(last_error().contains("negative"), "{}", last_error());
-    // SAFETY: device out of range is refused before anything else.
-    assert!(unsafe { alloc_fn(64, 999, core::ptr::null_mut()) }.is_null());
+    // SAFETY: a device out of range is refused before anything else.
+    let bad_device = unsafe { alloc_fn(64, 999, core::ptr::null_mut()) };
+    assert!(bad_device.is_null());
     assert!(last_error().contains("999"), "{}", last_error());
     assert!(alloc(1 << 50, 0).is_null(), "more than the device has");
     assert!(!last_error().is_empty());
@@ -135,28 +152,26 @@ fn c_abi_contract() {
     assert_eq!(after["calls"]["total"], before["calls"]["total"]);
 
     // Run misuse is an error code, not a crash.
-    assert_eq!(unsafe { tensor_arena_run_end(0) }, -1);
+    assert_eq!(run_end(), -1);
     assert!(last_error().contains("no run"), "{}", last_error());
-    // SAFETY: null key with a length is refused before it is read.
-    assert_eq!(
-        unsafe { tensor_arena_run_begin(0, core::ptr::null(), 4) },
-        -1
-    );
+    // SAFETY: a null key with a length is refused before it is read.
+    let null_key = unsafe { tensor_arena_run_begin(0, core::ptr::null(), 4) };
+    assert_eq!(null_key, -1);
 
     // Shrink after a small batch: down to its need.
     run("batch=1", &sizes);
-    let released = unsafe { tensor_arena_shrink(0) };
+    let released = shrink();
     assert!(released > 0);
     let s = stats(0);
     let reserved = s["arena"]["reserved"].as_u64().unwrap();
     let need = s["arena"]["watermark"].as_u64().unwrap();
     assert!(reserved >= need && reserved <= need + (2 << 20), "{s}");
     assert_eq!(s["mapped"], s["arena"]["reserved"]);
-    assert!(unsafe { tensor_arena_shrink_to(0, 0) } >= 0);
+    assert!(shrink_to(0) >= 0);
     assert_eq!(stats(0)["arena"]["reserved"], 0);
 
     // The driver cannot change once memory was allocated.
-    assert_eq!(unsafe { tensor_arena_init(c"cuda".as_ptr()) }, -1);
+    assert_eq!(init(c"cuda"), -1);
 }
 
 /// The library file next to this test binary (`target/<profile>/deps`).
