@@ -61,6 +61,10 @@ pub struct SimCalls {
     pub created: u64,
     /// Physical allocations released (successful `cuMemRelease`s).
     pub released: u64,
+    /// Mappings made (successful `cuMemMap`s).
+    pub mappings_made: u64,
+    /// Mappings removed (by successful `cuMemUnmap`s).
+    pub mappings_removed: u64,
 }
 
 impl SimCalls {
@@ -600,6 +604,7 @@ impl Driver for SimDriver {
             ));
         }
         st.handles.get_mut(&handle.0).expect("checked").mapped_at = Some(ptr.0);
+        st.calls.mappings_made += 1;
         st.mappings.insert(
             ptr.0,
             Mapping {
@@ -642,6 +647,7 @@ impl Driver for SimDriver {
         st.hazards.extend(busy);
         for a in starts {
             let m = st.mappings.remove(&a).expect("listed");
+            st.calls.mappings_removed += 1;
             let p = st.handles.get_mut(&m.handle).expect("mapped handle");
             p.mapped_at = None;
             if p.released {

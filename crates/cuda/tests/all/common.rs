@@ -24,7 +24,7 @@ pub fn assert_device_clean(sim: &SimDriver) {
     assert_eq!(sim.live_events(), 0, "events not destroyed");
     let c = sim.calls();
     assert_eq!(c.created, c.released, "creates and releases");
-    assert_eq!(c.mem_map, c.mem_unmap, "maps and unmaps");
+    assert_eq!(c.mappings_made, c.mappings_removed, "maps and unmaps");
     assert_eq!(c.address_reserve, c.address_free, "reserves and frees");
     assert!(sim.hazards().is_empty(), "hazards: {:?}", sim.hazards());
 }

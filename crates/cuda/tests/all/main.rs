@@ -4,5 +4,6 @@
 mod common;
 mod driver;
 mod memory;
+mod ops;
 
 mod streams;
