@@ -6,6 +6,9 @@
 //!   through `&Arena: Allocator`, session clone, drop and run, and
 //!   `SharedArena` steps on two threads. [`decode`] turns fuzz bytes into
 //!   operations deterministically (no randomness inside `Arbitrary`).
+//! - [`run_pages`]: the same operations on the `Pages` memory layer
+//!   through [`Faulty`], which checks and counts every reserve, commit and
+//!   decommit and fails them on demand.
 //! - [`run`]: applies operations to real arenas and checks them against a
 //!   model after every step (no overlap, alignment, fill patterns survive,
 //!   `in_use` is the sum of live sizes, `in_use <= reserved <= cap`, backing
@@ -27,24 +30,32 @@
 //! `cfg(fuzzing)`, every step also calls the arena's own `check_invariants`.
 
 mod counting;
+mod faulty;
 mod model;
 mod op;
+mod pages;
 mod pattern;
 mod plans;
 mod weights;
 
 pub use counting::Counting;
+pub use faulty::{Faulty, Ledger};
 pub use model::{config, run};
 pub use op::{
     align_from_log2, decode, Op, SharedOp, Size, CAP, GRANULE, MAX_ALIGN, MAX_OPS, MAX_PLANS,
     MAX_REQUEST, MAX_SESSIONS, MAX_SHARED_OPS,
 };
+pub use pages::run_pages;
 pub use plans::plans;
 pub use weights::weights_load;
 
-/// What the `arena_ops` fuzz target runs: [`decode`] then [`run`].
+/// What the `arena_ops` fuzz target runs: [`decode`], then [`run`] (the
+/// `Heap` layer, shared arenas, sessions) and [`run_pages`] (the `Pages`
+/// layer, with failures injected into reserve and commit).
 pub fn fuzz_arena_ops(data: &[u8]) {
-    run(&decode(data));
+    let ops = decode(data);
+    run(&ops);
+    run_pages(&ops);
 }
 
 /// What the `plans` fuzz target runs: [`plans`].

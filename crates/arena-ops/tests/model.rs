@@ -5,7 +5,7 @@
 //! shrinks a failing sequence to a short one.
 
 use proptest::prelude::*;
-use tensor_arena_ops::{run, Op, SharedOp, Size, CAP};
+use tensor_arena_ops::{run, run_pages, Op, SharedOp, Size, CAP};
 
 /// Sizes: mostly up to a few hundred KiB, some up to the cap and past it,
 /// and the edge values.
@@ -56,6 +56,14 @@ proptest! {
     #[test]
     fn random_operation_sequences_match_the_model(ops in prop::collection::vec(op(), 1..160)) {
         run(&ops);
+    }
+
+    /// The same language on the `Pages` memory layer: commits, decommits,
+    /// holes read as zero when recommitted, injected reserve and commit
+    /// failures, nothing reserved after drop.
+    #[test]
+    fn random_operation_sequences_on_pages(ops in prop::collection::vec(op(), 1..160)) {
+        run_pages(&ops);
     }
 }
 

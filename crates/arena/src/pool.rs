@@ -161,9 +161,9 @@ impl<M: Memory> Pool<M> {
     pub(crate) fn granule(&self) -> usize {
         self.align
     }
-    /// The memory layer's commit granule.
-    pub(crate) fn commit_granule(&self) -> usize {
-        self.props.granule
+    /// The memory layer's commit step for an arena of `bytes`.
+    pub(crate) fn commit_step(&self, bytes: usize) -> usize {
+        self.props.commit_step(bytes)
     }
     /// Whether the pool grows in place (one reservation, commit at its top).
     pub(crate) fn in_place(&self) -> bool {
@@ -295,7 +295,6 @@ impl<M: Memory> Pool<M> {
         align: usize,
         requested: usize,
     ) -> Result<(), ArenaError> {
-        let g = self.props.granule;
         let Some(rid) = self.map.region_ids().next() else {
             return self.first_reservation(size, requested);
         };
@@ -306,7 +305,7 @@ impl<M: Memory> Pool<M> {
         if end > len {
             return Err(self.no_room(size, len));
         }
-        let new_committed = end.next_multiple_of(g).min(len);
+        let new_committed = end.next_multiple_of(self.props.commit_step(end)).min(len);
         let extra = new_committed - committed;
         self.calls.commits += 1;
         self.memory
@@ -343,7 +342,7 @@ impl<M: Memory> Pool<M> {
             }
         };
         self.calls.reserves += 1;
-        let need = size.next_multiple_of(g).min(len);
+        let need = size.next_multiple_of(self.props.commit_step(size)).min(len);
         self.calls.commits += 1;
         if let Err(e) = self.memory.commit(base, 0, need) {
             self.memory.release(base, len, align);
@@ -552,35 +551,69 @@ impl<M: Memory> Pool<M> {
         let Some(rid) = self.map.region_ids().next() else {
             return 0;
         };
-        let g = self.props.granule;
-        let keep_from = target.next_multiple_of(g);
+        let step = |x: usize| x.next_multiple_of(self.props.commit_step(x));
+        let keep_from = step(target);
         let before = self.reserved;
         // 1. The top.
         let region = self.regions[rid as usize].as_ref().expect("live region");
         let (committed, base) = (region.committed, region.base);
-        let keep = keep_from.max(self.map.used_end(rid).next_multiple_of(g));
+        let keep = keep_from.max(step(self.map.used_end(rid)));
         if keep == 0 && self.map.is_region_free(rid) {
             self.release_reservation(rid);
+            self.bytes_released += (before - self.reserved) as u64;
             return before - self.reserved;
         }
         if keep < committed {
-            self.calls.decommits += 1;
-            if self.memory.decommit(base, keep, committed - keep).is_ok() {
+            // Decommit what is committed of `keep..committed`: the gaps
+            // between the holes already there.
+            let region = self.regions[rid as usize].as_ref().expect("live region");
+            let mut gaps = Vec::new();
+            let mut at = keep;
+            for &(h, l) in &region.holes {
+                if h + l <= at {
+                    continue;
+                }
+                if h > at {
+                    gaps.push((at, h - at));
+                }
+                at = at.max(h + l);
+            }
+            if at < committed {
+                gaps.push((at, committed - at));
+            }
+            let mut ok = true;
+            for &(off, n) in &gaps {
+                self.calls.decommits += 1;
+                if self.memory.decommit(base, off, n).is_err() {
+                    ok = false;
+                    break;
+                }
+                // Decommitted, whether or not the top is cut below.
+                let region = self.regions[rid as usize].as_mut().expect("live region");
+                let i = region.holes.partition_point(|&(h, _)| h < off);
+                region.holes.insert(i, (off, n));
+                self.reserved -= n;
+            }
+            if ok {
                 let truncated = self.map.truncate_region(rid, keep);
                 debug_assert!(truncated, "the top above the used end is free");
                 let region = self.regions[rid as usize].as_mut().expect("live region");
                 region.committed = keep;
-                // Holes above the new top are gone with it.
-                let mut cut = 0;
-                region.holes.retain(|&(h, l)| {
-                    let gone = h >= keep;
-                    cut += if gone { l } else { 0 };
-                    !gone
+                // Holes above the new top go with it (they are decommitted
+                // already: `reserved` does not change).
+                region.holes.retain_mut(|(h, l)| {
+                    if *h + *l > keep {
+                        *l = keep.saturating_sub(*h);
+                    }
+                    *l > 0
                 });
-                self.reserved -= committed - keep - cut;
             }
+            self.merge_holes(rid);
         }
-        // 2. Whole free granules inside the committed part, above the target.
+        // 2. Whole free granules inside the committed part, above the target
+        // (whole huge pages in an arena that has reached one).
+        let region = self.regions[rid as usize].as_ref().expect("live region");
+        let g = self.props.commit_step(region.committed);
         let spans: Vec<(usize, usize)> = self
             .map
             .free_spans(rid)
@@ -593,6 +626,7 @@ impl<M: Memory> Pool<M> {
         for (lo, len) in spans {
             self.decommit_hole(rid, lo, len);
         }
+        self.bytes_released += (before - self.reserved) as u64;
         before - self.reserved
     }
 
@@ -625,7 +659,12 @@ impl<M: Memory> Pool<M> {
                 self.reserved -= n;
             }
         }
-        // Merge touching holes.
+        self.merge_holes(rid);
+    }
+
+    /// Merges touching holes of region `rid`.
+    fn merge_holes(&mut self, rid: RegionId) {
+        let region = self.regions[rid as usize].as_mut().expect("live region");
         region.holes.dedup_by(|next, prev| {
             if prev.0 + prev.1 == next.0 {
                 prev.1 += next.1;

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use tensor_arena::memory::{default_memory, PagesConfig};
 use tensor_arena::plan::{Plan, PlanCache, PlanStats};
 use tensor_arena::{
     Arena, ArenaConfig, ArenaError, Block, LiveBlock, Run, RunReport, Stats, TypedBlock,
@@ -18,6 +19,10 @@ use tensor_arena::{
 pub struct SessionConfig {
     /// Configuration of each clone's private arena.
     pub arena: ArenaConfig,
+    /// Its memory layer's settings (`Pages` on Linux: address space
+    /// reserved per clone, huge pages); see the arena crate's "Address
+    /// space" section for how many clones fit.
+    pub memory: PagesConfig,
     /// Shape-keyed memory plans.
     pub plans: PlanConfig,
 }
@@ -125,7 +130,8 @@ impl Session {
         Self {
             model,
             config,
-            arena: Arena::new(config.arena),
+            arena: Arena::with_memory(config.arena, default_memory(config.memory))
+                .unwrap_or_else(|e| panic!("{e}")),
             family,
             runs: 0,
             last: None,

@@ -50,6 +50,25 @@ fn settled() -> isize {
     last
 }
 
+/// The process's mappings: how many, and their total size (Linux).
+fn mappings() -> (usize, usize) {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+    let mut count = 0;
+    let mut bytes = 0;
+    for line in maps.lines() {
+        let range = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = range.split_once('-') {
+            let (a, b) = (
+                usize::from_str_radix(a, 16).unwrap(),
+                usize::from_str_radix(b, 16).unwrap(),
+            );
+            count += 1;
+            bytes += b - a;
+        }
+    }
+    (count, bytes)
+}
+
 /// A 64x256 f32 matrix `w` and its expected products.
 fn weights() -> Arc<Weights> {
     let w: Vec<u8> = (0..64 * 256)
@@ -93,6 +112,7 @@ fn clone_destroy_10000_times_returns_to_baseline() {
         run_once(&mut c, scale);
     }
     let baseline = settled();
+    let maps_baseline = mappings();
     let mut peak_clone_cost = 0isize;
     for i in 0..10_000 {
         let before = live();
@@ -102,10 +122,25 @@ fn clone_destroy_10000_times_returns_to_baseline() {
         if i % 10 == 0 {
             assert_eq!(run_once(&mut clone, 1 + i % 4), expect);
             assert_eq!(clone.stats().arena.in_use, 0);
+            // The clone's arena holds its one reservation of address space.
+            assert_eq!(clone.stats().arena.backing_allocs, 1);
+            if i == 0 {
+                assert!(
+                    mappings().1 > maps_baseline.1,
+                    "the clone's reservation is mapped"
+                );
+            }
         }
         drop(clone);
     }
     assert_eq!(settled(), baseline, "bytes leaked by clone/destroy cycles");
+    // Every clone's reservation went with it: the same mappings as before,
+    // not 1,000 reservations of address space left behind.
+    assert_eq!(
+        mappings(),
+        maps_baseline,
+        "address space left reserved by clones"
+    );
     // Weight bytes are shared, not copied: a clone costs far less than them.
     assert!(
         (peak_clone_cost as usize) < weight_bytes / 8,

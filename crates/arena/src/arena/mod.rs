@@ -86,7 +86,10 @@ impl Arena<DefaultMemory> {
     /// # Errors
     /// [`ArenaError::InvalidConfig`].
     pub fn try_new(config: ArenaConfig) -> Result<Self, ArenaError> {
-        Self::with_memory(config, default_memory())
+        Self::with_memory(
+            config,
+            default_memory(crate::memory::PagesConfig::default()),
+        )
     }
 }
 

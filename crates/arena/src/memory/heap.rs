@@ -38,6 +38,7 @@ impl<A: Allocator> Memory for Heap<A> {
             // Regions are sized to the arena's alignment; nothing is
             // committed separately.
             granule: 1,
+            huge: 0,
             zeroed: true,
             host_accessible: true,
             committed_on_reserve: true,

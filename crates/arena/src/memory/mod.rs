@@ -21,7 +21,7 @@ mod pages;
 
 pub use heap::Heap;
 #[cfg(target_os = "linux")]
-pub use pages::{HugePages, Pages, PagesConfig, DEFAULT_RESERVATION};
+pub use pages::Pages;
 
 use core::fmt;
 use core::ptr::NonNull;
@@ -30,8 +30,14 @@ use core::ptr::NonNull;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryProps {
     /// Commits and decommits are made in multiples of this (a power of
-    /// two): 2 MiB for [`Pages`] with transparent huge pages.
+    /// two): the base page (4 KiB) for `Pages`.
     pub granule: usize,
+    /// The huge page size (a multiple of `granule`) when the layer has huge
+    /// pages, else 0. Once an arena reaches it, the arena commits and
+    /// decommits in whole huge pages, so each 2 MiB faults in at once and
+    /// stays one page; below it, in granules, so a small arena holds no
+    /// more than it uses.
+    pub huge: usize,
     /// Whether memory reads as zero when it is first committed and after it
     /// is decommitted and committed again.
     pub zeroed: bool,
@@ -42,6 +48,18 @@ pub struct MemoryProps {
     /// neither grow in place nor decommit ([`Heap`]): the arena then grows
     /// by new regions and shrinks by returning whole ones.
     pub committed_on_reserve: bool,
+}
+
+impl MemoryProps {
+    /// The step in which an arena of `bytes` commits and decommits: the
+    /// huge page size from there on, else the granule.
+    pub fn commit_step(&self, bytes: usize) -> usize {
+        if self.huge > self.granule && bytes >= self.huge {
+            self.huge
+        } else {
+            self.granule
+        }
+    }
 }
 
 /// What failed in a memory layer.
@@ -99,9 +117,11 @@ pub trait Memory {
     /// What the layer is like.
     fn props(&self) -> MemoryProps;
 
-    /// How many bytes of address space to reserve for an arena that needs
-    /// at least `min` and is capped at `cap` bytes. Layers that commit on
-    /// reserve return `min`.
+    /// How many bytes of address space to reserve for an arena whose first
+    /// request needs `min` bytes and that is capped at `cap` bytes
+    /// (`usize::MAX`: no cap). Layers that commit on reserve return `min`;
+    /// a layer that grows in place returns its whole reservation, and a
+    /// request past it fails.
     fn reservation_size(&self, min: usize, cap: usize) -> usize;
 
     /// Reserves `len` bytes (a multiple of the granule) aligned to `align`
@@ -154,24 +174,63 @@ pub trait Memory {
 ///   provenance, and [`MemoryProps::host_accessible`] is true.
 pub unsafe trait HostMemory: Memory<Ptr = NonNull<u8>> {}
 
-/// The memory layer of [`Arena::new`](crate::Arena::new): [`Pages`] on
+/// Address space reserved for an arena with no cap: 64 GiB. Nothing of it
+/// is committed until used; see "Address space" in the crate docs.
+pub const DEFAULT_RESERVATION: usize = 64 << 30;
+
+/// Whether `Pages` asks for transparent huge pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HugePages {
+    /// When the system offers them (`/sys/kernel/mm/transparent_hugepage/
+    /// enabled` is `always` or `madvise`): the reservation is advised with
+    /// `MADV_HUGEPAGE` and the granule is the huge page size (2 MiB on
+    /// x86-64).
+    #[default]
+    Auto,
+    /// Never: the granule is the base page size (4 KiB).
+    Never,
+}
+
+/// Settings of a `Pages` layer (ignored where there is none: the default
+/// layer is then [`Heap`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagesConfig {
+    /// Address space reserved per arena when it has no cap; with a cap
+    /// ([`ArenaConfig::max_reserved`](crate::ArenaConfig::max_reserved))
+    /// the reservation is the cap. Default [`DEFAULT_RESERVATION`].
+    pub reservation: usize,
+    /// Huge pages; default [`HugePages::Auto`].
+    pub huge_pages: HugePages,
+}
+
+impl Default for PagesConfig {
+    fn default() -> Self {
+        Self {
+            reservation: DEFAULT_RESERVATION,
+            huge_pages: HugePages::Auto,
+        }
+    }
+}
+
+/// The memory layer of [`Arena::new`](crate::Arena::new): `Pages` on
 /// Linux, [`Heap`] over the global allocator elsewhere.
 #[cfg(target_os = "linux")]
 pub type DefaultMemory = Pages;
 
-/// The memory layer of [`Arena::new`](crate::Arena::new): [`Pages`] on
+/// The memory layer of [`Arena::new`](crate::Arena::new): `Pages` on
 /// Linux, [`Heap`] over the global allocator elsewhere.
 #[cfg(not(target_os = "linux"))]
 pub type DefaultMemory = Heap<allocator_api2::alloc::Global>;
 
-/// A new [`DefaultMemory`].
-pub(crate) fn default_memory() -> DefaultMemory {
+/// A new [`DefaultMemory`] with `pages` (used on Linux only).
+pub fn default_memory(pages: PagesConfig) -> DefaultMemory {
     #[cfg(target_os = "linux")]
     {
-        Pages::new(PagesConfig::default())
+        Pages::new(pages)
     }
     #[cfg(not(target_os = "linux"))]
     {
+        let _ = pages;
         Heap::new(allocator_api2::alloc::Global)
     }
 }

@@ -1,47 +1,10 @@
 //! [`Pages`]: one reservation of address space per arena, committed in
 //! place, with transparent huge pages where the system offers them.
 
-use super::{HostMemory, Memory, MemoryError, MemoryOp, MemoryProps};
+use super::{HostMemory, HugePages, Memory, MemoryError, MemoryOp, MemoryProps, PagesConfig};
 use core::ffi::c_void;
 use core::ptr::NonNull;
 use rustix::mm::{self, Advice, MapFlags, MprotectFlags, ProtFlags};
-
-/// Address space reserved for an arena with no cap: 64 GiB. Nothing of it
-/// is committed until used; see "Address space" in the crate docs.
-pub const DEFAULT_RESERVATION: usize = 64 << 30;
-
-/// Whether [`Pages`] asks for transparent huge pages.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum HugePages {
-    /// When the system offers them (`/sys/kernel/mm/transparent_hugepage/
-    /// enabled` is `always` or `madvise`): the reservation is advised with
-    /// `MADV_HUGEPAGE` and the granule is the huge page size (2 MiB on
-    /// x86-64).
-    #[default]
-    Auto,
-    /// Never: the granule is the base page size (4 KiB).
-    Never,
-}
-
-/// Settings of a [`Pages`] layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PagesConfig {
-    /// Address space reserved per arena when it has no cap; with a cap
-    /// ([`ArenaConfig::max_reserved`](crate::ArenaConfig::max_reserved))
-    /// the reservation is the cap. Default [`DEFAULT_RESERVATION`].
-    pub reservation: usize,
-    /// Huge pages; default [`HugePages::Auto`].
-    pub huge_pages: HugePages,
-}
-
-impl Default for PagesConfig {
-    fn default() -> Self {
-        Self {
-            reservation: DEFAULT_RESERVATION,
-            huge_pages: HugePages::Auto,
-        }
-    }
-}
 
 /// Virtual memory from the kernel: one `mmap` reservation per arena,
 /// `PROT_NONE` and `MAP_NORESERVE` (address space only, no memory), made
@@ -57,8 +20,8 @@ impl Default for PagesConfig {
 pub struct Pages {
     config: PagesConfig,
     page: usize,
-    granule: usize,
-    huge: bool,
+    /// The huge page size, or 0 without transparent huge pages.
+    huge: usize,
 }
 
 impl Pages {
@@ -73,14 +36,13 @@ impl Pages {
         Self {
             config,
             page,
-            granule: huge.unwrap_or(page).max(page),
-            huge: huge.is_some(),
+            huge: huge.filter(|&h| h > page).unwrap_or(0),
         }
     }
 
     /// Whether the layer asks for transparent huge pages.
     pub fn huge_pages(&self) -> bool {
-        self.huge
+        self.huge > 0
     }
 
     /// The settings.
@@ -123,7 +85,8 @@ impl Memory for Pages {
 
     fn props(&self) -> MemoryProps {
         MemoryProps {
-            granule: self.granule,
+            granule: self.page,
+            huge: self.huge,
             zeroed: true,
             host_accessible: true,
             committed_on_reserve: false,
@@ -135,10 +98,14 @@ impl Memory for Pages {
             // The cap, down to whole pages: committed bytes never pass it.
             return cap & !(self.page - 1);
         }
-        let want = self.config.reservation.max(min);
-        // Whole granules.
-        want.checked_next_multiple_of(self.granule)
-            .unwrap_or(want & !(self.granule - 1))
+        // The configured reservation, whatever the first request: a request
+        // past it is `ReservationExhausted`, the first as any later one.
+        let _ = min;
+        let want = self.config.reservation;
+        // Whole pages (huge pages where there are some).
+        let step = self.huge.max(self.page);
+        want.checked_next_multiple_of(step)
+            .unwrap_or(want & !(step - 1))
     }
 
     fn reserve(&mut self, len: usize, align: usize) -> Result<NonNull<u8>, MemoryError> {
@@ -147,7 +114,9 @@ impl Memory for Pages {
             bytes: len,
             code,
         };
-        let align = align.max(self.granule);
+        // Aligned to the huge page size too, so that huge pages line up
+        // with the arena's offsets.
+        let align = align.max(self.huge).max(self.page);
         let Some(total) = len.checked_add(align - self.page) else {
             return Err(refused(None));
         };
@@ -179,7 +148,7 @@ impl Memory for Pages {
             let _ = unsafe { mm::munmap(raw.wrapping_byte_add(head + len), tail) };
         }
         let base = raw.wrapping_byte_add(head);
-        if self.huge {
+        if self.huge > 0 {
             // Advice only: without it the range still works, in base pages.
             // SAFETY: the range is the reservation just made.
             let _ = unsafe { mm::madvise(base, len, Advice::LinuxHugepage) };

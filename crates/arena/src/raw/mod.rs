@@ -787,7 +787,7 @@ impl<M: Memory> RawArena<M> {
                 let reserved = self.pool.reserved();
                 // What the run needs committed: its high-water mark in
                 // whole granules of the memory layer.
-                let need = high_water.next_multiple_of(self.pool.commit_granule());
+                let need = high_water.next_multiple_of(self.pool.commit_step(high_water));
                 if need.saturating_add(high_water / 8) < reserved {
                     self.below = (self.below.0 + 1, self.below.1.max(high_water));
                 } else {

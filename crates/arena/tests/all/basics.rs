@@ -108,9 +108,9 @@ fn shrink_falls_to_the_small_runs_high_water_mark() {
     assert_eq!(counting.outstanding.get(), 0);
 }
 
-/// `x` rounded up to the arena's commit granule (and alignment).
+/// `x` rounded up to the arena's commit step (and alignment).
 fn granules<M: tensor_arena::HostMemory>(arena: &Arena<M>, x: usize) -> usize {
-    x.next_multiple_of(arena.memory_props().granule.max(64))
+    x.next_multiple_of(arena.memory_props().commit_step(x).max(64))
 }
 
 fn shrink_policies<M: tensor_arena::HostMemory>(make: impl Fn(ArenaConfig) -> Arena<M>) {

@@ -24,12 +24,13 @@ fn replay<M: HostMemory>(arena: &Arena<M>, run: &TraceRun) -> RunReport {
 
 /// On every trace, reserved bytes stay within 1.25x of the largest lower
 /// bound since the last shrink, rounded up to the memory layer's granule
-/// (2 MiB for `Pages` with huge pages, 1 for `Heap`); a repeated run has the
+/// step (2 MiB huge pages for `Pages` past 2 MiB, else 4 KiB pages; 1 for
+/// `Heap`); a repeated run has the
 /// same high-water mark and makes no memory-layer call.
 fn footprint<M: HostMemory>(make: impl Fn() -> Arena<M>) {
     for name in trace_names() {
         let arena = make();
-        let g = arena.memory_props().granule;
+        let props = arena.memory_props();
         let mut largest = 0;
         for run in read_trace(&name) {
             let lb = run.lower_bound();
@@ -44,8 +45,8 @@ fn footprint<M: HostMemory>(make: impl Fn() -> Arena<M>) {
                 report.reserved as f64 / largest as f64
             );
             assert!(
-                report.reserved <= bound.next_multiple_of(g),
-                "{name} {}: reserved {} over 1.25x the largest lower bound {largest} (granule {g})",
+                report.reserved <= bound.next_multiple_of(props.commit_step(bound)),
+                "{name} {}: reserved {} over 1.25x the largest lower bound {largest}",
                 run.label,
                 report.reserved
             );
@@ -92,9 +93,8 @@ fn densenet_mixed_reserved_after_each_run_and_after_shrink() {
         small.lower_bound()
     );
     // Pages: the small run's high water in whole granules.
-    let g = arena.memory_props().granule;
     let bound = (small.lower_bound() as f64 * 1.25) as usize;
-    assert!(stats.reserved <= bound.next_multiple_of(g));
+    assert!(stats.reserved <= bound.next_multiple_of(arena.memory_props().commit_step(bound)));
     let again = replay(&arena, small);
     assert_eq!(again.memory_calls(), 0);
     assert_eq!(arena.shrink(), 0);

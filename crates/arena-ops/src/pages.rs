@@ -1,0 +1,449 @@
+//! [`run_pages`]: the operation language on the [`Pages`] memory layer
+//! (one reservation, committed in place), through a [`Faulty`] layer that
+//! checks every call and keeps its own map of committed granules.
+//!
+//! Where [`run`](crate::run) knows the `Heap` layer's growth policy exactly,
+//! this model checks what holds for any layer that grows in place:
+//!
+//! - live blocks do not overlap, are aligned, keep their patterns;
+//! - a granule that was decommitted reads as zero when a block next covers
+//!   it whole;
+//! - `reserved` equals the bytes the layer holds committed, and the stats'
+//!   call counters equal the layer's;
+//! - a request the committed free spans can serve makes no reservation, and
+//!   no call at all when nothing is decommitted inside;
+//! - every refusal is the documented one (bad size or alignment; over the
+//!   cap or past the reservation only when no free span fits; a failed
+//!   reserve or commit only when one was injected) and changes no live block;
+//! - after a shrink, no whole free granule at or above the target (rounded
+//!   up to granules) stays committed, unless a plan's block may pin it;
+//! - at the end every reservation went back, with nothing committed.
+
+use crate::faulty::{Faulty, Ledger};
+use crate::op::{align_from_log2, Op, CAP, GRANULE, MAX_ALIGN, MAX_PLANS, MAX_REQUEST};
+use crate::pattern;
+use std::cell::RefCell;
+use std::sync::Arc;
+use tensor_arena::memory::{HugePages, Pages, PagesConfig};
+use tensor_arena::plan::Plan;
+use tensor_arena::{Arena, ArenaConfig, ArenaError, Block, Run, Stats};
+
+type Mem = Faulty<Pages>;
+
+/// A live block of the model.
+struct Live<'a> {
+    block: Block<'a, Mem>,
+    seed: u8,
+    planned: bool,
+}
+
+/// Runs `ops` twice on `Pages`: capped at [`CAP`] with base pages (4 KiB
+/// granules: many holes), and uncapped in an 8 MiB reservation with huge
+/// pages where the system offers them (reservation exhaustion).
+///
+/// # Panics
+/// On the first broken invariant, with the step and operation.
+pub fn run_pages(ops: &[Op]) {
+    let capped = (
+        ArenaConfig {
+            max_reserved: CAP,
+            ..ArenaConfig::default()
+        },
+        PagesConfig {
+            huge_pages: HugePages::Never,
+            ..PagesConfig::default()
+        },
+    );
+    let reserved = (
+        ArenaConfig::default(),
+        PagesConfig {
+            reservation: 2 * CAP,
+            huge_pages: HugePages::Auto,
+        },
+    );
+    for (config, pages) in [capped, reserved] {
+        let (memory, ledger) = Faulty::new(Pages::new(pages));
+        {
+            let arena = Arena::with_memory(config, memory).expect("a valid configuration");
+            let mut m = Model {
+                arena: &arena,
+                ledger: &ledger,
+                capped: config.max_reserved != usize::MAX,
+                live: Vec::new(),
+                run: None,
+                plans: Vec::new(),
+            };
+            for (step, op) in ops.iter().enumerate() {
+                let at = format!("pages ({}), step {step} ({op:?})", m.mode());
+                m.apply(&at, op);
+                m.check(&at);
+            }
+            m.live.clear();
+            if let Some((run, ..)) = m.run.take() {
+                run.finish();
+            }
+            assert_eq!(arena.stats().in_use, 0, "pages: bytes in use at the end");
+        }
+        let l = ledger.borrow();
+        assert_eq!(
+            l.reservations(),
+            0,
+            "pages: a reservation outlived the arena"
+        );
+        assert_eq!(
+            l.reserves, l.releases,
+            "pages: reserves and releases differ"
+        );
+    }
+}
+
+struct Model<'a> {
+    arena: &'a Arena<Mem>,
+    ledger: &'a RefCell<Ledger>,
+    capped: bool,
+    live: Vec<Live<'a>>,
+    /// The open run, whether it is planned, and the layer's commit and
+    /// decommit counts when it began.
+    run: Option<(Run<'a, Mem>, bool, u64, u64)>,
+    plans: Vec<Arc<Plan>>,
+}
+
+impl<'a> Model<'a> {
+    fn mode(&self) -> &'static str {
+        if self.capped {
+            "capped"
+        } else {
+            "reservation"
+        }
+    }
+
+    /// Whether a plan's block may be held (its place is not known here).
+    fn plan_block_held(&self) -> bool {
+        self.live.iter().any(|l| l.planned) || self.run.as_ref().is_some_and(|r| r.1)
+    }
+
+    /// Bytes decommitted inside the committed prefix (holes), when no
+    /// plan's block is held.
+    fn holes(st: &Stats) -> usize {
+        (st.in_use + st.free_bytes).saturating_sub(st.reserved)
+    }
+
+    fn apply(&mut self, at: &str, op: &Op) {
+        match *op {
+            Op::Alloc { size, align_log2 } => self.alloc(at, size.0, align_from_log2(align_log2)),
+            Op::Free { index } => {
+                if !self.live.is_empty() {
+                    let l = self.live.swap_remove(index as usize % self.live.len());
+                    if let Some(i) = pattern::first_mismatch(&l.block, l.seed) {
+                        panic!("{at}: pattern lost at +{i} of a block being freed");
+                    }
+                }
+            }
+            Op::BeginRun | Op::BeginPlannedRun { .. } => {
+                if self.run.is_some() {
+                    return;
+                }
+                let plan = match *op {
+                    Op::BeginPlannedRun { plan } if !self.plans.is_empty() => {
+                        Some(Arc::clone(&self.plans[plan as usize % self.plans.len()]))
+                    }
+                    _ => None,
+                };
+                let planned = plan.is_some();
+                let (commits, decommits) = {
+                    let l = self.ledger.borrow();
+                    (l.commits, l.decommits)
+                };
+                let got = match plan {
+                    Some(p) => self.arena.begin_planned_run(p),
+                    None => self.arena.try_begin_run(),
+                };
+                match got {
+                    Ok(run) => self.run = Some((run, planned, commits, decommits)),
+                    Err(e) => assert!(
+                        planned
+                            && matches!(
+                                e,
+                                ArenaError::OverCap { .. }
+                                    | ArenaError::ReservationExhausted { .. }
+                                    | ArenaError::ReserveFailed { .. }
+                                    | ArenaError::CommitFailed { .. }
+                            ),
+                        "{at}: a run refused with {e}"
+                    ),
+                }
+            }
+            Op::EndRun => {
+                if let Some((run, _, commits, decommits)) = self.run.take() {
+                    let (report, rec) = run.finish_with_recording();
+                    let l = self.ledger.borrow();
+                    assert_eq!(
+                        (report.commits, report.decommits),
+                        (l.commits - commits, l.decommits - decommits),
+                        "{at}: the run's memory calls"
+                    );
+                    drop(l);
+                    if report.leaked_blocks == 0 && !rec.is_empty() {
+                        let plan = Plan::from_recording(&rec)
+                            .unwrap_or_else(|e| panic!("{at}: the run's recording: {e}"));
+                        if self.plans.len() == MAX_PLANS {
+                            self.plans.remove(0);
+                        }
+                        self.plans.push(Arc::new(plan));
+                    }
+                }
+            }
+            Op::Shrink => {
+                let target = self.arena.stats().watermark;
+                self.shrink(at, target, |a| a.shrink());
+            }
+            Op::ShrinkTo { kib } => {
+                let target = kib as usize * 1024;
+                self.shrink(at, target, |a| a.shrink_to(target));
+            }
+            Op::FailBacking { calls } => {
+                self.ledger.borrow_mut().fail_next += u64::from(calls % 4);
+            }
+            Op::Collection { len } => {
+                let mut v = tensor_arena::allocator_api2::vec::Vec::<u32, _>::new_in(self.arena);
+                for i in 0..u32::from(len % 2048) {
+                    if v.try_reserve(1).is_err() {
+                        break;
+                    }
+                    v.push(i ^ 0x5a5a);
+                }
+                if v.capacity() > 0 {
+                    // What the collection wrote is no longer zero.
+                    self.ledger
+                        .borrow_mut()
+                        .take_zero_granules(v.as_ptr() as usize, v.capacity() * 4);
+                }
+                for (i, &x) in v.iter().enumerate() {
+                    assert_eq!(x, i as u32 ^ 0x5a5a, "{at}: collection element {i}");
+                }
+            }
+            // Sessions and shared arenas run on `Heap` in `run`.
+            Op::SessionClone | Op::SessionDrop { .. } | Op::SessionRun { .. } => {}
+            Op::Shared { .. } => {}
+        }
+    }
+
+    fn alloc(&mut self, at: &str, len: usize, align: usize) {
+        let before = self.arena.stats();
+        let fail_pending = self.ledger.borrow().fail_next > 0;
+        let got = self.arena.try_alloc_aligned(len, align);
+        let after = self.arena.stats();
+        let rounded = len.checked_next_multiple_of(GRANULE).unwrap_or(usize::MAX);
+        let fits_cache = align <= GRANULE && rounded <= before.largest_free_block;
+        match got {
+            Ok(block) if len == 0 => {
+                assert!(block.is_empty(), "{at}");
+                assert_eq!(after, before, "{at}: an empty block changed stats");
+            }
+            Ok(mut block) => {
+                assert!(align.is_power_of_two() && align <= MAX_ALIGN, "{at}");
+                assert_eq!(block.capacity(), rounded, "{at}: block size");
+                assert_eq!(after.in_use, before.in_use + rounded, "{at}: in_use");
+                let planned = after.planned_allocs > before.planned_allocs;
+                if fits_cache || planned {
+                    assert_eq!(
+                        after.backing_allocs, before.backing_allocs,
+                        "{at}: reserved again"
+                    );
+                    if !self.plan_block_held() && Self::holes(&before) == 0 {
+                        assert_eq!(
+                            after.memory_calls(),
+                            before.memory_calls(),
+                            "{at}: a memory call for a request committed memory could serve"
+                        );
+                    }
+                }
+                // Granules decommitted since last written read as zero.
+                let addr = block.as_ptr() as usize;
+                let zero = self
+                    .ledger
+                    .borrow_mut()
+                    .take_zero_granules(addr, block.len());
+                for (g, n) in zero {
+                    let from = g - addr;
+                    if let Some(i) = block[from..from + n].iter().position(|&b| b != 0) {
+                        panic!(
+                            "{at}: a recommitted granule at {g:#x} reads {:#x} at +{i}",
+                            block[from + i]
+                        );
+                    }
+                }
+                let seed = (at.len() as u8)
+                    .wrapping_mul(31)
+                    .wrapping_add(rounded as u8)
+                    | 1;
+                pattern::fill(&mut block, seed);
+                self.live.push(Live {
+                    block,
+                    seed,
+                    planned,
+                });
+            }
+            Err(e) => {
+                let ok = match e {
+                    ArenaError::InvalidAlignment { .. } => !align.is_power_of_two(),
+                    ArenaError::AlignmentTooLarge { .. } => align > MAX_ALIGN,
+                    ArenaError::CapacityOverflow { .. } => rounded > MAX_REQUEST,
+                    ArenaError::OverCap { limit, .. } => self.capped && limit == CAP && !fits_cache,
+                    ArenaError::ReservationExhausted { .. } => !self.capped && !fits_cache,
+                    ArenaError::ReserveFailed { .. } | ArenaError::CommitFailed { .. } => {
+                        fail_pending
+                    }
+                    _ => false,
+                };
+                assert!(
+                    ok,
+                    "{at}: unexpected {e:?} (largest free {})",
+                    before.largest_free_block
+                );
+                assert_eq!(
+                    (
+                        after.in_use,
+                        after.live_blocks,
+                        after.allocs,
+                        after.reserved
+                    ),
+                    (
+                        before.in_use,
+                        before.live_blocks,
+                        before.allocs,
+                        before.reserved
+                    ),
+                    "{at}: a refused request changed the arena"
+                );
+            }
+        }
+    }
+
+    fn shrink(&mut self, at: &str, target: usize, f: impl FnOnce(&Arena<Mem>) -> usize) {
+        let before = self.arena.stats();
+        let base = self.ledger.borrow().bases().first().copied();
+        // The committed prefix: up to the end of the highest committed
+        // granule (decommitted holes never reach the top).
+        let prefix = |m: &Self, base: usize| {
+            m.ledger
+                .borrow()
+                .committed_granules()
+                .iter()
+                .map(|&(a, n)| a + n - base)
+                .max()
+                .unwrap_or(0)
+        };
+        let prefix_before = base.map_or(0, |b| prefix(self, b));
+        let released = f(self.arena);
+        let after = self.arena.stats();
+        assert!(
+            after.reserved <= before.reserved,
+            "{at}: shrink grew the arena"
+        );
+        assert_eq!(
+            released,
+            before.reserved - after.reserved,
+            "{at}: bytes released"
+        );
+        assert_eq!(after.in_use, before.in_use, "{at}");
+        if self.plan_block_held() {
+            return;
+        }
+        let Some(base) = base else {
+            assert_eq!(after.reserved, 0, "{at}: reserved with no reservation");
+            return;
+        };
+        // What the arena promises, in offsets: the top is cut to the target
+        // (or the highest live block) in commit steps, and every whole
+        // step-aligned part of a free gap between live blocks at or above
+        // the target is decommitted.
+        let props = self.arena.memory_props();
+        let up = |x: usize| x.next_multiple_of(props.commit_step(x));
+        let mut live: Vec<(usize, usize)> = self
+            .live
+            .iter()
+            .filter(|l| !l.block.is_empty())
+            .map(|l| (l.block.as_ptr() as usize - base, l.block.capacity()))
+            .collect();
+        live.sort_unstable();
+        let used_end = live.iter().map(|&(a, n)| a + n).max().unwrap_or(0);
+        let keep_from = up(target);
+        let keep_top = keep_from.max(up(used_end));
+        let hs = props.commit_step(prefix_before.min(keep_top));
+        let mut gaps = Vec::new();
+        let mut at_off = 0;
+        for &(a, n) in &live {
+            if a > at_off {
+                gaps.push((at_off, a));
+            }
+            at_off = at_off.max(a + n);
+        }
+        for (addr, _) in self.ledger.borrow().committed_granules() {
+            let o = addr - base;
+            assert!(
+                o < keep_top,
+                "{at}: granule at +{o:#x} committed above the kept top {keep_top:#x}"
+            );
+            for &(fa, fb) in &gaps {
+                let (lo, hi) = (fa.next_multiple_of(hs).max(keep_from), fb / hs * hs);
+                assert!(
+                    !(lo <= o && o < hi),
+                    "{at}: granule at +{o:#x} is free (gap {fa:#x}..{fb:#x}), above the \
+                     target {target:#x}, and committed"
+                );
+            }
+        }
+    }
+
+    fn check(&self, at: &str) {
+        #[cfg(any(fuzzing, feature = "check-invariants"))]
+        self.arena.check_invariants();
+        let st = self.arena.stats();
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        for l in &self.live {
+            if l.block.is_empty() {
+                continue;
+            }
+            let addr = l.block.as_ptr() as usize;
+            assert_eq!(addr % GRANULE, 0, "{at}: block at {addr:#x} misaligned");
+            if let Some(i) = pattern::first_mismatch(&l.block, l.seed) {
+                panic!("{at}: pattern lost at {addr:#x}+{i}");
+            }
+            ranges.push((addr, addr + l.block.capacity()));
+        }
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            assert!(
+                w[0].1 <= w[1].0,
+                "{at}: blocks overlap: {:x?} and {:x?}",
+                w[0],
+                w[1]
+            );
+        }
+        let sum: usize = ranges.iter().map(|r| r.1 - r.0).sum();
+        assert_eq!(st.in_use, sum, "{at}: in_use is not the sum of live blocks");
+        assert!(st.in_use <= st.reserved, "{at}: in_use over reserved");
+        if self.capped {
+            assert!(st.reserved <= CAP, "{at}: reserved over the cap");
+        }
+        let l = self.ledger.borrow();
+        assert_eq!(
+            l.committed(),
+            st.reserved,
+            "{at}: committed bytes vs reserved"
+        );
+        assert_eq!(
+            (
+                st.backing_allocs,
+                st.backing_frees,
+                st.commits,
+                st.decommits
+            ),
+            (l.reserves, l.releases, l.commits, l.decommits),
+            "{at}: memory calls"
+        );
+        assert!(l.reservations() <= 1, "{at}: more than one reservation");
+        assert_eq!(st.regions, l.reservations(), "{at}: regions");
+    }
+}
