@@ -193,6 +193,8 @@ impl Memory for DeviceMemory {
     fn props(&self) -> MemoryProps {
         MemoryProps {
             granule: self.granule,
+            // The granule is already the device's unit (2 MiB).
+            huge: 0,
             zeroed: false,
             host_accessible: false,
             committed_on_reserve: false,

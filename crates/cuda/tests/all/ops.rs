@@ -99,7 +99,11 @@ fn fill(sim: &SimDriver, b: &Live) {
 fn check(a: &DeviceArena, sim: &SimDriver, live: &[Live]) {
     a.check_invariants();
     let st = a.stats();
-    assert_eq!(st.mapped, sim.mapped_bytes(), "reserved = mapped on the device");
+    assert_eq!(
+        st.mapped,
+        sim.mapped_bytes(),
+        "reserved = mapped on the device"
+    );
     assert_eq!(st.arena.reserved, st.mapped);
     let bytes: usize = live
         .iter()
@@ -107,7 +111,10 @@ fn check(a: &DeviceArena, sim: &SimDriver, live: &[Live]) {
         .sum();
     assert_eq!(st.arena.in_use, bytes, "every live byte accounted for");
     assert!(st.arena.in_use <= st.arena.reserved);
-    let mut ranges: Vec<(u64, u64)> = live.iter().map(|b| (b.ptr.0, b.ptr.0 + b.len as u64)).collect();
+    let mut ranges: Vec<(u64, u64)> = live
+        .iter()
+        .map(|b| (b.ptr.0, b.ptr.0 + b.len as u64))
+        .collect();
     ranges.sort_unstable();
     for w in ranges.windows(2) {
         assert!(w[0].1 <= w[1].0, "blocks overlap: {w:?}");
@@ -116,7 +123,11 @@ fn check(a: &DeviceArena, sim: &SimDriver, live: &[Live]) {
         assert_eq!(b.ptr.0 % DEVICE_ALIGN as u64, 0);
         check_pattern(sim, b);
     }
-    assert!(sim.hazards().is_empty(), "stream rule broken: {:?}", sim.hazards());
+    assert!(
+        sim.hazards().is_empty(),
+        "stream rule broken: {:?}",
+        sim.hazards()
+    );
 }
 
 fn run(ops: &[Op]) {
@@ -143,11 +154,15 @@ fn run(ops: &[Op]) {
                             fill: next_fill,
                         };
                         next_fill = next_fill.wrapping_add(1).max(1);
-                        sim.launch(stream, ptr, size).expect("a new block is mapped");
+                        sim.launch(stream, ptr, size)
+                            .expect("a new block is mapped");
                         fill(&sim, &b);
                         live.push(b);
                     }
-                    Err(e) => assert!(injected > 0, "allocation failed with no failure injected: {e}"),
+                    Err(e) => assert!(
+                        injected > 0,
+                        "allocation failed with no failure injected: {e}"
+                    ),
                 }
             }
             Op::Free { index } => {
@@ -163,7 +178,8 @@ fn run(ops: &[Op]) {
             }
             Op::Launch { index } => {
                 if let Some(b) = live.get(index as usize % live.len().max(1)) {
-                    sim.launch(b.stream, b.ptr, b.len).expect("a live block is mapped");
+                    sim.launch(b.stream, b.ptr, b.len)
+                        .expect("a live block is mapped");
                 }
             }
             Op::Complete { stream } => sim.complete(streams[stream as usize % 3]),
@@ -210,13 +226,25 @@ proptest! {
 fn every_operation_once() {
     run(&[
         Op::BeginRun { key: 1 },
-        Op::Alloc { size: 300_000, stream: 0 },
-        Op::Alloc { size: 5_000, stream: 1 },
+        Op::Alloc {
+            size: 300_000,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 5_000,
+            stream: 1,
+        },
         Op::Launch { index: 0 },
         Op::Free { index: 0 },
-        Op::Alloc { size: 2_000_000, stream: 2 },
+        Op::Alloc {
+            size: 2_000_000,
+            stream: 2,
+        },
         Op::Fail { call: 4, count: 1 },
-        Op::Alloc { size: 100_000, stream: 1 },
+        Op::Alloc {
+            size: 100_000,
+            stream: 1,
+        },
         Op::Complete { stream: 1 },
         Op::Free { index: 1 },
         Op::EndRun,
@@ -224,7 +252,10 @@ fn every_operation_once() {
         Op::Shrink,
         Op::ShrinkTo { kib: 0 },
         Op::Fail { call: 0, count: 2 },
-        Op::Alloc { size: 3_000_000, stream: 0 },
+        Op::Alloc {
+            size: 3_000_000,
+            stream: 0,
+        },
         Op::BeginRun { key: 1 },
         Op::BeginRun { key: 2 },
         Op::Free { index: 0 },
