@@ -5,7 +5,7 @@ use crate::driver::{CudaDriver, DevicePtr, Driver, Stream};
 use crate::memory::{DeviceCalls, DeviceMemory};
 use crate::streams::{StreamStats, Streams};
 use crate::CudaError;
-use std::collections::HashMap;
+use hashbrown::HashMap;
 use std::sync::Arc;
 use tensor_arena::{
     ArenaConfig, ArenaError, Handle, Plan, PlanCache, PlanStats, RawArena, RunReport, Stats,
