@@ -95,9 +95,9 @@ fn hot_path(c: &mut Criterion) {
         b.iter(|| {
             pass!(
                 &sizes,
-                // SAFETY: the simulated driver takes any stream; the
-                // pointer freed is one `alloc_fn` returned.
+                // SAFETY: the simulated driver takes any stream.
                 |n: usize| unsafe { alloc_fn(black_box(n as isize), 0, core::ptr::null_mut()) },
+                // SAFETY: a pointer `alloc_fn` returned, freed once.
                 |p| unsafe { free_fn(p, 0, 0, core::ptr::null_mut()) }
             )
         })
