@@ -15,8 +15,10 @@ use crate::driver::{DevicePtr, SimConfig, SimDriver, Stream};
 use crate::{CudaError, DeviceArena, DeviceConfig};
 use core::ffi::{c_char, c_int, c_void, CStr};
 use parking_lot::Mutex;
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use tensor_arena::{ArenaError, ShrinkPolicy};
 
 /// Devices the C ABI serves (ordinals `0..MAX_DEVICES`).
 const MAX_DEVICES: usize = 64;
@@ -24,6 +26,12 @@ const MAX_DEVICES: usize = 64;
 /// The environment variable that picks the driver when
 /// [`tensor_arena_init`] was not called: `cuda` (default) or `simulated`.
 pub const DRIVER_ENV: &str = "TENSOR_ARENA_CUDA_DRIVER";
+
+/// The environment variable that sets the arenas' shrink policy, read when
+/// a device's arena is made: `manual` (default), `every-run`, or
+/// `below:N` (after N runs in a row that needed at least 1/8 less than is
+/// mapped).
+pub const SHRINK_ENV: &str = "TENSOR_ARENA_CUDA_SHRINK";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Choice {
@@ -85,14 +93,37 @@ fn parse_choice(s: &str) -> Result<Choice, CudaError> {
     match s {
         "cuda" | "" => Ok(Choice::Cuda),
         "simulated" => Ok(Choice::Simulated),
-        other => Err(CudaError::Arena(tensor_arena::ArenaError::InvalidConfig(
-            if other.is_empty() {
-                "empty driver name"
-            } else {
-                "unknown driver: use \"cuda\" or \"simulated\""
-            },
+        _ => Err(CudaError::Arena(ArenaError::InvalidConfig(
+            "unknown driver: use \"cuda\" or \"simulated\"",
         ))),
     }
+}
+
+fn parse_policy(s: &str) -> Result<ShrinkPolicy, CudaError> {
+    let bad = || {
+        CudaError::Arena(ArenaError::InvalidConfig(
+            "TENSOR_ARENA_CUDA_SHRINK: use manual, every-run or below:N (N >= 1)",
+        ))
+    };
+    match s {
+        "" | "manual" => Ok(ShrinkPolicy::Manual),
+        "every-run" => Ok(ShrinkPolicy::AfterEveryRun),
+        _ => {
+            let runs = s.strip_prefix("below:").ok_or_else(bad)?;
+            match runs.parse::<u32>() {
+                Ok(runs) if runs >= 1 => Ok(ShrinkPolicy::AfterRunsBelow { runs }),
+                _ => Err(bad()),
+            }
+        }
+    }
+}
+
+fn config_from_env() -> Result<DeviceConfig, CudaError> {
+    let mut config = DeviceConfig::default();
+    if let Ok(v) = std::env::var(SHRINK_ENV) {
+        config.arena.shrink_policy = parse_policy(&v)?;
+    }
+    Ok(config)
 }
 
 /// The arena of `device`, made on first use.
@@ -103,11 +134,7 @@ fn with_arena<T>(
     let index = usize::try_from(device)
         .ok()
         .filter(|&d| d < MAX_DEVICES)
-        .ok_or(CudaError::Driver(crate::DriverError::new(
-            "device",
-            crate::driver::CUDA_ERROR_INVALID_VALUE,
-            format!("device ordinal {device} out of range 0..{MAX_DEVICES}"),
-        )))?;
+        .ok_or(CudaError::BadDevice { device })?;
     let mut g = GLOBAL.lock();
     let choice = match g.choice {
         Some(c) => c,
@@ -122,12 +149,12 @@ fn with_arena<T>(
     }
     let slot = &mut g.arenas[index];
     if slot.is_none() {
+        let config = config_from_env()?;
         let arena = match choice {
-            Choice::Cuda => DeviceArena::cuda(device, DeviceConfig::default())?,
-            Choice::Simulated => DeviceArena::new(
-                Arc::new(SimDriver::new(SimConfig::default())),
-                DeviceConfig::default(),
-            )?,
+            Choice::Cuda => DeviceArena::cuda(device, config)?,
+            Choice::Simulated => {
+                DeviceArena::new(Arc::new(SimDriver::new(SimConfig::default())), config)?
+            }
         };
         *slot = Some(arena);
     }
@@ -171,7 +198,10 @@ fn alloc(size: isize, device: c_int, stream: Stream) -> *mut c_void {
     match with_arena(device, |a| a.alloc(size, stream)) {
         Ok(p) => p.0 as usize as *mut c_void,
         Err(e) => {
-            set_error(format!("allocating {size} bytes on device {device}: {e}"));
+            let msg = format!("allocating {size} bytes on device {device}: {e}");
+            // PyTorch does not check for null here: say why on stderr too.
+            let _ = writeln!(std::io::stderr(), "tensor-arena-cuda: {msg}");
+            set_error(msg);
             core::ptr::null_mut()
         }
     }
@@ -282,7 +312,7 @@ pub unsafe extern "C" fn tensor_arena_init(driver: *const c_char) -> c_int {
             let mut g = GLOBAL.lock();
             let used = g.arenas.iter().any(Option::is_some);
             if used && g.choice != Some(choice) {
-                return Err(CudaError::Arena(tensor_arena::ArenaError::InvalidConfig(
+                return Err(CudaError::Arena(ArenaError::InvalidConfig(
                     "the driver cannot change once memory was allocated",
                 )));
             }
@@ -381,4 +411,34 @@ pub unsafe extern "C" fn tensor_arena_last_error(buf: *mut c_char, cap: usize) -
         // SAFETY: `buf` is null or writable for `cap` bytes (caller).
         unsafe { write_str(buf, cap, &msg) }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shrink_policies_parse() {
+        assert_eq!(parse_policy("manual").unwrap(), ShrinkPolicy::Manual);
+        assert_eq!(parse_policy("").unwrap(), ShrinkPolicy::Manual);
+        assert_eq!(
+            parse_policy("every-run").unwrap(),
+            ShrinkPolicy::AfterEveryRun
+        );
+        assert_eq!(
+            parse_policy("below:3").unwrap(),
+            ShrinkPolicy::AfterRunsBelow { runs: 3 }
+        );
+        for bad in ["below:0", "below:", "below:x", "sometimes", "below:-1"] {
+            let e = parse_policy(bad).unwrap_err().to_string();
+            assert!(e.contains("TENSOR_ARENA_CUDA_SHRINK"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn driver_names_parse() {
+        assert_eq!(parse_choice("cuda").unwrap(), Choice::Cuda);
+        assert_eq!(parse_choice("simulated").unwrap(), Choice::Simulated);
+        assert!(parse_choice("gpu").is_err());
+    }
 }

@@ -41,6 +41,11 @@ pub enum CudaError {
     },
     /// `end_run` with no run open.
     NoRun,
+    /// A device ordinal the C ABI does not serve (negative, or past 63).
+    BadDevice {
+        /// The ordinal given.
+        device: i32,
+    },
 }
 
 impl fmt::Display for CudaError {
@@ -59,6 +64,9 @@ impl fmt::Display for CudaError {
                 write!(f, "{ptr:#x} is not a live block of this arena")
             }
             Self::NoRun => f.write_str("no run is open"),
+            Self::BadDevice { device } => {
+                write!(f, "device ordinal {device} is out of range 0..64")
+            }
         }
     }
 }

@@ -198,3 +198,26 @@ fn dropping_with_live_blocks_returns_everything() {
     drop(a);
     assert_device_clean(&sim);
 }
+
+#[test]
+fn shrink_policies_work_on_the_device() {
+    let config = DeviceConfig {
+        arena: tensor_arena::ArenaConfig {
+            shrink_policy: tensor_arena::ShrinkPolicy::AfterEveryRun,
+            ..DeviceConfig::default().arena
+        },
+        ..DeviceConfig::default()
+    };
+    let (mut a, sim) = sim_arena(SMALL, config);
+    for (key, size) in [(&b"big"[..], 8usize << 20), (b"small", 1 << 20)] {
+        a.begin_run(key).unwrap();
+        let p = a.alloc(size, S).unwrap();
+        a.free(p, S).unwrap();
+        let r = a.end_run().unwrap();
+        // Every run ends at its own need.
+        assert_eq!(r.reserved, size, "{r:?}");
+        assert_eq!(sim.mapped_bytes(), size);
+    }
+    drop(a);
+    assert_device_clean(&sim);
+}
