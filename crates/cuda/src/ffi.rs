@@ -293,34 +293,33 @@ pub unsafe extern "C" fn free_fn(
 /// `driver` is null (keeps the default) or a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn tensor_arena_init(driver: *const c_char) -> c_int {
-    let name = if driver.is_null() {
-        None
-    } else {
-        // SAFETY: a NUL-terminated string (caller).
-        Some(
-            unsafe { CStr::from_ptr(driver) }
-                .to_string_lossy()
-                .into_owned(),
-        )
-    };
     trampoline(-1, || {
-        let r = (|| {
-            let choice = match &name {
-                None => choice_from_env()?,
-                Some(n) => parse_choice(n)?,
-            };
-            let mut g = GLOBAL.lock();
-            let used = g.arenas.iter().any(Option::is_some);
-            if used && g.choice != Some(choice) {
-                return Err(CudaError::Arena(ArenaError::InvalidConfig(
-                    "the driver cannot change once memory was allocated",
-                )));
-            }
-            g.choice = Some(choice);
-            Ok(())
-        })();
-        code(r, |()| 0) as c_int
+        let name = if driver.is_null() {
+            None
+        } else {
+            // SAFETY: a NUL-terminated string (caller).
+            let name = unsafe { CStr::from_ptr(driver) };
+            Some(name.to_string_lossy().into_owned())
+        };
+        code(init(name.as_deref()), |()| 0) as c_int
     })
+}
+
+/// Picks the driver (`None`: from the environment).
+fn init(name: Option<&str>) -> Result<(), CudaError> {
+    let choice = match name {
+        None => choice_from_env()?,
+        Some(n) => parse_choice(n)?,
+    };
+    let mut g = GLOBAL.lock();
+    let used = g.arenas.iter().any(Option::is_some);
+    if used && g.choice != Some(choice) {
+        return Err(CudaError::Arena(ArenaError::InvalidConfig(
+            "the driver cannot change once memory was allocated",
+        )));
+    }
+    g.choice = Some(choice);
+    Ok(())
 }
 
 /// Opens a run on `device` for the input shape named by `key` (`key_len`
@@ -335,16 +334,16 @@ pub unsafe extern "C" fn tensor_arena_run_begin(
     key: *const u8,
     key_len: usize,
 ) -> c_int {
-    let key: &[u8] = if key_len == 0 {
-        &[]
-    } else if key.is_null() {
-        set_error("null run key".into());
-        return -1;
-    } else {
-        // SAFETY: `key_len` readable bytes at `key` (caller).
-        unsafe { core::slice::from_raw_parts(key, key_len) }
-    };
     trampoline(-1, || {
+        let key: &[u8] = if key_len == 0 {
+            &[]
+        } else if key.is_null() {
+            set_error("null run key with a non-zero length".into());
+            return -1;
+        } else {
+            // SAFETY: `key_len` readable bytes at `key` (caller).
+            unsafe { core::slice::from_raw_parts(key, key_len) }
+        };
         code(with_arena(device, |a| a.begin_run(key)), |_| 0) as c_int
     })
 }
