@@ -95,9 +95,9 @@ def child(args):
             # Device tensors die inside the run, so it can be planned.
             del out, x
         s = arena.stats()
-        run = s["last_run"]
-        # `reserved` only grows inside a run (shrinking is between runs).
-        return host, run["peak_in_use"], s["arena"]["reserved"]
+        # The most device memory mapped during the run (a plan learned at
+        # its end may shrink the arena after it).
+        return host, s["last_run"]["peak_in_use"], s["last_run_peak_mapped"]
 
     rows = [{"batch": b} for b in batches]
     outputs = []

@@ -26,6 +26,11 @@ pub struct DeviceConfig {
     pub reservation: usize,
     /// Plans kept (one per run key, least recently used out); default 64.
     pub plan_capacity: usize,
+    /// Whether learning a plan shrinks the arena to what the plans need
+    /// (the blocks live outside runs, such as weights, plus the largest
+    /// plan): every key seen before is served from its plan's block, so
+    /// nothing more is needed until a new key comes. Default true.
+    pub shrink_to_plans: bool,
 }
 
 impl Default for DeviceConfig {
@@ -37,6 +42,7 @@ impl Default for DeviceConfig {
             },
             reservation: 0,
             plan_capacity: 64,
+            shrink_to_plans: true,
         }
     }
 }
@@ -62,6 +68,9 @@ pub struct DeviceStats {
     /// Bytes mapped now, as the memory layer counts them (equals
     /// `arena.reserved`).
     pub mapped: usize,
+    /// Most bytes mapped at once during the last run that ended (before
+    /// any shrink at its end): the run's real device footprint.
+    pub last_run_peak_mapped: usize,
     /// Allocations that failed for want of device memory even after the
     /// arena gave its cached memory back and retried.
     pub out_of_memory: u64,
@@ -83,10 +92,14 @@ pub struct DeviceArena {
     plans: PlanCache<Vec<u8>>,
     /// The open run's key, and whether its own plan serves it.
     run: Option<(Vec<u8>, bool)>,
+    shrink_to_plans: bool,
+    /// Size of the largest plan learned.
+    largest_plan: usize,
     out_of_memory: u64,
     stranded: u64,
     stranded_bytes: usize,
     last_run: Option<RunReport>,
+    last_run_peak_mapped: usize,
 }
 
 impl core::fmt::Debug for DeviceArena {
@@ -129,10 +142,13 @@ impl DeviceArena {
             streams: Streams::default(),
             plans: PlanCache::new(config.plan_capacity),
             run: None,
+            shrink_to_plans: config.shrink_to_plans,
+            largest_plan: 0,
             out_of_memory: 0,
             stranded: 0,
             stranded_bytes: 0,
             last_run: None,
+            last_run_peak_mapped: 0,
         })
     }
 
@@ -228,6 +244,7 @@ impl DeviceArena {
         if self.raw.in_run() {
             return Err(ArenaError::RunAlreadyOpen.into());
         }
+        self.raw.memory().reset_peak();
         let plan = self.plans.get(key);
         let own = plan.is_some();
         let id = match self.raw.begin_run(plan) {
@@ -250,12 +267,19 @@ impl DeviceArena {
             return Err(CudaError::NoRun);
         };
         let (report, recording) = self.raw.finish_run();
+        self.last_run_peak_mapped = self.raw.memory().peak();
         if report.deviated {
             self.plans.note_deviation();
         }
         if (!own || report.deviated) && report.leaked_blocks == 0 && !recording.is_empty() {
             if let Ok(plan) = Plan::from_recording(&recording) {
+                self.largest_plan = self.largest_plan.max(plan.size());
                 self.plans.insert(key, Arc::new(plan));
+                if self.shrink_to_plans {
+                    // What stays live between runs, and one plan's block.
+                    let outside = self.raw.stats().in_use;
+                    self.shrink_to(outside + self.largest_plan);
+                }
             }
         }
         self.last_run = Some(report);
@@ -307,6 +331,7 @@ impl DeviceArena {
             streams: self.streams.stats(),
             plans: self.plans.stats(),
             mapped: self.raw.memory().mapped(),
+            last_run_peak_mapped: self.last_run_peak_mapped,
             out_of_memory: self.out_of_memory,
             stranded_blocks: self.stranded,
         }

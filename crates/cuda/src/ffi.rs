@@ -225,6 +225,7 @@ fn stats_json(device: c_int) -> Result<String, CudaError> {
             "driver": a.driver().name(),
             "arena": s.arena,
             "mapped": s.mapped,
+            "last_run_peak_mapped": s.last_run_peak_mapped,
             "calls": {
                 "address_reserve": s.calls.address_reserve,
                 "address_free": s.calls.address_free,

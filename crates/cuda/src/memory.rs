@@ -1,6 +1,7 @@
 //! [`DeviceMemory`]: the arena's memory layer over CUDA virtual memory.
 
 use crate::driver::{DevicePtr, Driver, DriverError, PhysHandle};
+use core::cell::Cell;
 use std::sync::Arc;
 use tensor_arena::memory::{MemoryError, MemoryOp, MemoryProps};
 use tensor_arena::Memory;
@@ -74,6 +75,8 @@ pub struct DeviceMemory {
     ranges: Vec<Range>,
     /// Bytes mapped now.
     mapped: usize,
+    /// Most bytes mapped since the last [`DeviceMemory::reset_peak`].
+    peak: Cell<usize>,
     calls: DeviceCalls,
     last_error: Option<DriverError>,
 }
@@ -98,6 +101,7 @@ impl DeviceMemory {
             reservation: reservation.next_multiple_of(granule),
             ranges: Vec::new(),
             mapped: 0,
+            peak: Cell::new(0),
             calls: DeviceCalls::default(),
             last_error: None,
         })
@@ -116,6 +120,16 @@ impl DeviceMemory {
     /// Bytes mapped now.
     pub fn mapped(&self) -> usize {
         self.mapped
+    }
+
+    /// Most bytes mapped at once since the last [`DeviceMemory::reset_peak`].
+    pub fn peak(&self) -> usize {
+        self.peak.get()
+    }
+
+    /// Starts a new peak window at the bytes mapped now.
+    pub fn reset_peak(&self) {
+        self.peak.set(self.mapped);
     }
 
     /// The last driver error, if any call failed.
@@ -148,6 +162,7 @@ impl DeviceMemory {
         }
         self.ranges[ri].chunks[i] = Some(h);
         self.mapped += g;
+        self.peak.set(self.peak.get().max(self.mapped));
         Ok(())
     }
 

@@ -221,3 +221,43 @@ fn shrink_policies_work_on_the_device() {
     drop(a);
     assert_device_clean(&sim);
 }
+
+#[test]
+fn learning_a_plan_shrinks_to_what_the_plans_need() {
+    let (mut a, sim) = sim_arena(SMALL, DeviceConfig::default());
+    // Weights: live outside every run, at the bottom.
+    let w = a.alloc(512 << 10, S).unwrap();
+    let mut pass = |a: &mut tensor_arena_cuda::DeviceArena| {
+        a.begin_run(b"k").unwrap();
+        let x = a.alloc(1 << 20, S).unwrap();
+        let y = a.alloc(1 << 20, S).unwrap();
+        a.free(x, S).unwrap();
+        // Does not fit x's hole: the dynamic layout grows past the need.
+        let z = a.alloc(2 << 20, S).unwrap();
+        a.free(y, S).unwrap();
+        a.free(z, S).unwrap();
+        a.end_run().unwrap()
+    };
+    let first = pass(&mut a);
+    assert!(!first.planned);
+    let st = a.stats();
+    assert_eq!(
+        st.last_run_peak_mapped,
+        (512 << 10) + (4 << 20),
+        "the run's real footprint"
+    );
+    // The plan needs 3 MiB (y and z live at once) above the weights.
+    assert_eq!(st.mapped, (512 << 10) + (3 << 20));
+    let calls = sim.calls();
+    let again = pass(&mut a);
+    assert!(again.planned && !again.deviated, "{again:?}");
+    assert_eq!(
+        sim.calls(),
+        calls,
+        "served from the plan with no driver call"
+    );
+    assert_eq!(a.stats().last_run_peak_mapped, (512 << 10) + (3 << 20));
+    a.free(w, S).unwrap();
+    drop(a);
+    assert_device_clean(&sim);
+}
