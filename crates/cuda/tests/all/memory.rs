@@ -227,7 +227,7 @@ fn learning_a_plan_shrinks_to_what_the_plans_need() {
     let (mut a, sim) = sim_arena(SMALL, DeviceConfig::default());
     // Weights: live outside every run, at the bottom.
     let w = a.alloc(512 << 10, S).unwrap();
-    let mut pass = |a: &mut tensor_arena_cuda::DeviceArena| {
+    let pass = |a: &mut tensor_arena_cuda::DeviceArena| {
         a.begin_run(b"k").unwrap();
         let x = a.alloc(1 << 20, S).unwrap();
         let y = a.alloc(1 << 20, S).unwrap();
