@@ -162,8 +162,10 @@ impl DeviceArena {
     /// arena's cached memory back and tries once more.
     ///
     /// # Errors
-    /// [`CudaError::ZeroSize`]; [`CudaError::Arena`] when the memory cannot
-    /// be had (the driver's error in [`DeviceArena::last_driver_error`]);
+    /// [`CudaError::ZeroSize`]; [`CudaError::DeviceMemory`] with the
+    /// driver's error when device memory cannot be mapped;
+    /// [`CudaError::Arena`] for other refusals (over the cap, past the
+    /// reservation);
     /// [`CudaError::Driver`] when the stream cannot be made to wait.
     pub fn alloc(&mut self, len: usize, stream: Stream) -> Result<DevicePtr, CudaError> {
         if len == 0 {
@@ -177,14 +179,20 @@ impl DeviceArena {
             }
             other => other,
         };
-        let got = got.inspect_err(|e| {
-            if matches!(
-                e,
-                ArenaError::CommitFailed { .. } | ArenaError::ReserveFailed { .. }
-            ) {
+        let got = match got {
+            Ok(got) => got,
+            Err(e @ (ArenaError::CommitFailed { .. } | ArenaError::ReserveFailed { .. })) => {
                 self.out_of_memory += 1;
+                return Err(match self.raw.memory().last_error() {
+                    Some(driver) => CudaError::DeviceMemory {
+                        requested: len,
+                        driver: driver.clone(),
+                    },
+                    None => e.into(),
+                });
             }
-        })?;
+            Err(e) => return Err(e.into()),
+        };
         let size = self.raw.capacity(got.handle);
         if let Err(e) = self
             .streams

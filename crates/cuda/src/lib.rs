@@ -32,6 +32,15 @@ pub enum CudaError {
     /// The arena refused (out of device memory, over its cap, bad
     /// configuration, a run already open).
     Arena(ArenaError),
+    /// Device memory could not be mapped (out of device memory, say):
+    /// the driver's own error. (The core's `ArenaError::CommitFailed`
+    /// would print the driver's code as an OS error number.)
+    DeviceMemory {
+        /// Bytes requested.
+        requested: usize,
+        /// What the driver said.
+        driver: DriverError,
+    },
     /// A zero-byte request (the C ABI answers it with a null pointer).
     ZeroSize,
     /// A pointer that is not a live block of the arena.
@@ -59,6 +68,10 @@ impl fmt::Display for CudaError {
             }
             Self::Driver(e) => write!(f, "{e}"),
             Self::Arena(e) => write!(f, "{e}"),
+            Self::DeviceMemory { requested, driver } => write!(
+                f,
+                "could not map device memory for a request of {requested} bytes: {driver}"
+            ),
             Self::ZeroSize => f.write_str("zero-byte device allocation"),
             Self::UnknownPointer { ptr } => {
                 write!(f, "{ptr:#x} is not a live block of this arena")
@@ -74,7 +87,7 @@ impl fmt::Display for CudaError {
 impl std::error::Error for CudaError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Driver(e) => Some(e),
+            Self::Driver(e) | Self::DeviceMemory { driver: e, .. } => Some(e),
             Self::Arena(e) => Some(e),
             _ => None,
         }
