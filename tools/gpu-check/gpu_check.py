@@ -53,7 +53,7 @@ def child(args):
     """One model with one allocator; writes its figures as JSON and its
     outputs with torch.save."""
     arena = None
-    if args.allocator == "arena":
+    if args.child == "arena":
         import tensor_arena_cuda
 
         # Before anything touches CUDA memory.
@@ -76,16 +76,21 @@ def child(args):
             return torch.cuda.memory_reserved()
         return arena.stats()["arena"]["reserved"]
 
-    def forward(i, keep_output):
-        """One batch; returns (output on the host or None, live peak, reserved peak)."""
+    def forward(i, keep_output, measure=True):
+        """One batch; returns (output on the host or None, live peak, reserved
+        peak). Without `measure` (timed runs) nothing is asked of either
+        allocator beyond the batch itself, and the peaks are None."""
         key = f"{args.model}:{batches[i]}"
         if arena is None:
-            torch.cuda.reset_peak_memory_stats()
+            if measure:
+                torch.cuda.reset_peak_memory_stats()
             x = xs[i].to(dev)
             out = model(x)
             host = out.cpu() if keep_output else None
             torch.cuda.synchronize()
             del out, x
+            if not measure:
+                return host, None, None
             return host, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
         with arena.run(key):
             x = xs[i].to(dev)
@@ -94,6 +99,8 @@ def child(args):
             torch.cuda.synchronize()
             # Device tensors die inside the run, so it can be planned.
             del out, x
+        if not measure:
+            return host, None, None
         s = arena.stats()
         # The most device memory mapped during the run (a plan learned at
         # its end may shrink the arena after it).
@@ -131,20 +138,22 @@ def child(args):
                 else:
                     arena.shrink()
                 rows[i].update(live_shrunk=live, reserved_shrunk=reserved())
-        # ... and the peak that follows a shrink (the next larger batch).
+        # ... and the peaks that follow (native: its later peak after
+        # empty_cache; the arena: plans drawn again where shrunk).
         for i in range(len(batches)):
-            forward(i, False)
+            _, _, res = forward(i, False)
+            rows[i]["reserved_after_shrinks"] = res
         # 4. Time per batch after warm-up: median of `--repeat` runs.
         for i in range(len(batches)):
             times = []
             for _ in range(args.repeat):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                forward(i, False)
+                forward(i, False, measure=False)
                 times.append(time.perf_counter() - t0)
             rows[i]["ms"] = statistics.median(times) * 1e3
     result = {
-        "allocator": args.allocator,
+        "allocator": args.child,
         "model": args.model,
         "rows": rows,
         "reserved_max": max(r["reserved_first"] for r in rows),
@@ -199,6 +208,9 @@ def report(model, native, arena, same):
         if "reserved_shrunk" in a:
             print(f"after shrink at batch {a['batch']}: arena {ratio(a['reserved_shrunk'], a['live_shrunk']):.3f}x "
                   f"its need, native empty_cache {ratio(n['reserved_shrunk'], n['live_shrunk']):.3f}x")
+    regrow = [r["reserved_after_shrinks"] for r in native["rows"]], [r["reserved_after_shrinks"] for r in arena["rows"]]
+    print(f"peak reserved in the pass after shrinking / max live: native {ratio(max(regrow[0]), live):.3f}, "
+          f"arena {ratio(max(regrow[1]), live):.3f}")
     print(f"driver calls in a pass of planned runs: {arena['driver_calls_in_planned_pass']}")
 
 

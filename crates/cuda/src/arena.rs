@@ -304,11 +304,20 @@ impl DeviceArena {
         self.raw.in_run()
     }
 
-    /// Gives device memory back down to the watermark (what the last run
-    /// needed): unmaps and releases the free granules above it. Returns
-    /// the bytes released.
+    /// Gives device memory back down to what the last run needed plus the
+    /// blocks live outside runs (weights, say): unmaps and releases the
+    /// free granules above that. Returns the bytes released.
+    ///
+    /// (The core's own watermark counts the run's blocks only; blocks live
+    /// across runs, which PyTorch's weights are, sit below them, so they
+    /// are added here. Inside a run, the core's watermark is used as is.)
     pub fn shrink(&mut self) -> usize {
-        let released = self.raw.shrink();
+        let released = if self.raw.in_run() {
+            self.raw.shrink()
+        } else {
+            let st = self.raw.stats();
+            self.raw.shrink_to(st.watermark.saturating_add(st.in_use))
+        };
         self.after_shrink(released)
     }
 

@@ -209,3 +209,39 @@ fn python_module_ctypes_layer() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("python ctypes layer: ok"), "{text}");
 }
+
+/// `tools/gpu-check/gpu_check.py`'s control flow (two child processes, the
+/// Python module's `install`, keyed runs, stats, shrink, the report) run
+/// against a stand-in for torch (`tools/gpu-check/fake`) whose model
+/// allocates through the library with the simulated driver. The figures
+/// mean nothing; the flow, the JSON keys and the planned-run count do.
+#[test]
+fn gpu_check_flow_with_a_stand_in_for_torch() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new("python3")
+        .arg(root.join("tools/gpu-check/gpu_check.py"))
+        .arg("--lib")
+        .arg(cdylib())
+        .args(["--repeat", "1"])
+        .env("PYTHONPATH", root.join("tools/gpu-check/fake"))
+        .env("TENSOR_ARENA_CUDA_DRIVER", "simulated")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3 is needed for this test (no torch, no GPU)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    for model in ["densenet121", "resnet50"] {
+        assert!(text.contains(&format!("== {model} (fake")), "{text}");
+    }
+    assert_eq!(text.matches("outputs identical: True").count(), 2, "{text}");
+    assert_eq!(
+        text.matches("driver calls in a pass of planned runs: 0")
+            .count(),
+        2,
+        "{text}"
+    );
+}

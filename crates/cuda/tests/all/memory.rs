@@ -269,3 +269,33 @@ fn learning_a_plan_shrinks_to_what_the_plans_need() {
     drop(a);
     assert_device_clean(&sim);
 }
+
+#[test]
+fn shrink_keeps_what_lives_outside_runs_and_the_last_runs_need() {
+    let config = DeviceConfig {
+        shrink_to_plans: false,
+        ..DeviceConfig::default()
+    };
+    let (mut a, sim) = sim_arena(SMALL, config);
+    // Weights: live outside every run, at the bottom.
+    let w = a.alloc(3 << 20, S).unwrap();
+    let pass = |a: &mut tensor_arena_cuda::DeviceArena, key: &[u8], n: usize| {
+        a.begin_run(key).unwrap();
+        let x = a.alloc(n, S).unwrap();
+        let y = a.alloc(n, S).unwrap();
+        a.free(x, S).unwrap();
+        a.free(y, S).unwrap();
+        a.end_run().unwrap()
+    };
+    pass(&mut a, b"big", 4 << 20);
+    pass(&mut a, b"small", 1 << 20);
+    a.shrink();
+    // The weights and the small run's 2 MiB stay mapped.
+    assert_eq!(sim.mapped_bytes(), (3 << 20) + (2 << 20));
+    let calls = sim.calls();
+    pass(&mut a, b"small", 1 << 20);
+    assert_eq!(sim.calls(), calls, "the small run again: no driver call");
+    a.free(w, S).unwrap();
+    drop(a);
+    assert_device_clean(&sim);
+}
