@@ -7,8 +7,10 @@ use crate::streams::{StreamStats, Streams};
 use crate::CudaError;
 use hashbrown::HashMap;
 use std::sync::Arc;
+use tensor_arena::Memory;
 use tensor_arena::{
-    ArenaConfig, ArenaError, Handle, Plan, PlanCache, PlanStats, RawArena, RunReport, Stats,
+    ArenaConfig, ArenaError, Handle, Plan, PlanCache, PlanStats, RawArena, RunReport, ShrinkPolicy,
+    Stats,
 };
 
 /// Alignment of every device block: 512 bytes, as PyTorch's caching
@@ -93,6 +95,11 @@ pub struct DeviceArena {
     /// The open run's key, and whether its own plan serves it.
     run: Option<(Vec<u8>, bool)>,
     shrink_to_plans: bool,
+    /// The shrink policy (the core's is `Manual`; see `apply_policy`).
+    policy: ShrinkPolicy,
+    /// Consecutive runs below the mapped bytes, and the largest need among
+    /// them (for `ShrinkPolicy::AfterRunsBelow`).
+    below: (u32, usize),
     /// Size of the largest plan learned.
     largest_plan: usize,
     out_of_memory: u64,
@@ -129,7 +136,12 @@ impl DeviceArena {
     /// [`CudaError::Arena`] for an inconsistent configuration.
     pub fn new(driver: Arc<dyn Driver>, config: DeviceConfig) -> Result<Self, CudaError> {
         let memory = DeviceMemory::new(Arc::clone(&driver), config.reservation)?;
-        let raw = RawArena::new(config.arena, memory)?;
+        let core_config = ArenaConfig {
+            shrink_policy: ShrinkPolicy::Manual,
+            ..config.arena
+        };
+        config.arena.validate()?;
+        let raw = RawArena::new(core_config, memory)?;
         if config.plan_capacity == 0 {
             return Err(CudaError::Arena(ArenaError::InvalidConfig(
                 "plan_capacity must be at least 1",
@@ -143,6 +155,8 @@ impl DeviceArena {
             plans: PlanCache::new(config.plan_capacity),
             run: None,
             shrink_to_plans: config.shrink_to_plans,
+            policy: config.arena.shrink_policy,
+            below: (0, 0),
             largest_plan: 0,
             out_of_memory: 0,
             stranded: 0,
@@ -274,7 +288,7 @@ impl DeviceArena {
         let Some((key, own)) = self.run.take() else {
             return Err(CudaError::NoRun);
         };
-        let (report, recording) = self.raw.finish_run();
+        let (mut report, recording) = self.raw.finish_run();
         self.last_run_peak_mapped = self.raw.memory().peak();
         if report.deviated {
             self.plans.note_deviation();
@@ -286,12 +300,46 @@ impl DeviceArena {
                 if self.shrink_to_plans {
                     // What stays live between runs, and one plan's block.
                     let outside = self.raw.stats().in_use;
-                    self.shrink_to(outside + self.largest_plan);
+                    report.released += self.shrink_to(outside + self.largest_plan);
                 }
             }
         }
+        report.released += self.apply_policy(report.high_water);
+        report.reserved = self.raw.stats().reserved;
         self.last_run = Some(report);
         Ok(report)
+    }
+
+    /// The shrink policy, applied here rather than in the core: the core
+    /// measures a run's need without the blocks live outside runs (see
+    /// [`DeviceArena::shrink`]), which on a GPU are the model's weights.
+    fn apply_policy(&mut self, high_water: usize) -> usize {
+        let outside = self.raw.stats().in_use;
+        match self.policy {
+            ShrinkPolicy::Manual => 0,
+            ShrinkPolicy::AfterEveryRun => self.shrink(),
+            ShrinkPolicy::AfterRunsBelow { runs } => {
+                let need = outside.saturating_add(high_water);
+                let granule = self.raw.memory().props().granule;
+                let reserved = self.raw.stats().reserved;
+                if need
+                    .next_multiple_of(granule)
+                    .saturating_add(high_water / 8)
+                    < reserved
+                {
+                    self.below = (self.below.0 + 1, self.below.1.max(need));
+                } else {
+                    self.below = (0, 0);
+                }
+                if self.below.0 >= runs {
+                    let target = self.below.1;
+                    self.below = (0, 0);
+                    self.shrink_to(target)
+                } else {
+                    0
+                }
+            }
+        }
     }
 
     /// The report of the last run that ended.

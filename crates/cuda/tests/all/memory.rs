@@ -299,3 +299,41 @@ fn shrink_keeps_what_lives_outside_runs_and_the_last_runs_need() {
     drop(a);
     assert_device_clean(&sim);
 }
+
+#[test]
+fn policies_keep_the_weights_and_repeat_runs_make_no_driver_call() {
+    for policy in [
+        tensor_arena::ShrinkPolicy::AfterEveryRun,
+        tensor_arena::ShrinkPolicy::AfterRunsBelow { runs: 2 },
+    ] {
+        let config = DeviceConfig {
+            arena: tensor_arena::ArenaConfig {
+                shrink_policy: policy,
+                ..DeviceConfig::default().arena
+            },
+            shrink_to_plans: false,
+            ..DeviceConfig::default()
+        };
+        let (mut a, sim) = sim_arena(SMALL, config);
+        let w = a.alloc(3 << 20, S).unwrap();
+        let run = |a: &mut tensor_arena_cuda::DeviceArena, key: &[u8], n: usize| {
+            a.begin_run(key).unwrap();
+            let x = a.alloc(n, S).unwrap();
+            a.free(x, S).unwrap();
+            a.end_run().unwrap()
+        };
+        run(&mut a, b"big", 8 << 20);
+        for _ in 0..3 {
+            run(&mut a, b"small", 1 << 20);
+        }
+        // Shrunk to the weights and the small run's need, no lower.
+        assert_eq!(sim.mapped_bytes(), (3 << 20) + (1 << 20), "{policy:?}");
+        let calls = sim.calls();
+        let r = run(&mut a, b"small", 1 << 20);
+        assert_eq!(sim.calls(), calls, "{policy:?}: the same run again");
+        assert_eq!(r.reserved, (3 << 20) + (1 << 20));
+        a.free(w, S).unwrap();
+        drop(a);
+        assert_device_clean(&sim);
+    }
+}
