@@ -26,7 +26,7 @@ const MAX_EVENTS: usize = 160;
 ///   lower bound for [`Plan::from_parts`] (mostly near the planner's own,
 ///   so that deep checks are reached), followed by the run's steps.
 ///
-/// Each plan accepted is served by [`drive`].
+/// Each plan accepted is served by a planned run (`drive`).
 ///
 /// # Panics
 /// When a check fails: overlapping live blocks, a block outside its plan's

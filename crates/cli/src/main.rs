@@ -22,6 +22,7 @@
 mod baselines;
 mod child;
 mod model;
+mod ort_cmd;
 mod os;
 mod replay;
 mod report;
@@ -65,6 +66,14 @@ enum Command {
                       2 bad input or usage (nothing on stdout)."
     )]
     Replay(ReplayArgs),
+    /// Run an ONNX model over a sequence of input shapes under ONNX
+    /// Runtime's memory strategies and tensor-arena's, each in its own
+    /// process, and compare memory, time and outputs run by run.
+    #[command(
+        after_help = "Exit status: 0 success; 1 the strategies' outputs differ or a strategy failed \
+                      while running; 2 bad input (library, model, shapes)."
+    )]
+    Ort(ort_cmd::OrtArgs),
 }
 
 /// Options of `tensor-arena replay`.
@@ -241,6 +250,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Ort(args) => ort_cmd::main(&args),
     }
 }
 

@@ -294,7 +294,7 @@ fn legend(strategies: &[StrategyResult]) -> String {
     }
     out.push_str(
         "res/lb: reserved / lower bound. backing: calls to the backing allocator in the run \
-         (arena: regions drawn + returned; system, mimalloc, jemalloc: alloc + free calls; bump: chunks drawn + freed).\n",
+         (arena: memory-layer calls, i.e. reservations, releases, commits and decommits; system, mimalloc, jemalloc: alloc + free calls; bump: chunks drawn + freed).\n",
     );
     out.push_str("minor faults: getrusage(RUSAGE_SELF) ru_minflt during the run. time: wall time of the run.\n");
     out.push_str(

@@ -250,10 +250,10 @@ impl<'a> ArenaBackend<'a> {
         }
     }
 
-    /// Backing allocs + frees so far.
+    /// Calls to the memory layer so far: reservations, releases, commits
+    /// and decommits.
     fn backing_calls(&self) -> u64 {
-        let s = self.arena.stats();
-        s.backing_allocs + s.backing_frees
+        self.arena.stats().memory_calls()
     }
 }
 

@@ -84,7 +84,7 @@ impl<'a, M: HostMemory> Run<'a, M> {
     }
 
     /// Closes the run and also returns its [`Recording`], from which a
-    /// [`Plan`] for runs of the same shape can be made. A planned run that
+    /// [`Plan`](crate::Plan) for runs of the same shape can be made. A planned run that
     /// followed its plan exactly returns an empty recording: its plan's
     /// recording is already the run's.
     pub fn finish_with_recording(mut self) -> (RunReport, Recording) {

@@ -43,6 +43,33 @@ pub struct Plan {
     size: usize,
     align: usize,
     lower_bound: usize,
+    /// The plan compiled for serving: one step per event (derived from the
+    /// fields above; not serialized).
+    #[cfg_attr(feature = "serde", serde(skip_serializing))]
+    tape: Vec<Step>,
+}
+
+/// One event of a compiled plan ([`Plan`]'s tape): what a planned run's
+/// next allocation or free must be, with everything serving it needs in one
+/// load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Step {
+    /// Offset of the block in the plan's block (allocations).
+    pub(crate) offset: usize,
+    /// The recorded size (allocations); 0 marks a free.
+    pub(crate) size: usize,
+    /// The recorded alignment (allocations).
+    pub(crate) align: u32,
+    /// The block's index.
+    pub(crate) index: u32,
+}
+
+impl Step {
+    /// Whether the step is a free.
+    #[inline]
+    pub(crate) fn is_free(&self) -> bool {
+        self.size == 0
+    }
 }
 
 impl Plan {
@@ -57,16 +84,18 @@ impl Plan {
         recording.validate()?;
         let requests = recording.requests();
         let solution = solver::plan(&requests);
-        let plan = Self {
+        let mut plan = Self {
             recording: recording.clone(),
             offsets: solution.offsets,
             size: solution.size,
             align: max_align(recording),
             lower_bound: solver::lower_bound(&requests),
+            tape: Vec::new(),
         };
         // The solver's output is checked like any other plan's: a solver
         // bug becomes an error here, not overlapping blocks later.
         plan.validate()?;
+        plan.compile();
         Ok(plan)
     }
 
@@ -76,15 +105,51 @@ impl Plan {
     /// # Errors
     /// [`PlanError`] naming the first problem.
     pub fn from_parts(parts: PlanParts) -> Result<Self, PlanError> {
-        let plan = Self {
+        let mut plan = Self {
             recording: parts.recording,
             offsets: parts.offsets,
             size: parts.size,
             align: parts.align,
             lower_bound: parts.lower_bound,
+            tape: Vec::new(),
         };
         plan.validate()?;
+        plan.compile();
         Ok(plan)
+    }
+
+    /// Compiles the validated plan into its tape: one step per event.
+    fn compile(&mut self) {
+        self.tape = self
+            .recording
+            .events
+            .iter()
+            .map(|ev| match *ev {
+                PlanEvent::Alloc(i) => {
+                    let (size, align) = self.recording.blocks[i as usize];
+                    Step {
+                        offset: self.offsets[i as usize],
+                        size,
+                        // Validated: a power of two of at most 1 GiB.
+                        align: align as u32,
+                        index: i,
+                    }
+                }
+                PlanEvent::Free(i) => Step {
+                    offset: 0,
+                    size: 0,
+                    align: 0,
+                    index: i,
+                },
+            })
+            .collect();
+    }
+
+    /// The compiled plan: step `pos` is what event `pos` of a run that
+    /// follows the plan must be.
+    #[inline]
+    pub(crate) fn step(&self, pos: usize) -> Option<&Step> {
+        self.tape.get(pos)
     }
 
     /// Bytes of the one block the plan needs.
@@ -137,24 +202,6 @@ impl Plan {
                 .iter()
                 .zip(&self.recording.blocks)
                 .all(|(o, s)| o.0 <= s.0 && o.1 <= s.1)
-    }
-
-    /// Whether block `i` of a run may be served here, when the run has done
-    /// exactly `pos` events like the recording so far.
-    #[inline]
-    pub(crate) fn serves_alloc(&self, pos: usize, i: u32, size: usize, align: usize) -> bool {
-        self.recording.events.get(pos) == Some(&PlanEvent::Alloc(i))
-            && self
-                .recording
-                .blocks
-                .get(i as usize)
-                .is_some_and(|&(s, a)| size <= s && align <= a)
-    }
-
-    /// Whether the free of block `i` is the recording's event number `pos`.
-    #[inline]
-    pub(crate) fn expects_free(&self, pos: usize, i: u32) -> bool {
-        self.recording.events.get(pos) == Some(&PlanEvent::Free(i))
     }
 
     /// Number of events recorded.

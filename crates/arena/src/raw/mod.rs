@@ -251,6 +251,10 @@ impl<M: Memory> RawArena<M> {
             return Err(ArenaError::RunAlreadyOpen);
         }
         let calls = self.pool.calls;
+        // A run that starts on one wholly free region is placed the same
+        // way whatever that region's size (and measured in place): with
+        // the front coalesced, as the simulation starts.
+        self.pool.flush_front();
         let clean = match self.pool.single_region() {
             Some((rid, _)) if self.pool.in_use() == 0 => Some(rid),
             _ => None,
@@ -449,6 +453,72 @@ impl<M: Memory> RawArena<M> {
         })
     }
 
+    /// Serves the allocation from the plan of the open run, if the run still
+    /// follows it and the request fits the plan's next step: one step of the
+    /// compiled plan read, compared and added to the block's base. `None`
+    /// leaves everything as it was.
+    #[inline]
+    fn alloc_planned(&mut self, len: usize, align: usize) -> Option<RawAlloc<M::Ptr>> {
+        let run = self.run.as_mut()?;
+        let serve = run.serve.as_mut()?;
+        if serve.deviated {
+            return None;
+        }
+        let step = *serve.plan.step(serve.pos)?;
+        let granule = self.pool.granule();
+        // `len <= step.size` first: then rounding cannot overflow.
+        if step.is_free() || len > step.size || !align.is_power_of_two() {
+            return None;
+        }
+        let size = (len + granule - 1) & !(granule - 1);
+        let align = align.max(granule);
+        if size > step.size || align > step.align as usize {
+            return None;
+        }
+        let pb = self.plan_blocks[serve.slot as usize].as_mut()?;
+        // Always checked, also in release builds: the block lies inside the
+        // plan's block. A validated plan always passes; were it not to, the
+        // run deviates instead of handing out memory outside the block.
+        if step.offset + size > pb.raw.size {
+            return None;
+        }
+        let index = step.index;
+        debug_assert_eq!(
+            index, run.blocks,
+            "a validated plan allocates in index order"
+        );
+        if size != step.size || align != step.align as usize {
+            // Served, but smaller than recorded: this run's own recording
+            // differs from the plan's from here on.
+            Self::materialize(serve, &mut run.rec, run.blocks);
+        }
+        let ptr = M::at(pb.raw.ptr, step.offset);
+        pb.served[index as usize] = size;
+        pb.live += 1;
+        pb.live_bytes += size;
+        serve.pos += 1;
+        let slot = serve.slot;
+        if serve.recording {
+            run.rec.alloc(size, align);
+            if self.trace.is_some() {
+                run.lens.push(len);
+            }
+        }
+        run.blocks += 1;
+        run.allocs += 1;
+        run.planned_allocs += 1;
+        self.planned_live += size;
+        self.planned_allocs += 1;
+        self.allocs += 1;
+        let in_use = self.pool.in_use() - (self.plan_reserved - self.planned_live);
+        self.peak_in_use = self.peak_in_use.max(in_use);
+        run.peak = run.peak.max(in_use);
+        Some(RawAlloc {
+            ptr,
+            handle: Handle(HandleKind::Planned { slot, index, size }),
+        })
+    }
+
     /// Allocates a block for the caller: from the plan serving the run when
     /// the run still follows it, else from the pool.
     pub(crate) fn alloc_at(
@@ -457,64 +527,13 @@ impl<M: Memory> RawArena<M> {
         align: usize,
         location: &'static Location<'static>,
     ) -> Result<RawAlloc<M::Ptr>, ArenaError> {
+        if let Some(served) = self.alloc_planned(len, align) {
+            return Ok(served);
+        }
         let size = self.pool.span_size(len, align)?;
         let raw_align = align;
-        let align = align.max(self.pool.granule());
         if let Some(run) = &mut self.run {
             if let Some(serve) = &mut run.serve {
-                let index = run.blocks;
-                let pb_size = self.plan_blocks[serve.slot as usize]
-                    .as_ref()
-                    .map_or(0, |pb| pb.raw.size);
-                // Always checked, also in release builds: the block lies
-                // inside the plan's block. A validated plan always passes;
-                // were it not to, the run deviates instead of handing out
-                // memory outside the block.
-                let offset = serve
-                    .plan
-                    .offset(index as usize)
-                    .filter(|&o| o.checked_add(size).is_some_and(|end| end <= pb_size));
-                if let (false, true, Some(offset)) = (
-                    serve.deviated,
-                    serve.plan.serves_alloc(serve.pos, index, size, align),
-                    offset,
-                ) {
-                    if serve.plan.block(index as usize) != Some((size, align)) {
-                        // Served, but smaller than recorded: this run's own
-                        // recording differs from the plan's from here on.
-                        Self::materialize(serve, &mut run.rec, run.blocks);
-                    }
-                    let pb = self.plan_blocks[serve.slot as usize]
-                        .as_mut()
-                        .expect("the serving plan's block is live");
-                    // Inside the plan's block: `offset + size <= pb.raw.size`
-                    // (checked just above).
-                    let ptr = M::at(pb.raw.ptr, offset);
-                    pb.served[index as usize] = size;
-                    pb.live += 1;
-                    pb.live_bytes += size;
-                    serve.pos += 1;
-                    let slot = serve.slot;
-                    if serve.recording {
-                        run.rec.alloc(size, align);
-                        if self.trace.is_some() {
-                            run.lens.push(len);
-                        }
-                    }
-                    run.blocks += 1;
-                    run.allocs += 1;
-                    run.planned_allocs += 1;
-                    self.planned_live += size;
-                    self.planned_allocs += 1;
-                    self.allocs += 1;
-                    let in_use = self.pool.in_use() - (self.plan_reserved - self.planned_live);
-                    self.peak_in_use = self.peak_in_use.max(in_use);
-                    run.peak = run.peak.max(in_use);
-                    return Ok(RawAlloc {
-                        ptr,
-                        handle: Handle(HandleKind::Planned { slot, index, size }),
-                    });
-                }
                 if !serve.deviated {
                     Self::materialize(serve, &mut run.rec, run.blocks);
                     serve.deviated = true;
@@ -612,7 +631,8 @@ impl<M: Memory> RawArena<M> {
             None => run.rec.free(index),
             Some(serve) => {
                 if !serve.deviated {
-                    if serve.plan.expects_free(serve.pos, index) {
+                    let expected = serve.plan.step(serve.pos);
+                    if expected.is_some_and(|s| s.is_free() && s.index == index) {
                         serve.pos += 1;
                     } else {
                         Self::materialize(serve, &mut run.rec, run.blocks);

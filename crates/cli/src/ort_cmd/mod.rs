@@ -1,0 +1,172 @@
+//! `tensor-arena ort`: one ONNX model over a sequence of input shapes,
+//! under each memory strategy in its own child process, side by side.
+//!
+//! The parent parses and checks the arguments, starts this same binary once
+//! per strategy with the hidden `--child STRATEGY` option, reads one JSON
+//! document from each child's stdout, checks that every strategy produced
+//! the same outputs, and prints a table per strategy or (`--json`) one
+//! document for all.
+
+mod child;
+mod report;
+mod shapes;
+
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use report::StrategyReport;
+
+/// A memory strategy for ONNX Runtime's CPU tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OrtStrategy {
+    /// ONNX Runtime's defaults: its CPU arena and memory pattern.
+    OrtArena,
+    /// Its arena, shrunk after every run (`memory.enable_memory_arena_shrinkage`).
+    OrtShrink,
+    /// No arena and no memory pattern: every tensor from malloc.
+    OrtNoArena,
+    /// tensor-arena, dynamic (no plans).
+    Arena,
+    /// tensor-arena with shape-keyed plans.
+    Planned,
+}
+
+impl OrtStrategy {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::OrtArena => "ort-arena",
+            Self::OrtShrink => "ort-shrink",
+            Self::OrtNoArena => "ort-no-arena",
+            Self::Arena => "arena",
+            Self::Planned => "planned",
+        }
+    }
+
+    /// Whether the strategy's memory is tensor-arena's.
+    pub fn is_arena(self) -> bool {
+        matches!(self, Self::Arena | Self::Planned)
+    }
+}
+
+/// Options of `tensor-arena ort`.
+#[derive(Debug, Args)]
+pub struct OrtArgs {
+    /// The ONNX model.
+    #[arg(long, value_name = "FILE")]
+    pub model: PathBuf,
+
+    /// One input shape per run, in order, e.g. `1x3x48x320 1x3x48x100`. A
+    /// model with several inputs takes `name=SHAPE,name=SHAPE`; inputs
+    /// whose dimensions are all fixed by the model may be left out, and a
+    /// bare SHAPE names the one input with free dimensions.
+    #[arg(long, num_args = 1.., required = true, value_name = "SHAPE")]
+    pub inputs: Vec<String>,
+
+    /// Strategies to compare, in order.
+    #[arg(long, value_delimiter = ',', default_values = ["ort-arena", "ort-shrink", "ort-no-arena", "arena", "planned"])]
+    pub strategies: Vec<OrtStrategy>,
+
+    /// Worker threads running the one session concurrently; each run of the
+    /// sequence is made by every worker at once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub threads: u32,
+
+    /// Threads of ONNX Runtime's intra-op pool, per session.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub intra_threads: u32,
+
+    /// The ONNX Runtime library (1.31 or later); default: `ORT_DYLIB_PATH`.
+    #[arg(long, value_name = "FILE")]
+    pub lib: Option<PathBuf>,
+
+    /// Print one JSON document instead of tables.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Internal: run one strategy in this process and print its JSON report.
+    #[arg(long, hide = true)]
+    pub child: Option<OrtStrategy>,
+}
+
+/// Runs `tensor-arena ort`. Exit codes: 0 success; 1 the strategies'
+/// outputs differ or a child failed while running; 2 bad input.
+pub fn main(args: &OrtArgs) -> ExitCode {
+    let code = match args.child {
+        Some(strategy) => child::main(args, strategy),
+        None => parent(args),
+    };
+    match code {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("tensor-arena ort: error: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn parent(args: &OrtArgs) -> Result<ExitCode, String> {
+    if !args.model.is_file() {
+        return Err(format!("model file not found: {}", args.model.display()));
+    }
+    for s in &args.inputs {
+        shapes::parse_run(s)?;
+    }
+    if args.strategies.is_empty() {
+        return Err("no strategy given".into());
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let mut reports = Vec::new();
+    for &strategy in &args.strategies {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.arg("ort")
+            .arg("--model")
+            .arg(&args.model)
+            .arg("--threads")
+            .arg(args.threads.to_string())
+            .arg("--intra-threads")
+            .arg(args.intra_threads.to_string())
+            .arg("--child")
+            .arg(strategy.name())
+            .arg("--inputs")
+            .args(&args.inputs);
+        if let Some(lib) = &args.lib {
+            cmd.arg("--lib").arg(lib);
+        }
+        let out = cmd
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            eprint!("{stderr}");
+            return match out.status.code() {
+                Some(2) => Ok(ExitCode::from(2)),
+                _ => {
+                    eprintln!(
+                        "tensor-arena ort: strategy {} failed ({})",
+                        strategy.name(),
+                        out.status
+                    );
+                    Ok(ExitCode::from(1))
+                }
+            };
+        }
+        let report: StrategyReport = serde_json::from_slice(&out.stdout)
+            .map_err(|e| format!("strategy {}: bad report from child: {e}", strategy.name()))?;
+        reports.push(report);
+    }
+    let same = report::hashes_agree(&reports);
+    if args.json {
+        println!("{}", report::to_json(&reports));
+    } else {
+        print!("{}", report::tables(args, &reports));
+    }
+    if same {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("tensor-arena ort: the strategies' output hashes differ");
+        Ok(ExitCode::from(1))
+    }
+}

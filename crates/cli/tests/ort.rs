@@ -1,0 +1,293 @@
+//! Runs `tensor-arena ort` on real models: the JSON document's schema, equal
+//! outputs across strategies and threads, and bad input (exit code 2 with a
+//! clear message). The library and models come from
+//! `tools/fetch-ort-assets.sh` (run here when missing; without them the
+//! tests fail).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tensor-arena");
+
+fn assets() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dir = std::env::var_os("TENSOR_ARENA_ORT_ASSETS")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target/ort-assets"));
+        let status = Command::new("bash")
+            .arg(root.join("tools/fetch-ort-assets.sh"))
+            .arg(&dir)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("cannot run tools/fetch-ort-assets.sh");
+        assert!(
+            status.success(),
+            "tools/fetch-ort-assets.sh failed: these tests need ONNX Runtime and the models"
+        );
+        dir
+    })
+}
+
+fn asset(name: &str) -> String {
+    assets().join(name).to_string_lossy().into_owned()
+}
+
+/// Runs `tensor-arena ort` with the fetched library.
+fn ort(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("ort")
+        .args(args)
+        .env("ORT_DYLIB_PATH", asset("libonnxruntime.so"))
+        .output()
+        .expect("run tensor-arena")
+}
+
+fn json(args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = ort(&all);
+    assert!(
+        out.status.success(),
+        "{all:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON document")
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    k.sort_unstable();
+    k
+}
+
+#[test]
+fn json_document_has_the_documented_schema_and_equal_hashes() {
+    let cls = asset("ppocr_cls.onnx");
+    let doc = json(&[
+        "--model",
+        &cls,
+        "--inputs",
+        "1x3x48x192",
+        "2x3x48x100",
+        "1x3x48x192",
+        "2x3x48x100",
+    ]);
+    assert_eq!(keys(&doc), ["strategies"]);
+    let strategies = doc["strategies"].as_array().unwrap();
+    let names: Vec<&str> = strategies
+        .iter()
+        .map(|s| s["strategy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "ort-arena",
+            "ort-shrink",
+            "ort-no-arena",
+            "arena",
+            "planned"
+        ]
+    );
+    let first_hashes: Vec<&str> = strategies[0]["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["output_hash"].as_str().unwrap())
+        .collect();
+    assert_ne!(
+        first_hashes[0], first_hashes[1],
+        "different inputs, different outputs"
+    );
+    for s in strategies {
+        assert_eq!(keys(s), ["runs", "session_rss_bytes", "strategy"]);
+        assert!(s["session_rss_bytes"].as_u64().unwrap() > 1 << 20);
+        let is_arena = matches!(s["strategy"].as_str(), Some("arena" | "planned"));
+        let runs = s["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 4);
+        for (i, r) in runs.iter().enumerate() {
+            assert_eq!(
+                keys(r),
+                [
+                    "backing_calls",
+                    "label",
+                    "nanos",
+                    "output_hash",
+                    "peak_in_use",
+                    "peak_rss_bytes",
+                    "reserved",
+                    "rss_bytes"
+                ]
+            );
+            assert_eq!(
+                r["output_hash"].as_str().unwrap(),
+                first_hashes[i],
+                "{} run {i}",
+                s["strategy"]
+            );
+            assert!(r["nanos"].as_u64().unwrap() > 0);
+            assert!(r["peak_rss_bytes"].as_u64().unwrap() >= r["rss_bytes"].as_u64().unwrap() / 2);
+            for k in ["peak_in_use", "reserved", "backing_calls"] {
+                assert_eq!(r[k].is_u64(), is_arena, "{} {k}", s["strategy"]);
+                assert_eq!(r[k].is_null(), !is_arena, "{} {k}", s["strategy"]);
+            }
+        }
+        if s["strategy"] == "planned" {
+            // Shapes seen before: no backing call.
+            assert_eq!(runs[3]["backing_calls"].as_u64(), Some(0));
+            assert!(runs[1]["peak_in_use"].as_u64().unwrap() > 0);
+        }
+    }
+}
+
+#[test]
+fn threads_give_the_same_outputs_and_a_table() {
+    let rec = asset("ppocr_rec.onnx");
+    let one = json(&[
+        "--model",
+        &rec,
+        "--inputs",
+        "1x3x48x320",
+        "1x3x48x100",
+        "--strategies",
+        "planned,ort-arena",
+    ]);
+    let four = json(&[
+        "--model",
+        &rec,
+        "--inputs",
+        "1x3x48x320",
+        "1x3x48x100",
+        "--strategies",
+        "planned,ort-arena",
+        "--threads",
+        "4",
+    ]);
+    let hashes = |d: &Value| -> Vec<String> {
+        d["strategies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| {
+                s["runs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["output_hash"].as_str().unwrap().to_string())
+            })
+            .collect()
+    };
+    assert_eq!(hashes(&one), hashes(&four));
+    let out = ort(&[
+        "--model",
+        &rec,
+        "--inputs",
+        "1x3x48x320",
+        "--strategies",
+        "planned",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("planned") && text.contains("identical across strategies"),
+        "{text}"
+    );
+}
+
+/// Expects exit code 2 and `needle` in stderr, nothing on stdout.
+fn refused(args: &[&str], lib: Option<&str>, needle: &str) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("ort").args(args).env_remove("ORT_DYLIB_PATH");
+    if let Some(lib) = lib {
+        cmd.env("ORT_DYLIB_PATH", lib);
+    }
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: expected {needle:?} in: {stderr}"
+    );
+    assert!(out.stdout.is_empty(), "{args:?}");
+}
+
+#[test]
+fn bad_input_is_refused_with_exit_code_2() {
+    let cls = asset("ppocr_cls.onnx");
+    let lib = asset("libonnxruntime.so");
+    let old = asset("libonnxruntime-1.20.so");
+    let one = [
+        "--model",
+        cls.as_str(),
+        "--inputs",
+        "1x3x48x192",
+        "--strategies",
+        "planned",
+    ];
+    // The library: unset, missing, too old, not a library.
+    refused(&one, None, "ORT_DYLIB_PATH is not set");
+    refused(
+        &one,
+        Some("/nonexistent/libonnxruntime.so"),
+        "not found at /nonexistent/libonnxruntime.so",
+    );
+    refused(
+        &one,
+        Some(&old),
+        "expected version >= '1.31.x', but got '1.20.1'",
+    );
+    refused(&one, Some(&cls), "cannot use ONNX Runtime library");
+    // The model: missing, corrupt.
+    refused(
+        &["--model", "/nonexistent.onnx", "--inputs", "1x3x48x192"],
+        Some(&lib),
+        "model file not found",
+    );
+    let dir = std::env::temp_dir().join(format!("ta-cli-ort-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let corrupt = dir.join("corrupt.onnx");
+    let bytes = std::fs::read(&cls).unwrap();
+    std::fs::write(&corrupt, &bytes[..bytes.len() / 2]).unwrap();
+    let corrupt = corrupt.to_string_lossy().into_owned();
+    refused(
+        &["--model", &corrupt, "--inputs", "1x3x48x192"],
+        Some(&lib),
+        "cannot load model",
+    );
+    // The inputs: wrong rank, wrong fixed dimension, unknown name, bad syntax.
+    refused(
+        &["--model", &cls, "--inputs", "3x48x192"],
+        Some(&lib),
+        "rank 4",
+    );
+    refused(
+        &["--model", &cls, "--inputs", "1x4x48x192"],
+        Some(&lib),
+        "expects rank 4",
+    );
+    refused(
+        &["--model", &cls, "--inputs", "y=1x3x48x192"],
+        Some(&lib),
+        "no input named \"y\"",
+    );
+    refused(
+        &["--model", &cls, "--inputs", "1x0x48"],
+        Some(&lib),
+        "a dimension is 0",
+    );
+    refused(
+        &["--model", &cls, "--inputs", "1xfoo"],
+        Some(&lib),
+        "bad shape",
+    );
+}

@@ -1,0 +1,58 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod error;
+mod raw;
+mod runtime;
+mod session;
+mod slot;
+mod tensors;
+
+pub use error::OrtArenaError;
+pub use ort;
+pub use runtime::Runtime;
+pub use session::{
+    open_session, run_shared, ArenaOptions, ArenaSession, Memory, RunOutput, SessionOptions, Worker,
+};
+pub use tensors::{hash_outputs, make_input, InputSpec};
+
+/// Counters of the registered allocator since the process started, over all
+/// threads and arenas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocatorCounters {
+    /// `Alloc` calls.
+    pub alloc_calls: u64,
+    /// `Free` calls.
+    pub free_calls: u64,
+    /// Allocations served by the system allocator: no worker was running on
+    /// the calling thread (session creation, ONNX Runtime's own pool
+    /// threads), or the worker's arena refused the request.
+    pub system_allocs: u64,
+    /// System-allocator blocks still live.
+    pub system_live: u64,
+    /// Requests a worker's arena refused (over its `max_reserved` cap),
+    /// served by the system allocator instead (included in
+    /// `system_allocs`).
+    pub refused_allocs: u64,
+}
+
+/// The registered allocator's counters.
+pub fn allocator_counters() -> AllocatorCounters {
+    use std::sync::atomic::Ordering::Relaxed;
+    AllocatorCounters {
+        alloc_calls: raw::ALLOC_CALLS.load(Relaxed) as u64,
+        free_calls: raw::FREE_CALLS.load(Relaxed) as u64,
+        system_allocs: raw::SYSTEM_ALLOCS.load(Relaxed) as u64,
+        system_live: raw::SYSTEM_LIVE.load(Relaxed) as u64,
+        refused_allocs: raw::REFUSED_ALLOCS.load(Relaxed) as u64,
+    }
+}
+
+/// The arenas alive in the process (one per worker, kept after the worker
+/// is dropped while its outputs live) and the sum of their stats as last
+/// published (after each run, and after each free from another thread).
+pub fn arenas() -> (usize, tensor_arena::Stats) {
+    let (stats, n) = slot::all_stats();
+    (n, stats)
+}

@@ -1,0 +1,482 @@
+//! The C edge: the `OrtAllocator` that ONNX Runtime calls, and the header
+//! every block it gets carries. All of the crate's pointer handling is here.
+//!
+//! Every `extern "system"` function is a thin trampoline: it catches any
+//! panic of the safe Rust function it calls (`alloc`, `free`) and turns it
+//! into a system-allocator block or a leak, so a panic never unwinds into
+//! ONNX Runtime.
+//!
+//! # Block layout
+//! ```text
+//! base (64-aligned)        base + HEADER = the pointer ONNX Runtime sees
+//! | owner | size | magic | ... | tensor bytes ...                      |
+//! ```
+//! `owner` is the address of the [`Slot`](crate::slot::Slot) whose arena
+//! holds the block (an `Arc` reference owned by the block), or 0 for a block
+//! from the system allocator (an allocation on a thread with no worker
+//! running); `size` is the whole block's length, header included.
+
+use crate::slot::{self, Slot};
+use ort::AsPointer;
+use std::alloc::Layout;
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Bytes in front of every block handed to ONNX Runtime. A multiple of
+/// [`ALIGN`], so the pointer after it keeps the block's alignment.
+pub(crate) const HEADER: usize = 64;
+/// Alignment of every pointer handed to ONNX Runtime (what its CPU kernels
+/// prefer: a cache line, enough for AVX-512).
+pub(crate) const ALIGN: usize = 64;
+const MAGIC: usize = 0x7465_6e73_6172_656e; // "tensaren"
+const _: () = assert!(HEADER % ALIGN == 0 && HEADER >= 3 * size_of::<usize>());
+
+/// What a block's header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// Address of the owning slot (an `Arc<Slot>` reference held by the
+    /// block), 0 for a system-allocator block.
+    pub owner: usize,
+    /// Length of the whole block, header included.
+    pub size: usize,
+}
+
+impl Header {
+    /// The header as bytes, to write into the first [`HEADER`] bytes of a
+    /// block.
+    pub(crate) fn to_bytes(self) -> [u8; 3 * size_of::<usize>()] {
+        let mut out = [0u8; 3 * size_of::<usize>()];
+        let w = size_of::<usize>();
+        out[..w].copy_from_slice(&self.owner.to_ne_bytes());
+        out[w..2 * w].copy_from_slice(&self.size.to_ne_bytes());
+        out[2 * w..].copy_from_slice(&MAGIC.to_ne_bytes());
+        out
+    }
+}
+
+/// Reads the header in front of `user`.
+///
+/// # Safety
+/// - `user` was returned by [`tensor_arena_alloc`] (so the [`HEADER`] bytes
+///   before it are a header this module wrote) and its block is still live.
+unsafe fn read_header(user: NonNull<u8>) -> Option<Header> {
+    // SAFETY: by the caller's obligation, `user - HEADER` is the start of the
+    // same live block, so the subtraction stays inside it.
+    let base = unsafe { user.as_ptr().sub(HEADER) };
+    let mut words = [0usize; 3];
+    for (i, w) in words.iter_mut().enumerate() {
+        // SAFETY: the first three words of the block were written by
+        // `Header::to_bytes` and are readable; the block is 64-aligned, so
+        // each word is aligned.
+        *w = unsafe { base.cast::<usize>().add(i).read() };
+    }
+    (words[2] == MAGIC).then_some(Header {
+        owner: words[0],
+        size: words[1],
+    })
+}
+
+/// Counters of the allocator's calls, for all threads.
+pub(crate) static ALLOC_CALLS: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static FREE_CALLS: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static SYSTEM_ALLOCS: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static SYSTEM_LIVE: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static REFUSED_ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+/// A block from the system allocator, for an allocation on a thread where
+/// no worker runs (ONNX Runtime allocates initializers at session creation
+/// and may allocate on its own pool threads).
+fn system_alloc(size: usize) -> Option<NonNull<u8>> {
+    let total = size.checked_add(HEADER)?;
+    let layout = Layout::from_size_align(total, ALIGN).ok()?;
+    // SAFETY: `layout` has a non-zero size (at least HEADER).
+    let base = NonNull::new(unsafe { std::alloc::alloc(layout) })?;
+    let header = Header {
+        owner: 0,
+        size: total,
+    }
+    .to_bytes();
+    // SAFETY: `base` is a fresh block of `total >= HEADER` bytes, so the
+    // header fits; the source is a local array, no overlap.
+    unsafe {
+        base.as_ptr()
+            .copy_from_nonoverlapping(header.as_ptr(), header.len())
+    };
+    SYSTEM_ALLOCS.fetch_add(1, Ordering::Relaxed);
+    SYSTEM_LIVE.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: `HEADER < total`, so the result is inside the block.
+    Some(unsafe { base.add(HEADER) })
+}
+
+/// Frees a block of [`system_alloc`].
+///
+/// # Safety
+/// - `user` was returned by [`system_alloc`], `size` is its header's size,
+///   and it is not used again.
+unsafe fn system_free(user: NonNull<u8>, size: usize) {
+    // SAFETY: as in `read_header`: the block starts HEADER bytes before.
+    let base = unsafe { user.as_ptr().sub(HEADER) };
+    SYSTEM_LIVE.fetch_sub(1, Ordering::Relaxed);
+    // SAFETY: `base` came from `std::alloc::alloc` with this very layout
+    // (size from the header, ALIGN), which was valid then.
+    unsafe { std::alloc::dealloc(base, Layout::from_size_align_unchecked(size, ALIGN)) };
+}
+
+thread_local! {
+    static THREAD_ALLOC_CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static THREAD_REFUSED_ALLOCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// `Alloc` calls made on this thread so far, and how many of them a
+/// worker's arena refused (served by the system allocator instead).
+pub(crate) fn thread_alloc_calls() -> (u64, u64) {
+    (
+        THREAD_ALLOC_CALLS.with(std::cell::Cell::get),
+        THREAD_REFUSED_ALLOCS.with(std::cell::Cell::get),
+    )
+}
+
+/// The safe body of `Alloc`. Null only when even the system allocator
+/// cannot serve the request: ONNX Runtime does not check every `Alloc` for
+/// null (a null from a custom allocator can crash it), so a request the
+/// worker's arena refuses (over its `max_reserved` cap) is served by the
+/// system allocator instead, and counted.
+fn alloc(size: usize) -> Option<NonNull<u8>> {
+    ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
+    THREAD_ALLOC_CALLS.with(|c| c.set(c.get() + 1));
+    match slot::alloc_current(size) {
+        slot::Served::Arena(ptr) => Some(ptr),
+        slot::Served::NoWorker => system_alloc(size),
+        slot::Served::Failed => {
+            REFUSED_ALLOCS.fetch_add(1, Ordering::Relaxed);
+            THREAD_REFUSED_ALLOCS.with(|c| c.set(c.get() + 1));
+            system_alloc(size)
+        }
+    }
+}
+
+/// The body of `Free`.
+///
+/// # Safety
+/// - `user` was returned by [`alloc`] and is not used again.
+unsafe fn free(user: NonNull<u8>) {
+    FREE_CALLS.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: the caller's obligation is `read_header`'s.
+    let Some(header) = (unsafe { read_header(user) }) else {
+        debug_assert!(false, "Free({user:p}): not a block of this allocator");
+        return;
+    };
+    match NonNull::new(header.owner as *mut Slot) {
+        // SAFETY: a system block, freed once (the caller's obligation).
+        None => unsafe { system_free(user, header.size) },
+        Some(owner) => {
+            // SAFETY: `owner` is the `Arc<Slot>` reference the block took
+            // when it was handed out (`slot::alloc_current`); the block
+            // gives it back now, exactly once.
+            let owner = unsafe { Arc::from_raw(owner.as_ptr().cast_const()) };
+            slot::free(owner, user.as_ptr() as usize);
+        }
+    }
+}
+
+extern "system" fn tensor_arena_alloc(
+    _this: *mut ort::sys::OrtAllocator,
+    size: usize,
+) -> *mut c_void {
+    // A panic (a bug) is caught and the request served by the system
+    // allocator, since ONNX Runtime may not survive a null.
+    catch_unwind(|| alloc(size))
+        .unwrap_or_else(|_| catch_unwind(|| system_alloc(size)).ok().flatten())
+        .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast())
+}
+
+extern "system" fn tensor_arena_free(_this: *mut ort::sys::OrtAllocator, p: *mut c_void) {
+    let Some(user) = NonNull::new(p.cast::<u8>()) else {
+        return;
+    };
+    // SAFETY: ONNX Runtime calls `Free` only with pointers this allocator's
+    // `Alloc` returned, once each (the `OrtAllocator` contract). A panic is
+    // caught: the block leaks, nothing unwinds into C.
+    let _ = catch_unwind(AssertUnwindSafe(|| unsafe { free(user) }));
+}
+
+extern "system" fn tensor_arena_info(
+    _this: *const ort::sys::OrtAllocator,
+) -> *const ort::sys::OrtMemoryInfo {
+    catch_unwind(|| MEMORY_INFO.get().map_or(std::ptr::null(), |m| m.0.ptr()))
+        .unwrap_or(std::ptr::null())
+}
+
+/// The CPU memory info of the allocator, created once.
+struct Info(ort::memory::MemoryInfo<'static>);
+// SAFETY: an `OrtMemoryInfo` is immutable after creation; ONNX Runtime reads
+// it from any thread. It is created once and never released.
+unsafe impl Send for Info {}
+// SAFETY: as above: only read after creation.
+unsafe impl Sync for Info {}
+static MEMORY_INFO: std::sync::OnceLock<Info> = std::sync::OnceLock::new();
+
+/// The allocator ONNX Runtime calls. It must outlive the environment it is
+/// registered on, so it lives in a `static`; only ONNX Runtime touches it.
+struct Registered(std::cell::UnsafeCell<ort::sys::OrtAllocator>);
+// SAFETY: Rust never writes the struct after its constant initialisation;
+// ONNX Runtime only reads it (the `OrtAllocator` contract), from any thread.
+unsafe impl Sync for Registered {}
+static ALLOCATOR: Registered = Registered(std::cell::UnsafeCell::new(ort::sys::OrtAllocator {
+    version: ort::sys::ORT_API_VERSION,
+    Alloc: Some(tensor_arena_alloc),
+    Free: Some(tensor_arena_free),
+    Info: Some(tensor_arena_info),
+    Reserve: None,
+    GetStats: None,
+    AllocOnStream: None,
+    Shrink: None,
+}));
+
+/// Registers the allocator on `env` (once per process: ONNX Runtime allows
+/// one environment per process).
+pub(crate) fn register(env: &ort::environment::Environment) -> Result<(), String> {
+    let info = ort::memory::MemoryInfo::new(
+        ort::memory::AllocationDevice::CPU,
+        0,
+        ort::memory::AllocatorType::Device,
+        ort::memory::MemoryType::Default,
+    )
+    .map_err(|e| e.message().to_string())?;
+    let _ = MEMORY_INFO.set(Info(info));
+    let api = ort::api();
+    // SAFETY: 1. `env.ptr()` is a live environment (borrowed for the call);
+    // 2. `ALLOCATOR` is a `static`, so it outlives the environment; its
+    // function pointers are the trampolines above, which match the C
+    // signatures and never unwind; 3. ONNX Runtime does not write to it.
+    let status = unsafe { (api.RegisterAllocator)(env.ptr().cast_mut(), ALLOCATOR.0.get()) };
+    status_result(status)
+}
+
+/// Turns an `OrtStatus*` into a result, releasing it.
+fn status_result(status: ort::sys::OrtStatusPtr) -> Result<(), String> {
+    let Some(status) = NonNull::new(status.0) else {
+        return Ok(());
+    };
+    let api = ort::api();
+    // SAFETY: `status` is a non-null status just returned by ONNX Runtime;
+    // its message lives until the status is released below.
+    let message = unsafe { std::ffi::CStr::from_ptr((api.GetErrorMessage)(status.as_ptr())) }
+        .to_string_lossy()
+        .into_owned();
+    // SAFETY: released once; not used afterwards.
+    unsafe { (api.ReleaseStatus)(status.as_ptr()) };
+    Err(message)
+}
+
+/// Runs `session` on the given inputs through the C API directly, from
+/// `&Session`, so that several threads can run one session at once (ONNX
+/// Runtime documents `Run` as thread-safe; the CPU execution provider, the
+/// only one this crate configures, holds no per-run state in the session).
+pub(crate) fn run(
+    session: &ort::session::Session,
+    run_options: Option<&ort::session::RunOptions>,
+    input_names: &[std::ffi::CString],
+    inputs: &[&ort::value::DynValue],
+    output_names: &[std::ffi::CString],
+) -> Result<Vec<ort::value::DynValue>, String> {
+    if input_names.len() != inputs.len() {
+        return Err(format!(
+            "{} names for {} inputs",
+            input_names.len(),
+            inputs.len()
+        ));
+    }
+    let in_names: Vec<*const std::ffi::c_char> = input_names.iter().map(|c| c.as_ptr()).collect();
+    let in_values: Vec<*const ort::sys::OrtValue> = inputs.iter().map(|v| v.ptr()).collect();
+    let out_names: Vec<*const std::ffi::c_char> = output_names.iter().map(|c| c.as_ptr()).collect();
+    let mut outs: Vec<*mut ort::sys::OrtValue> = vec![std::ptr::null_mut(); out_names.len()];
+    let opts = run_options.map_or(std::ptr::null(), |o| o.ptr());
+    let api = ort::api();
+    // SAFETY: 1. the session, run options and input values are live for the
+    // call (borrowed); 2. the name and value arrays have the lengths passed
+    // and their strings are NUL-terminated `CString`s; 3. `outs` has room
+    // for one value per output name and starts all null (ONNX Runtime then
+    // allocates each output).
+    let status = unsafe {
+        (api.Run)(
+            session.ptr().cast_mut(),
+            opts,
+            in_names.as_ptr(),
+            in_values.as_ptr(),
+            in_values.len(),
+            out_names.as_ptr(),
+            out_names.len(),
+            outs.as_mut_ptr(),
+        )
+    };
+    let result = status_result(status);
+    let mut values = Vec::with_capacity(outs.len());
+    for p in outs {
+        if let Some(p) = NonNull::new(p) {
+            // SAFETY: `p` is an output value ONNX Runtime just created and
+            // handed to us (we own it; `Value` releases it on drop); the
+            // session's allocator describes CPU memory, as the value's is.
+            values.push(unsafe { ort::value::DynValue::from_ptr(p, Some(session.allocator())) });
+        }
+    }
+    result?;
+    if values.len() != output_names.len() {
+        return Err("ONNX Runtime returned a null output".into());
+    }
+    Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Contract tests: the allocator called through its C signature, as ONNX
+    //! Runtime calls it (no library needed).
+    use super::*;
+    use crate::slot::{self, Slot};
+    use tensor_arena::ArenaConfig;
+
+    type AllocFn = unsafe extern "system" fn(*mut ort::sys::OrtAllocator, usize) -> *mut c_void;
+    type FreeFn = unsafe extern "system" fn(*mut ort::sys::OrtAllocator, *mut c_void);
+
+    fn fns() -> (AllocFn, FreeFn, *mut ort::sys::OrtAllocator) {
+        let a = ALLOCATOR.0.get();
+        // SAFETY: the static is only read here (nothing writes it).
+        let table = unsafe { *a };
+        (table.Alloc.unwrap(), table.Free.unwrap(), a)
+    }
+
+    /// Writes and reads back every byte of a block.
+    fn touch(p: *mut c_void, len: usize) {
+        let p = p.cast::<u8>();
+        for i in 0..len {
+            // SAFETY: `p` is a live block of at least `len` bytes.
+            unsafe { p.add(i).write(i as u8) };
+        }
+        for i in 0..len {
+            // SAFETY: as above.
+            assert_eq!(unsafe { p.add(i).read() }, i as u8);
+        }
+    }
+
+    #[test]
+    fn no_worker_means_system_allocator() {
+        let (alloc, free, this) = fns();
+        // SAFETY: called as ONNX Runtime would: any size, then `Free` once.
+        let p = unsafe { alloc(this, 1000) };
+        assert!(!p.is_null());
+        assert_eq!(p as usize % ALIGN, 0);
+        touch(p, 1000);
+        // SAFETY: `p` came from `alloc` and is freed once.
+        unsafe { free(this, p) };
+        // SAFETY: null is ignored, as `free(NULL)` is.
+        unsafe { free(this, std::ptr::null_mut()) };
+    }
+
+    #[test]
+    fn oversized_request_is_null_not_a_panic() {
+        let (alloc, _, this) = fns();
+        // SAFETY: as ONNX Runtime would call it.
+        assert!(unsafe { alloc(this, usize::MAX) }.is_null());
+        let slot = Slot::new(ArenaConfig::default()).unwrap();
+        let mut core = slot.lock();
+        let _in = slot::enter(&slot, &mut core);
+        // SAFETY: as above.
+        assert!(unsafe { alloc(this, usize::MAX - 10) }.is_null());
+    }
+
+    #[test]
+    fn blocks_come_from_the_entered_arena_and_go_back() {
+        let (alloc, free, this) = fns();
+        let slot = Slot::new(ArenaConfig::default()).unwrap();
+        let mut core = slot.lock();
+        core.begin_run(None);
+        let ptrs: Vec<*mut c_void> = {
+            let _in = slot::enter(&slot, &mut core);
+            // SAFETY: as ONNX Runtime would call it.
+            (1..20).map(|i| unsafe { alloc(this, i * 100) }).collect()
+        };
+        let st = core.arena_stats();
+        assert_eq!(st.live_blocks, 19);
+        assert!(st.in_use >= (1..20).map(|i| i * 100 + HEADER).sum::<usize>());
+        for (i, &p) in ptrs.iter().enumerate() {
+            assert_eq!(p as usize % ALIGN, 0);
+            touch(p, (i + 1) * 100);
+        }
+        {
+            let _in = slot::enter(&slot, &mut core);
+            for &p in &ptrs {
+                // SAFETY: each pointer came from `alloc` and is freed once.
+                unsafe { free(this, p) };
+            }
+        }
+        let (report, rec) = core.finish_run().unwrap();
+        assert_eq!(
+            (report.allocs, report.frees, report.leaked_blocks),
+            (19, 19, 0)
+        );
+        assert_eq!(rec.len(), 19);
+        assert_eq!(core.arena_stats().in_use, 0);
+    }
+
+    #[test]
+    fn a_block_freed_on_another_thread_finds_its_arena() {
+        let (alloc, free, this) = fns();
+        let slot = Slot::new(ArenaConfig::default()).unwrap();
+        let weak = Arc::downgrade(&slot);
+        let mut core = slot.lock();
+        let (a, b) = {
+            let _in = slot::enter(&slot, &mut core);
+            // SAFETY: as ONNX Runtime would call it.
+            unsafe { (alloc(this, 4096) as usize, alloc(this, 4096) as usize) }
+        };
+        // `a` is freed while the owner holds its core (as during a run):
+        // it is queued, and freed at the owner's next lock.
+        std::thread::spawn(move || {
+            // SAFETY: `a` came from `alloc` and is freed once.
+            unsafe { free(this_ptr(), a as *mut c_void) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(core.arena_stats().live_blocks, 2);
+        drop(core);
+        assert_eq!(slot.lock().arena_stats().live_blocks, 1);
+        // The owner retires with `b` still live; `b` keeps the arena, and its
+        // free on another thread drops it.
+        slot.retire();
+        drop(slot);
+        assert!(weak.upgrade().is_some(), "a live block keeps its arena");
+        std::thread::spawn(move || {
+            // SAFETY: `b` came from `alloc` and is freed once.
+            unsafe { free(this_ptr(), b as *mut c_void) }
+        })
+        .join()
+        .unwrap();
+        assert!(weak.upgrade().is_none(), "the last free drops the arena");
+        let _ = this;
+    }
+
+    fn this_ptr() -> *mut ort::sys::OrtAllocator {
+        ALLOCATOR.0.get()
+    }
+
+    #[test]
+    fn system_blocks_are_counted() {
+        let before = SYSTEM_ALLOCS.load(Ordering::Relaxed);
+        let p = system_alloc(10).unwrap();
+        assert!(SYSTEM_ALLOCS.load(Ordering::Relaxed) > before);
+        // SAFETY: `p` came from `system_alloc`; header read as `free` does.
+        let h = unsafe { read_header(p) }.unwrap();
+        assert_eq!(
+            h,
+            Header {
+                owner: 0,
+                size: HEADER + 10
+            }
+        );
+        // SAFETY: freed once.
+        unsafe { system_free(p, h.size) };
+    }
+}

@@ -1,0 +1,100 @@
+//! Loading ONNX Runtime and registering the arena allocator on its
+//! environment, once per process.
+
+use crate::OrtArenaError;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// ONNX Runtime, loaded from a shared library, with an environment whose
+/// CPU allocator is tensor-arena.
+///
+/// A process loads ONNX Runtime once and has one environment, so this is a
+/// process-wide handle: [`Runtime::load`] loads and registers on the first
+/// call and returns the same runtime afterwards.
+#[derive(Clone, Debug)]
+pub struct Runtime {
+    env: ort::environment::Environment,
+    path: PathBuf,
+    version: String,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+static LOADING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+impl Runtime {
+    /// Loads the library at `path` (a `libonnxruntime.so` of version 1.31
+    /// or later), creates the environment and registers the arena allocator
+    /// on it.
+    ///
+    /// # Errors
+    /// [`OrtArenaError::LibraryNotFound`] if there is no such file;
+    /// [`OrtArenaError::Library`] if it is not a usable ONNX Runtime (not a
+    /// shared library, no C API, older than 1.31);
+    /// [`OrtArenaError::AlreadyLoaded`] if another file was loaded before in
+    /// this process; [`OrtArenaError::Ort`] if the environment or the
+    /// registration fails.
+    pub fn load(path: impl AsRef<Path>) -> Result<&'static Runtime, OrtArenaError> {
+        let path = path.as_ref();
+        if !path.is_file() {
+            return Err(OrtArenaError::LibraryNotFound { path: path.into() });
+        }
+        let path = path.canonicalize().map_err(|e| OrtArenaError::Library {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
+        let _loading = LOADING.lock();
+        if let Some(rt) = RUNTIME.get() {
+            return if rt.path == path {
+                Ok(rt)
+            } else {
+                Err(OrtArenaError::AlreadyLoaded {
+                    loaded: rt.path.clone(),
+                    requested: path,
+                })
+            };
+        }
+        let builder = ort::init_from(&path).map_err(|e| OrtArenaError::Library {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let env = builder
+            .with_name("tensor-arena")
+            .build()
+            .map_err(OrtArenaError::from)?;
+        crate::raw::register(&env).map_err(OrtArenaError::Ort)?;
+        let version = ort::info()
+            .split("git-branch=rel-")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .unwrap_or("unknown")
+            .to_string();
+        Ok(RUNTIME.get_or_init(|| Runtime { env, path, version }))
+    }
+
+    /// [`Runtime::load`] from the path in `ORT_DYLIB_PATH`.
+    ///
+    /// # Errors
+    /// [`OrtArenaError::LibraryPathUnset`] when the variable is unset or
+    /// empty; otherwise as [`Runtime::load`].
+    pub fn from_env() -> Result<&'static Runtime, OrtArenaError> {
+        match std::env::var_os("ORT_DYLIB_PATH") {
+            Some(p) if !p.is_empty() => Self::load(PathBuf::from(p)),
+            _ => Err(OrtArenaError::LibraryPathUnset),
+        }
+    }
+
+    /// The environment, for building sessions.
+    pub fn environment(&self) -> &ort::environment::Environment {
+        &self.env
+    }
+
+    /// The library file loaded.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// ONNX Runtime's version, from its build info (e.g. `1.31.1`).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+}

@@ -1,0 +1,359 @@
+//! One worker's arena ([`Slot`]), the thread-local pointer that routes a
+//! thread's `Alloc`/`Free` calls to it while the worker runs, and the way a
+//! block freed elsewhere finds its way back.
+//!
+//! | who frees                                   | path                                      |
+//! |---------------------------------------------|-------------------------------------------|
+//! | the running worker's thread, during its run | direct, no lock (the run holds the core)  |
+//! | anyone, the core unlocked                   | `try_lock` the core, free                 |
+//! | anyone, the owner running elsewhere         | queue the pointer; the owner frees it at its run's start or end |
+//! | anyone, after the worker was dropped        | lock the core, free; the last block drops the slot and its arena |
+
+use crate::raw::{Header, ALIGN, HEADER};
+use parking_lot::{Mutex, MutexGuard};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use tensor_arena::{Arena, ArenaConfig, Block, Plan, Recording, RunReport, Stats};
+
+/// One worker's arena and the blocks it has handed to ONNX Runtime.
+pub(crate) struct Slot {
+    /// Id for stats (1, 2, ... in creation order).
+    pub(crate) id: u64,
+    /// The arena. Locked by the worker for a whole run (once per run, not per
+    /// allocation) and by frees from elsewhere.
+    core: Mutex<Core>,
+    /// Frees from other threads while the core was locked.
+    pending: Mutex<Pending>,
+    /// The arena's stats after the last operation that held the core.
+    published: Mutex<Stats>,
+}
+
+struct Pending {
+    /// Whether the worker still exists (it drains `ptrs`); once false,
+    /// freers lock the core and free themselves.
+    alive: bool,
+    /// Queued blocks, each with the slot reference it held.
+    ptrs: Vec<(usize, Arc<Slot>)>,
+}
+
+/// The arena, the open run and the live blocks. The run and the blocks
+/// borrow the arena, which lives in a box of its own (its address never
+/// changes) and is dropped after them (see `Drop`).
+pub(crate) struct Core {
+    run: Option<tensor_arena::Run<'static>>,
+    /// Live blocks by the address handed to ONNX Runtime.
+    blocks: HashMap<usize, Block<'static>>,
+    /// Owned (from `Box::into_raw`); freed in `Drop` after `run` and `blocks`.
+    arena: NonNull<Arena>,
+}
+
+// SAFETY: `Core` owns its arena and every borrow of it (`run`, `blocks`); no
+// reference to the arena leaves the core except for the duration of a call
+// made while the core is borrowed. Moving the whole core (or handing it to
+// another thread through the slot's mutex) moves the arena and all its
+// borrowers together, so no two threads ever use the arena at once.
+unsafe impl Send for Core {}
+
+impl Core {
+    fn new(config: ArenaConfig) -> Result<Self, tensor_arena::ArenaError> {
+        let arena = Box::new(Arena::try_new(config)?);
+        Ok(Self {
+            run: None,
+            blocks: HashMap::new(),
+            arena: NonNull::from(Box::leak(arena)),
+        })
+    }
+
+    /// The arena, for as long as the core lives.
+    fn arena(&self) -> &'static Arena {
+        // SAFETY: `arena` points to a live boxed arena, freed only in `Drop`
+        // after every `Block` and `Run` made from this reference (they are
+        // stored in `self.blocks`/`self.run` and nowhere else) is dropped.
+        unsafe { self.arena.as_ref() }
+    }
+
+    fn alloc(&mut self, owner: &Arc<Slot>, size: usize) -> Option<NonNull<u8>> {
+        let total = size.checked_add(HEADER)?;
+        let mut block = self.arena().try_alloc_aligned(total, ALIGN).ok()?;
+        let header = Header {
+            owner: Arc::into_raw(Arc::clone(owner)) as usize,
+            size: total,
+        }
+        .to_bytes();
+        block[..header.len()].copy_from_slice(&header);
+        let user = block.as_mut_ptr().wrapping_add(HEADER);
+        self.blocks.insert(user as usize, block);
+        NonNull::new(user)
+    }
+
+    fn free(&mut self, user: usize) {
+        let block = self.blocks.remove(&user);
+        debug_assert!(block.is_some(), "free of {user:#x}: not a live block");
+        drop(block);
+    }
+
+    fn stats(&self) -> Stats {
+        self.arena().stats()
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.run = None;
+        self.blocks.clear();
+        // SAFETY: the pointer came from `Box::leak` in `new` and is freed
+        // only here; nothing borrows the arena any more (run and blocks were
+        // dropped just above).
+        drop(unsafe { Box::from_raw(self.arena.as_ptr()) });
+    }
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// Every slot alive, for process-wide stats.
+static REGISTRY: Mutex<Vec<Weak<Slot>>> = Mutex::new(Vec::new());
+
+impl Slot {
+    pub(crate) fn new(config: ArenaConfig) -> Result<Arc<Self>, tensor_arena::ArenaError> {
+        let slot = Arc::new(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            core: Mutex::new(Core::new(config)?),
+            pending: Mutex::new(Pending {
+                alive: true,
+                ptrs: Vec::new(),
+            }),
+            published: Mutex::new(Stats::default()),
+        });
+        let mut reg = REGISTRY.lock();
+        reg.retain(|w| w.strong_count() > 0);
+        reg.push(Arc::downgrade(&slot));
+        Ok(slot)
+    }
+
+    /// Locks the core, freeing what other threads queued.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
+        let mut core = self.core.lock();
+        self.drain(&mut core);
+        core
+    }
+
+    fn drain(&self, core: &mut Core) {
+        let ptrs = std::mem::take(&mut self.pending.lock().ptrs);
+        // The blocks' own references are dropped after the loop; the caller
+        // holds another, so none is the last.
+        for (user, _) in &ptrs {
+            core.free(*user);
+        }
+    }
+
+    /// Publishes the core's stats for [`Slot::stats`].
+    pub(crate) fn publish(&self, core: &Core) {
+        *self.published.lock() = core.stats();
+    }
+
+    /// The stats published last.
+    pub(crate) fn stats(&self) -> Stats {
+        *self.published.lock()
+    }
+
+    /// Called when the worker is dropped: frees what is queued, closes any
+    /// run and gives back all cached memory; blocks still live (outputs)
+    /// keep the slot, and free into it, until the last one goes.
+    pub(crate) fn retire(&self) {
+        let ptrs = {
+            let mut p = self.pending.lock();
+            p.alive = false;
+            std::mem::take(&mut p.ptrs)
+        };
+        let mut core = self.core.lock();
+        for (user, _) in &ptrs {
+            core.free(*user);
+        }
+        core.run = None;
+        core.arena().shrink_to(0);
+        self.publish(&core);
+    }
+}
+
+/// What `Alloc` on this thread got.
+pub(crate) enum Served {
+    /// A block of the running worker's arena.
+    Arena(NonNull<u8>),
+    /// No worker runs on this thread: use the system allocator.
+    NoWorker,
+    /// The arena refused (over its cap, or the size overflowed): the
+    /// caller serves it elsewhere.
+    Failed,
+}
+
+/// The worker running on this thread, if any.
+#[derive(Clone, Copy)]
+struct Current {
+    slot: *const Slot,
+    core: *mut Core,
+}
+
+thread_local! {
+    static CURRENT: Cell<Option<Current>> = const { Cell::new(None) };
+}
+
+/// Makes `core` (of `slot`, locked by the caller) the target of this
+/// thread's allocations until the returned guard drops.
+pub(crate) fn enter<'g>(slot: &'g Arc<Slot>, core: &'g mut Core) -> Entered<'g> {
+    let prev = CURRENT.with(|c| {
+        c.replace(Some(Current {
+            slot: Arc::as_ptr(slot),
+            core,
+        }))
+    });
+    Entered {
+        prev,
+        _borrow: std::marker::PhantomData,
+    }
+}
+
+/// While alive, this thread's `Alloc`/`Free` go to the entered core.
+pub(crate) struct Entered<'g> {
+    prev: Option<Current>,
+    _borrow: std::marker::PhantomData<&'g mut Core>,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.prev));
+    }
+}
+
+/// `Alloc` from this thread.
+pub(crate) fn alloc_current(size: usize) -> Served {
+    let Some(cur) = CURRENT.with(Cell::get) else {
+        return Served::NoWorker;
+    };
+    // SAFETY: `cur` was set by `enter` from a `&mut Core` of a locked core
+    // and an `Arc<Slot>`, both borrowed by the `Entered` guard that is still
+    // alive (it resets `CURRENT` on drop), and this thread is inside the call
+    // that guard spans; the `&mut` is used only here, not re-entrantly.
+    let core = unsafe { &mut *cur.core };
+    // SAFETY: as above, the slot is kept alive by the caller of `enter`;
+    // `ManuallyDrop` keeps this borrowed reference from being released.
+    let slot = std::mem::ManuallyDrop::new(unsafe { Arc::from_raw(cur.slot) });
+    match core.alloc(&slot, size) {
+        Some(p) => Served::Arena(p),
+        None => Served::Failed,
+    }
+}
+
+/// `Free` of the block at `user`, owned by `owner` (the block's reference,
+/// now handed over).
+pub(crate) fn free(owner: Arc<Slot>, user: usize) {
+    if let Some(cur) = CURRENT.with(Cell::get) {
+        if std::ptr::eq(cur.slot, Arc::as_ptr(&owner)) {
+            // SAFETY: as in `alloc_current`: the entered core, used only here.
+            let core = unsafe { &mut *cur.core };
+            core.free(user);
+            return;
+        }
+    }
+    let freed = match owner.core.try_lock() {
+        Some(mut core) => {
+            core.free(user);
+            owner.publish(&core);
+            true
+        }
+        None => false,
+    };
+    if freed {
+        // Possibly the last reference: the slot and its arena go with it.
+        drop(owner);
+        return;
+    }
+    let mut p = owner.pending.lock();
+    if p.alive {
+        // The owner frees it (and drops this reference) at its next lock.
+        let owner2 = Arc::clone(&owner);
+        p.ptrs.push((user, owner2));
+        drop(p);
+        return;
+    }
+    drop(p);
+    let mut core = owner.core.lock();
+    core.free(user);
+    owner.publish(&core);
+    drop(core);
+    drop(owner);
+}
+
+/// Sum of the published stats of every arena alive, and their number.
+pub(crate) fn all_stats() -> (Stats, usize) {
+    let reg = REGISTRY.lock();
+    let mut sum = Stats::default();
+    let mut n = 0;
+    for s in reg.iter().filter_map(Weak::upgrade) {
+        n += 1;
+        add_stats(&mut sum, &s.stats());
+    }
+    (sum, n)
+}
+
+/// Adds `b` into `a`, field by field (peaks add too: an upper bound on the
+/// peak of the sum).
+pub(crate) fn add_stats(a: &mut Stats, b: &Stats) {
+    a.in_use += b.in_use;
+    a.peak_in_use += b.peak_in_use;
+    a.reserved += b.reserved;
+    a.watermark += b.watermark;
+    a.allocs += b.allocs;
+    a.frees += b.frees;
+    a.cache_hits += b.cache_hits;
+    a.backing_allocs += b.backing_allocs;
+    a.backing_frees += b.backing_frees;
+    a.bytes_released += b.bytes_released;
+    a.largest_free_block = a.largest_free_block.max(b.largest_free_block);
+    a.free_bytes += b.free_bytes;
+    a.regions += b.regions;
+    a.live_blocks += b.live_blocks;
+    a.runs += b.runs;
+    a.shrinks += b.shrinks;
+    a.relayouts += b.relayouts;
+    a.planned_allocs += b.planned_allocs;
+    a.planned_runs += b.planned_runs;
+    a.deviations += b.deviations;
+}
+
+impl Core {
+    /// Opens a run, served by `plan` when there is one and its block can be
+    /// drawn.
+    pub(crate) fn begin_run(&mut self, plan: Option<Arc<Plan>>) {
+        let arena = self.arena();
+        self.run = None;
+        let run = match plan {
+            Some(p) => arena.begin_planned_run(p).ok(),
+            None => None,
+        };
+        self.run = Some(run.unwrap_or_else(|| arena.begin_run()));
+    }
+
+    /// Closes the open run.
+    pub(crate) fn finish_run(&mut self) -> Option<(RunReport, Recording)> {
+        self.run
+            .take()
+            .map(tensor_arena::Run::finish_with_recording)
+    }
+
+    /// Gives cached memory back down to `bytes`.
+    pub(crate) fn shrink_to(&mut self, bytes: usize) -> usize {
+        self.arena().shrink_to(bytes)
+    }
+
+    /// Makes sure `bytes` can be served with no backing call.
+    pub(crate) fn reserve(&mut self, bytes: usize) -> Result<(), tensor_arena::ArenaError> {
+        self.arena().reserve(bytes)
+    }
+
+    /// The arena's stats now.
+    pub(crate) fn arena_stats(&self) -> Stats {
+        self.stats()
+    }
+}

@@ -1,0 +1,205 @@
+//! Deterministic inputs and output hashes, so that runs under different
+//! memory strategies can be compared bit for bit.
+
+use crate::OrtArenaError;
+use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
+
+/// A model input as the model declares it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputSpec {
+    /// Its name.
+    pub name: String,
+    /// Its dimensions; -1 where the model leaves a dimension free.
+    pub dims: Vec<i64>,
+    /// Its element type (`None` for a non-tensor input).
+    pub elem: Option<TensorElementType>,
+}
+
+impl InputSpec {
+    /// The specs of a session's inputs.
+    pub fn of(session: &ort::session::Session) -> Vec<InputSpec> {
+        session
+            .inputs()
+            .iter()
+            .map(|o| match o.dtype() {
+                ValueType::Tensor { ty, shape, .. } => InputSpec {
+                    name: o.name().to_string(),
+                    dims: shape.to_vec(),
+                    elem: Some(*ty),
+                },
+                _ => InputSpec {
+                    name: o.name().to_string(),
+                    dims: Vec::new(),
+                    elem: None,
+                },
+            })
+            .collect()
+    }
+
+    /// Checks that `shape` fits: the same rank, and equal to every fixed
+    /// dimension.
+    ///
+    /// # Errors
+    /// [`OrtArenaError::BadShape`].
+    pub fn check(&self, shape: &[usize]) -> Result<(), OrtArenaError> {
+        let fits = shape.len() == self.dims.len()
+            && shape
+                .iter()
+                .zip(&self.dims)
+                .all(|(&s, &d)| d < 0 || i64::try_from(s).is_ok_and(|s| s == d));
+        if fits {
+            Ok(())
+        } else {
+            Err(OrtArenaError::BadShape {
+                name: self.name.clone(),
+                expected: self.dims.clone(),
+                got: shape.to_vec(),
+            })
+        }
+    }
+}
+
+/// A small deterministic generator (SplitMix64).
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    }
+}
+
+/// A tensor for `spec` of shape `shape`, filled with pseudo-random values
+/// from `seed` (floats uniform in [-1, 1); integers in 0..4; booleans
+/// alternating at random). The same arguments give the same bytes.
+///
+/// # Errors
+/// [`OrtArenaError::BadShape`] if the shape does not fit the spec,
+/// [`OrtArenaError::UnsupportedInput`] for element types other than f32,
+/// f64, i64, i32, u8, i8 and bool, and [`OrtArenaError::Ort`] if ONNX
+/// Runtime refuses to create the tensor (or the size overflows).
+pub fn make_input(spec: &InputSpec, shape: &[usize], seed: u64) -> Result<DynValue, OrtArenaError> {
+    spec.check(shape)?;
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .filter(|&n| n <= (1 << 34))
+        .ok_or_else(|| {
+            OrtArenaError::Ort(format!(
+                "input {:?}: shape {shape:?} is too large",
+                spec.name
+            ))
+        })?;
+    let mut rng = SplitMix(seed ^ 0x5EED_0000_0000_0000);
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let unsupported = || OrtArenaError::UnsupportedInput {
+        name: spec.name.clone(),
+        dtype: format!("{:?}", spec.elem),
+    };
+    let value = match spec.elem.ok_or_else(unsupported)? {
+        TensorElementType::Float32 => {
+            let v: Vec<f32> = (0..n).map(|_| rng.unit() as f32).collect();
+            Tensor::from_array((dims, v))?.into_dyn()
+        }
+        TensorElementType::Float64 => {
+            let v: Vec<f64> = (0..n).map(|_| rng.unit()).collect();
+            Tensor::from_array((dims, v))?.into_dyn()
+        }
+        TensorElementType::Int64 => {
+            let v: Vec<i64> = (0..n).map(|_| (rng.next() % 4) as i64).collect();
+            Tensor::from_array((dims, v))?.into_dyn()
+        }
+        TensorElementType::Int32 => {
+            let v: Vec<i32> = (0..n).map(|_| (rng.next() % 4) as i32).collect();
+            Tensor::from_array((dims, v))?.into_dyn()
+        }
+        TensorElementType::Uint8 => {
+            let v: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            Tensor::from_array((dims, v))?.into_dyn()
+        }
+        TensorElementType::Int8 => {
+            let v: Vec<i8> = (0..n).map(|_| rng.next() as i8).collect();
+            Tensor::from_array((dims, v))?.into_dyn()
+        }
+        TensorElementType::Bool => {
+            let v: Vec<bool> = (0..n).map(|_| rng.next() & 1 == 1).collect();
+            Tensor::from_array((dims, v))?.into_dyn()
+        }
+        _ => return Err(unsupported()),
+    };
+    Ok(value)
+}
+
+/// FNV-1a, 64 bits.
+struct Fnv(u64);
+
+impl Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01B3);
+        }
+    }
+}
+
+/// A hash of named outputs: names, element types, shapes and every byte.
+/// Equal outputs give equal hashes; the order of `outputs` matters.
+///
+/// # Errors
+/// [`OrtArenaError::UnsupportedInput`] for an output that is not a tensor of
+/// a type [`make_input`] supports.
+pub fn hash_outputs<'a>(
+    outputs: impl IntoIterator<Item = (&'a str, &'a DynValue)>,
+) -> Result<u64, OrtArenaError> {
+    let mut h = Fnv(0xCBF2_9CE4_8422_2325);
+    for (name, value) in outputs {
+        h.write(name.as_bytes());
+        h.write(&[0]);
+        let bad = || OrtArenaError::UnsupportedInput {
+            name: name.to_string(),
+            dtype: format!("{:?}", value.dtype()),
+        };
+        let ValueType::Tensor { ty, .. } = value.dtype() else {
+            return Err(bad());
+        };
+        h.write(format!("{ty:?}").as_bytes());
+        macro_rules! bytes {
+            ($t:ty) => {{
+                let (shape, data) = value.try_extract_tensor::<$t>()?;
+                for d in shape.iter() {
+                    h.write(&d.to_le_bytes());
+                }
+                for x in data {
+                    h.write(&x.to_le_bytes());
+                }
+            }};
+        }
+        match ty {
+            TensorElementType::Float32 => bytes!(f32),
+            TensorElementType::Float64 => bytes!(f64),
+            TensorElementType::Int64 => bytes!(i64),
+            TensorElementType::Int32 => bytes!(i32),
+            TensorElementType::Uint8 => bytes!(u8),
+            TensorElementType::Int8 => bytes!(i8),
+            TensorElementType::Bool => {
+                let (shape, data) = value.try_extract_tensor::<bool>()?;
+                for d in shape.iter() {
+                    h.write(&d.to_le_bytes());
+                }
+                for &x in data {
+                    h.write(&[u8::from(x)]);
+                }
+            }
+            _ => return Err(bad()),
+        }
+    }
+    Ok(h.0)
+}

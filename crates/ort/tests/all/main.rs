@@ -1,0 +1,9 @@
+//! Integration tests of tensor-arena-ort on real models. The library and
+//! models are fetched from PyPI by `tools/fetch-ort-assets.sh` when missing;
+//! without them the tests fail.
+
+mod common;
+mod errors;
+mod outputs;
+mod plans;
+mod threads;

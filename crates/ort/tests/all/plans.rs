@@ -1,0 +1,101 @@
+//! Runs keyed by input shapes: a repeated shape makes no backing call and
+//! holds its lower bound; a shrink policy follows small inputs.
+
+use crate::common::*;
+use tensor_arena::{ArenaConfig, ShrinkPolicy};
+use tensor_arena_ort::ort::value::DynValue;
+use tensor_arena_ort::{ArenaOptions, ArenaSession, RunOutput, Worker};
+
+fn run(worker: &mut Worker<'_>, inputs: &[(String, DynValue)]) -> RunOutput {
+    let input: Vec<(&str, &DynValue)> = inputs.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    worker.run(&input).unwrap()
+}
+
+fn backing(w: &Worker<'_>) -> u64 {
+    let s = w.stats();
+    s.backing_allocs + s.backing_frees
+}
+
+#[test]
+fn repeated_shapes_make_no_backing_call() {
+    let session =
+        ArenaSession::open(runtime(), model("ppocr_rec.onnx"), ArenaOptions::default()).unwrap();
+    let large = inputs(session.inputs(), &[("x", &[1, 3, 48, 960])], 1);
+    let small = inputs(session.inputs(), &[("x", &[1, 3, 48, 160])], 2);
+    let mut worker = session.worker().unwrap();
+    // First of each shape: recorded and planned (backing calls allowed).
+    let first_allocs = run(&mut worker, &large).report.allocs;
+    drop(run(&mut worker, &small));
+    let before = backing(&worker);
+    for i in 0..4 {
+        let input = if i % 2 == 0 { &large } else { &small };
+        let out = run(&mut worker, input);
+        assert!(
+            out.report.planned && !out.report.deviated,
+            "run {i}: {:?}",
+            out.report
+        );
+        assert_eq!(out.report.planned_allocs, out.report.allocs, "run {i}");
+        assert_eq!(
+            out.alloc_calls, out.report.allocs,
+            "every Alloc of the run is an arena block"
+        );
+    }
+    assert_eq!(
+        backing(&worker),
+        before,
+        "repeated shapes made backing calls"
+    );
+    // What is held is the largest plan, which is close to the largest run's
+    // lower bound (the most bytes live at once).
+    let plans = session.plans();
+    let largest = plans.largest().unwrap();
+    let lower = largest.lower_bound();
+    let stats = worker.stats();
+    assert!(lower > 1 << 20, "a real model's tensors: {lower}");
+    assert!(
+        stats.reserved <= largest.size() + (2 << 20)
+            && largest.size() as f64 <= lower as f64 * 1.10,
+        "reserved {} plan {} lower bound {lower}",
+        stats.reserved,
+        largest.size()
+    );
+    assert!(
+        first_allocs > 100,
+        "rec allocates every tensor: {first_allocs}"
+    );
+}
+
+#[test]
+fn shrink_policy_follows_small_inputs() {
+    let options = ArenaOptions {
+        plans: false,
+        shrink_to_plans: false,
+        arena: ArenaConfig {
+            shrink_policy: ShrinkPolicy::AfterEveryRun,
+            ..ArenaConfig::default()
+        },
+        ..ArenaOptions::default()
+    };
+    let session = ArenaSession::open(runtime(), model("ppocr_rec.onnx"), options).unwrap();
+    let large = inputs(session.inputs(), &[("x", &[1, 3, 48, 1600])], 1);
+    let small = inputs(session.inputs(), &[("x", &[1, 3, 48, 100])], 2);
+    let mut worker = session.worker().unwrap();
+    let big = run(&mut worker, &large);
+    let big_need = big.report.high_water;
+    drop(big);
+    let after_large = worker.stats().reserved;
+    let mut need = 0;
+    for _ in 0..3 {
+        let out = run(&mut worker, &small);
+        need = out.report.high_water;
+    }
+    let after_small = worker.stats().reserved;
+    assert!(big_need > 4 * need, "large {big_need} small {need}");
+    assert!(after_large >= big_need / 2, "{after_large} {big_need}");
+    // Reserved follows the small runs' need (a region's granule of slack).
+    assert!(
+        after_small >= need && after_small <= need + (2 << 20),
+        "reserved {after_small} after small runs needing {need} (large needed {big_need})"
+    );
+}
