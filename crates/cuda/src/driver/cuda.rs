@@ -38,26 +38,37 @@ impl CudaDriver {
     /// lacks the CUDA 13.0 functions; [`CudaError::Driver`] when
     /// initialising the driver or the device fails (no such device, say).
     pub fn new(ordinal: i32) -> Result<Self, CudaError> {
-        // SAFETY: `is_culib_present` only tries to open the library (dlopen)
-        // and closes it again.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(CudaError::DriverNotFound {
-                looked_for: LOOKED_FOR.into(),
-                reason: "not found".into(),
-            });
+        let too_old = || {
+            CudaError::DriverNotFound {
+            looked_for: LOOKED_FOR.into(),
+            reason: "found, but it lacks functions of CUDA 13.0 (a driver of release 580 or newer is needed)".into(),
         }
-        // cudarc panics if a function of its bindings is missing from the
-        // library (a driver older than CUDA 13.0): turn that into an error.
+        };
+        // cudarc panics when a function of its bindings is missing from the
+        // library (a driver older than CUDA 13.0), in both calls below:
+        // turn that into an error.
+        let present = std::panic::catch_unwind(|| {
+            // SAFETY: opens the library (dlopen) and resolves its functions
+            // to see whether it loads; nothing is called.
+            unsafe { sys::is_culib_present() }
+        });
+        match present {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(CudaError::DriverNotFound {
+                    looked_for: LOOKED_FOR.into(),
+                    reason: "not found".into(),
+                })
+            }
+            Err(_) => return Err(too_old()),
+        }
         let loaded = std::panic::catch_unwind(|| {
             // SAFETY: loads the library and resolves its functions; nothing
             // is called.
             unsafe { sys::culib() };
         });
         if loaded.is_err() {
-            return Err(CudaError::DriverNotFound {
-                looked_for: LOOKED_FOR.into(),
-                reason: "found, but it lacks functions of CUDA 13.0 (a driver of release 580 or newer is needed)".into(),
-            });
+            return Err(too_old());
         }
         // SAFETY: cuInit takes flags 0 and may be called any number of times.
         check("cuInit", unsafe { sys::cuInit(0) })?;
@@ -77,20 +88,23 @@ impl CudaDriver {
             granularity: 0,
             total: 0,
         };
-        let mut total = 0usize;
-        // SAFETY: `total` is a valid out-pointer.
-        check("cuDeviceTotalMem", unsafe {
-            sys::cuDeviceTotalMem_v2(&mut total, device)
-        })?;
-        let mut granularity = 0usize;
         let prop = driver.prop();
-        // SAFETY: valid out-pointer and property struct.
-        check("cuMemGetAllocationGranularity", unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut granularity,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
-            )
+        let (total, granularity) = driver.in_ctx(|| {
+            let mut total = 0usize;
+            // SAFETY: `total` is a valid out-pointer.
+            check("cuDeviceTotalMem", unsafe {
+                sys::cuDeviceTotalMem_v2(&mut total, device)
+            })?;
+            let mut granularity = 0usize;
+            // SAFETY: valid out-pointer and property struct.
+            check("cuMemGetAllocationGranularity", unsafe {
+                sys::cuMemGetAllocationGranularity(
+                    &mut granularity,
+                    &prop,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+                )
+            })?;
+            Ok((total, granularity))
         })?;
         if !granularity.is_power_of_two() {
             return Err(CudaError::Driver(DriverError::new(
