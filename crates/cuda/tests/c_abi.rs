@@ -1,0 +1,247 @@
+//! Contract tests of the C ABI: the exported symbols called through their C
+//! signatures, as PyTorch's `CUDAPluggableAllocator` and the Python module
+//! call them, against the simulated driver. One test function: the library
+//! keeps one global state per process.
+
+use core::ffi::{c_char, c_int, c_void};
+use std::path::PathBuf;
+use std::process::Command;
+
+// Links the library whose symbols the prototypes below name.
+use tensor_arena_cuda as _;
+
+extern "C" {
+    fn alloc_fn(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void;
+    fn free_fn(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void);
+    fn tensor_arena_init(driver: *const c_char) -> c_int;
+    fn tensor_arena_run_begin(device: c_int, key: *const u8, key_len: usize) -> c_int;
+    fn tensor_arena_run_end(device: c_int) -> c_int;
+    fn tensor_arena_shrink(device: c_int) -> i64;
+    fn tensor_arena_shrink_to(device: c_int, bytes: u64) -> i64;
+    fn tensor_arena_stats_json(device: c_int, buf: *mut c_char, cap: usize) -> isize;
+    fn tensor_arena_last_error(buf: *mut c_char, cap: usize) -> isize;
+}
+
+fn last_error() -> String {
+    let mut buf = vec![0u8; 1024];
+    // SAFETY: `buf` is writable for its length.
+    let n = unsafe { tensor_arena_last_error(buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n >= 0 && (n as usize) < buf.len());
+    String::from_utf8(buf[..n as usize].to_vec()).unwrap()
+}
+
+fn stats(device: c_int) -> serde_json::Value {
+    // SAFETY: a null buffer with capacity 0 only asks for the length.
+    let n = unsafe { tensor_arena_stats_json(device, core::ptr::null_mut(), 0) };
+    assert!(n > 0, "{}", last_error());
+    let mut small = vec![0u8; 8];
+    // SAFETY: `small` is writable for its length; too small, nothing written.
+    let m = unsafe { tensor_arena_stats_json(device, small.as_mut_ptr().cast(), small.len()) };
+    assert_eq!(m, n);
+    assert_eq!(small, [0; 8], "nothing written into a short buffer");
+    let mut buf = vec![0u8; n as usize + 1];
+    // SAFETY: `buf` is writable for its length.
+    let k = unsafe { tensor_arena_stats_json(device, buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(k >= n - 64 && k <= n + 64, "length changed: {k} vs {n}");
+    assert_eq!(buf[k as usize], 0, "NUL-terminated");
+    serde_json::from_slice(&buf[..k as usize]).expect("valid JSON")
+}
+
+fn alloc(size: isize, stream: usize) -> *mut c_void {
+    // SAFETY: the simulated driver accepts any stream value.
+    unsafe { alloc_fn(size, 0, stream as *mut c_void) }
+}
+
+fn free(p: *mut c_void, size: isize, stream: usize) {
+    // SAFETY: as `alloc`.
+    unsafe { free_fn(p, size, 0, stream as *mut c_void) }
+}
+
+fn init(driver: &core::ffi::CStr) -> c_int {
+    // SAFETY: a NUL-terminated string.
+    unsafe { tensor_arena_init(driver.as_ptr()) }
+}
+
+fn run_begin(key: &[u8]) -> c_int {
+    // SAFETY: `key` is readable for its length.
+    unsafe { tensor_arena_run_begin(0, key.as_ptr(), key.len()) }
+}
+
+fn run_end() -> c_int {
+    // SAFETY: no pointer arguments.
+    unsafe { tensor_arena_run_end(0) }
+}
+
+fn shrink() -> i64 {
+    // SAFETY: no pointer arguments.
+    unsafe { tensor_arena_shrink(0) }
+}
+
+fn shrink_to(bytes: u64) -> i64 {
+    // SAFETY: no pointer arguments.
+    unsafe { tensor_arena_shrink_to(0, bytes) }
+}
+
+fn run(key: &str, sizes: &[isize]) {
+    // SAFETY: `key` is readable for its length.
+    assert_eq!(run_begin(key.as_bytes()), 0, "{}", last_error());
+    let mut live = Vec::new();
+    for (i, &s) in sizes.iter().enumerate() {
+        let p = alloc(s, 0);
+        assert!(!p.is_null(), "{}", last_error());
+        assert_eq!(p as usize % 512, 0);
+        live.push((p, s));
+        if i % 2 == 1 {
+            let (q, n) = live.remove(0);
+            free(q, n, 0);
+        }
+    }
+    for (p, n) in live {
+        free(p, n, 0);
+    }
+    assert_eq!(run_end(), 0, "{}", last_error());
+}
+
+#[test]
+fn c_abi_contract() {
+    assert_eq!(init(c"no-such-driver"), -1);
+    assert!(last_error().contains("unknown driver"), "{}", last_error());
+    assert_eq!(init(c"simulated"), 0);
+    // Sizes PyTorch may pass.
+    assert!(alloc(0, 0).is_null(), "zero bytes: null, no error");
+    assert!(alloc(-1, 0).is_null());
+    assert!(last_error().contains("negative"), "{}", last_error());
+    // SAFETY: a device out of range is refused before anything else.
+    let bad_device = unsafe { alloc_fn(64, 999, core::ptr::null_mut()) };
+    assert!(bad_device.is_null());
+    assert!(last_error().contains("999"), "{}", last_error());
+    assert!(alloc(1 << 50, 0).is_null(), "more than the device has");
+    assert!(!last_error().is_empty());
+    // Free of something not ours, or null: ignored, with a message.
+    free(core::ptr::null_mut(), 0, 0);
+    free(0x1234 as *mut c_void, 16, 0);
+    assert!(
+        last_error().contains("not a live block"),
+        "{}",
+        last_error()
+    );
+
+    // Two streams: blocks on each, freed across.
+    let a = alloc(1000, 0x10);
+    let b = alloc(3000, 0x20);
+    assert!(!a.is_null() && !b.is_null());
+    assert_ne!(a, b);
+    free(a, 1000, 0x10);
+    free(b, 3000, 0x20);
+    let s = stats(0);
+    assert_eq!(s["driver"], "simulated");
+    assert_eq!(s["streams"]["multi_stream"], true);
+    assert_eq!(s["arena"]["in_use"], 0);
+
+    // Runs keyed by shape: the third run of a key is served from its plan
+    // with no driver call.
+    let sizes = [3 << 20, 1 << 20, 5 << 20, 4096, 2 << 20];
+    let big: Vec<isize> = sizes.iter().map(|s| s * 4).collect();
+    run("batch=16", &big);
+    run("batch=1", &sizes);
+    let before = stats(0);
+    run("batch=16", &big);
+    let after = stats(0);
+    assert_eq!(after["last_run"]["planned"], true, "{after}");
+    assert_eq!(after["last_run"]["deviated"], false);
+    assert_eq!(after["calls"]["total"], before["calls"]["total"]);
+
+    // Run misuse is an error code, not a crash.
+    assert_eq!(run_end(), -1);
+    assert!(last_error().contains("no run"), "{}", last_error());
+    // SAFETY: a null key with a length is refused before it is read.
+    let null_key = unsafe { tensor_arena_run_begin(0, core::ptr::null(), 4) };
+    assert_eq!(null_key, -1);
+
+    // Shrink after a small batch: down to its need.
+    run("batch=1", &sizes);
+    let released = shrink();
+    assert!(released > 0);
+    let s = stats(0);
+    let reserved = s["arena"]["reserved"].as_u64().unwrap();
+    let need = s["arena"]["watermark"].as_u64().unwrap();
+    assert!(reserved >= need && reserved <= need + (2 << 20), "{s}");
+    assert_eq!(s["mapped"], s["arena"]["reserved"]);
+    assert!(shrink_to(0) >= 0);
+    assert_eq!(stats(0)["arena"]["reserved"], 0);
+
+    // The driver cannot change once memory was allocated.
+    assert_eq!(init(c"cuda"), -1);
+}
+
+/// The library file next to this test binary (`target/<profile>/deps`).
+fn cdylib() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let name = format!(
+        "{}tensor_arena_cuda{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    [deps.join(&name), deps.parent().unwrap().join(&name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("{name} not built next to {}", deps.display()))
+}
+
+/// The Python module's ctypes layer, run by `python3` against the built
+/// library with the simulated driver. Needs `python3` (no torch): a missing
+/// interpreter fails the test rather than skipping it.
+#[test]
+fn python_module_ctypes_layer() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/test_ctypes.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(cdylib())
+        .env_remove("TENSOR_ARENA_CUDA_DRIVER")
+        .output()
+        .expect("python3 is needed for this test (no torch, no GPU)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("python ctypes layer: ok"), "{text}");
+}
+
+/// `tools/gpu-check/gpu_check.py`'s control flow (two child processes, the
+/// Python module's `install`, keyed runs, stats, shrink, the report) run
+/// against a stand-in for torch (`tools/gpu-check/fake`) whose model
+/// allocates through the library with the simulated driver. The figures
+/// mean nothing; the flow, the JSON keys and the planned-run count do.
+#[test]
+fn gpu_check_flow_with_a_stand_in_for_torch() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new("python3")
+        .arg(root.join("tools/gpu-check/gpu_check.py"))
+        .arg("--lib")
+        .arg(cdylib())
+        .args(["--repeat", "1"])
+        .env("PYTHONPATH", root.join("tools/gpu-check/fake"))
+        .env("TENSOR_ARENA_CUDA_DRIVER", "simulated")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3 is needed for this test (no torch, no GPU)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    for model in ["densenet121", "resnet50"] {
+        assert!(text.contains(&format!("== {model} (fake")), "{text}");
+    }
+    assert_eq!(text.matches("outputs identical: True").count(), 2, "{text}");
+    assert_eq!(
+        text.matches("driver calls in a pass of planned runs: 0")
+            .count(),
+        2,
+        "{text}"
+    );
+}

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""GPU check of tensor-arena as PyTorch's CUDA allocator.
+
+Runs DenseNet-121 at batches 16,1,4,1,8,16 and ResNet-50 at 64,8,32,8,64
+(torchvision, random weights, torch.manual_seed(0), cuDNN benchmark off,
+224x224 inputs), once with PyTorch's native caching allocator and once with
+tensor-arena, each in its own process (PyTorch cannot change its allocator
+once it has allocated). Checks that the outputs are identical and prints,
+per batch, the live peak, each allocator's reserved bytes and the time per
+batch after warm-up.
+
+Usage (on a machine with an NVIDIA GPU, PyTorch and torchvision):
+
+    cargo build --release -p tensor-arena-cuda
+    python3 tools/gpu-check/gpu_check.py --lib target/release/libtensor_arena_cuda.so
+
+Exit status: 0 when every output matched, 1 otherwise, 2 for bad usage or
+a missing prerequisite.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "crates", "cuda", "python"))
+
+MODELS = {
+    "densenet121": [16, 1, 4, 1, 8, 16],
+    "resnet50": [64, 8, 32, 8, 64],
+}
+MIB = 1 << 20
+
+
+def inputs(batches):
+    """The same inputs in both processes: CPU tensors from fixed seeds."""
+    import torch
+
+    out = []
+    for i, b in enumerate(batches):
+        g = torch.Generator().manual_seed(1000 + i)
+        out.append(torch.randn(b, 3, 224, 224, generator=g))
+    return out
+
+
+def child(args):
+    """One model with one allocator; writes its figures as JSON and its
+    outputs with torch.save."""
+    arena = None
+    if args.child == "arena":
+        import tensor_arena_cuda
+
+        # Before anything touches CUDA memory.
+        arena = tensor_arena_cuda.install(args.lib)
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    dev = torch.device("cuda")
+    model = getattr(torchvision.models, args.model)(weights=None).to(dev).eval()
+    batches = MODELS[args.model]
+    # Inputs stay on the host; each batch copies its own in, inside the run,
+    # so the live peak is weights + one batch's tensors.
+    xs = inputs(batches)
+
+    def reserved():
+        if arena is None:
+            return torch.cuda.memory_reserved()
+        return arena.stats()["arena"]["reserved"]
+
+    def forward(i, keep_output, measure=True):
+        """One batch; returns (output on the host or None, live peak, reserved
+        peak). Without `measure` (timed runs) nothing is asked of either
+        allocator beyond the batch itself, and the peaks are None."""
+        key = f"{args.model}:{batches[i]}"
+        if arena is None:
+            if measure:
+                torch.cuda.reset_peak_memory_stats()
+            x = xs[i].to(dev)
+            out = model(x)
+            host = out.cpu() if keep_output else None
+            torch.cuda.synchronize()
+            del out, x
+            if not measure:
+                return host, None, None
+            return host, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+        with arena.run(key):
+            x = xs[i].to(dev)
+            out = model(x)
+            host = out.cpu() if keep_output else None
+            torch.cuda.synchronize()
+            # Device tensors die inside the run, so it can be planned.
+            del out, x
+        if not measure:
+            return host, None, None
+        s = arena.stats()
+        # The most device memory mapped during the run (a plan learned at
+        # its end may shrink the arena after it).
+        return host, s["last_run"]["peak_in_use"], s["last_run_peak_mapped"]
+
+    rows = [{"batch": b} for b in batches]
+    outputs = []
+    with torch.inference_mode():
+        # 1. First sight of each batch size (outputs kept for the comparison).
+        for i in range(len(batches)):
+            host, live, res = forward(i, True)
+            outputs.append(host)
+            rows[i].update(live_first=live, reserved_first=res)
+        # 2. Every size seen before (served from plans with the arena).
+        calls_before = arena.stats()["calls"]["total"] if arena else None
+        for i in range(len(batches)):
+            _, live, res = forward(i, False)
+            rows[i].update(live_seen=live, reserved_seen=res)
+        # Sizes seen twice: now planned.
+        for i in range(len(batches)):
+            _, live, res = forward(i, False)
+        calls_planned = None
+        if arena:
+            before = arena.stats()["calls"]["total"]
+            for i in range(len(batches)):
+                forward(i, False)
+            calls_planned = arena.stats()["calls"]["total"] - before
+            rows[0]["planned_runs"] = arena.stats()["arena"]["planned_runs"]
+        # 3. Shrink after each batch smaller than the one before it.
+        for i in range(len(batches)):
+            _, live, _ = forward(i, False)
+            if i > 0 and batches[i] < batches[i - 1]:
+                if arena is None:
+                    torch.cuda.empty_cache()
+                else:
+                    arena.shrink()
+                rows[i].update(live_shrunk=live, reserved_shrunk=reserved())
+        # ... and the peaks that follow (native: its later peak after
+        # empty_cache; the arena: plans drawn again where shrunk).
+        for i in range(len(batches)):
+            _, _, res = forward(i, False)
+            rows[i]["reserved_after_shrinks"] = res
+        # 4. Time per batch after warm-up: median of `--repeat` runs.
+        for i in range(len(batches)):
+            times = []
+            for _ in range(args.repeat):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                forward(i, False, measure=False)
+                times.append(time.perf_counter() - t0)
+            rows[i]["ms"] = statistics.median(times) * 1e3
+    result = {
+        "allocator": args.child,
+        "model": args.model,
+        "rows": rows,
+        "reserved_max": max(r["reserved_first"] for r in rows),
+        "live_max": max(r["live_first"] for r in rows),
+        "driver_calls_in_planned_pass": calls_planned,
+        "calls_before_seen_pass": calls_before,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(),
+    }
+    if arena:
+        result["arena_stats"] = arena.stats()
+    torch.save(outputs, args.out + ".pt")
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+
+
+def run_child(model, allocator, lib, repeat, tmp):
+    out = os.path.join(tmp, f"{model}-{allocator}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", allocator,
+           "--model", model, "--out", out, "--repeat", str(repeat)]
+    if lib:
+        cmd += ["--lib", lib]
+    proc = subprocess.run(cmd)
+    if proc.returncode != 0:
+        raise SystemExit(f"{model} with the {allocator} allocator failed (exit {proc.returncode})")
+    with open(out) as f:
+        return json.load(f), out + ".pt"
+
+
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+def report(model, native, arena, same):
+    print(f"\n== {model} ({native['device']}, torch {native['torch']}) outputs identical: {same}")
+    head = ("batch", "live MiB", "native res", "arena res 1st", "arena res seen",
+            "native shrunk", "arena shrunk", "native ms", "arena ms", "time ratio")
+    print("{:>5} {:>9} {:>11} {:>13} {:>14} {:>13} {:>12} {:>9} {:>9} {:>10}".format(*head))
+    for n, a in zip(native["rows"], arena["rows"]):
+        def mib(row, key):
+            v = row.get(key)
+            return f"{v / MIB:.1f}" if v is not None else "-"
+        print("{:>5} {:>9} {:>11} {:>13} {:>14} {:>13} {:>12} {:>9.2f} {:>9.2f} {:>10.3f}".format(
+            n["batch"], mib(n, "live_first"), mib(n, "reserved_first"), mib(a, "reserved_first"),
+            mib(a, "reserved_seen"), mib(n, "reserved_shrunk"), mib(a, "reserved_shrunk"),
+            n["ms"], a["ms"], ratio(a["ms"], n["ms"])))
+    live = native["live_max"]
+    print(f"max reserved / max live: native {ratio(native['reserved_max'], live):.3f}, "
+          f"arena first sight {ratio(arena['reserved_max'], live):.3f}, "
+          f"arena seen before {ratio(max(r['reserved_seen'] for r in arena['rows']), live):.3f}")
+    for n, a in zip(native["rows"], arena["rows"]):
+        if "reserved_shrunk" in a:
+            print(f"after shrink at batch {a['batch']}: arena {ratio(a['reserved_shrunk'], a['live_shrunk']):.3f}x "
+                  f"its need, native empty_cache {ratio(n['reserved_shrunk'], n['live_shrunk']):.3f}x")
+    regrow = [r["reserved_after_shrinks"] for r in native["rows"]], [r["reserved_after_shrinks"] for r in arena["rows"]]
+    print(f"peak reserved in the pass after shrinking / max live: native {ratio(max(regrow[0]), live):.3f}, "
+          f"arena {ratio(max(regrow[1]), live):.3f}")
+    print(f"driver calls in a pass of planned runs: {arena['driver_calls_in_planned_pass']}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lib", help="path to libtensor_arena_cuda.so")
+    p.add_argument("--models", default="densenet121,resnet50")
+    p.add_argument("--repeat", type=int, default=10, help="timed runs per batch")
+    p.add_argument("--json", help="write all figures to this file")
+    p.add_argument("--child", choices=["native", "arena"], help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args)
+    if not args.lib or not os.path.exists(args.lib):
+        print("--lib must name the built libtensor_arena_cuda.so "
+              "(cargo build --release -p tensor-arena-cuda)", file=sys.stderr)
+        return 2
+    try:
+        import torch
+        import torchvision  # noqa: F401
+    except ImportError as e:
+        print(f"PyTorch and torchvision are needed: {e}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("no CUDA device visible to PyTorch", file=sys.stderr)
+        return 2
+    if args.repeat < 1:
+        print("--repeat must be at least 1", file=sys.stderr)
+        return 2
+    models = [m for m in args.models.split(",") if m]
+    bad = [m for m in models if m not in MODELS]
+    if bad:
+        print(f"unknown models {bad}; known: {list(MODELS)}", file=sys.stderr)
+        return 2
+    lib = os.path.abspath(args.lib)
+    everything = {}
+    all_same = True
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            native, native_pt = run_child(model, "native", None, args.repeat, tmp)
+            arena, arena_pt = run_child(model, "arena", lib, args.repeat, tmp)
+            a, b = torch.load(native_pt), torch.load(arena_pt)
+            same = len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+            if not same:
+                diffs = [float((x - y).abs().max()) for x, y in zip(a, b)]
+                print(f"{model}: outputs differ, max abs difference per batch {diffs}")
+            all_same &= same
+            report(model, native, arena, same)
+            everything[model] = {"native": native, "arena": arena, "identical": same}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(everything, f, indent=1)
+    return 0 if all_same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
