@@ -1,0 +1,144 @@
+//! The free map's invariants, walked in full (tests, fuzzing and the
+//! `check-invariants` feature).
+
+#[cfg(any(test, fuzzing, feature = "check-invariants"))]
+use super::{class_of, front_slot, FreeMap, RegionInfo, NIL, SUBS};
+
+#[cfg(any(test, fuzzing, feature = "check-invariants"))]
+impl<T: Copy> FreeMap<T> {
+    /// Walks every span, list and bitmap and panics on any broken invariant.
+    #[cfg(any(test, fuzzing, feature = "check-invariants"))]
+    pub(crate) fn check_invariants(&self) {
+        let mut free_bytes = 0;
+        let mut used = 0;
+        let mut total = 0;
+        let mut binned = 0;
+        let mut seen = 0;
+        let mut fronted = 0;
+        for rid in self.region_ids() {
+            let RegionInfo {
+                size,
+                head,
+                top,
+                top_size,
+            } = self.regions[rid as usize];
+            total += size;
+            let mut expect = 0;
+            let mut prev_free = false;
+            let mut prev = NIL;
+            let mut id = head;
+            let mut found_top = NIL;
+            while id != NIL {
+                let span = &self.spans[id as usize];
+                seen += 1;
+                assert_eq!(span.rid, rid);
+                assert_eq!(span.prev, prev, "region {rid}: broken back link at {id}");
+                assert_eq!(
+                    span.off, expect,
+                    "region {rid}: gap or overlap at {:#x}",
+                    span.off
+                );
+                assert!(span.size > 0, "region {rid}: empty span at {:#x}", span.off);
+                let end = span.off + span.size;
+                assert!(
+                    end <= size,
+                    "region {rid}: span {:#x}+{} past end",
+                    span.off,
+                    span.size
+                );
+                if span.front {
+                    assert!(span.used.is_none(), "a used span in the front");
+                    free_bytes += span.size;
+                    fronted += 1;
+                    prev_free = false;
+                } else if span.used.is_none() {
+                    assert!(
+                        !prev_free,
+                        "region {rid}: two adjacent free spans at {:#x}",
+                        span.off
+                    );
+                    free_bytes += span.size;
+                    if end == size {
+                        found_top = id;
+                    } else {
+                        let class = class_of(span.size);
+                        assert!(
+                            self.free_list(class).any(|f| f == id),
+                            "free span {id} not in its class list {class}"
+                        );
+                        binned += 1;
+                    }
+                    prev_free = true;
+                } else {
+                    used += 1;
+                    prev_free = false;
+                }
+                expect = end;
+                prev = id;
+                id = span.next;
+            }
+            assert_eq!(expect, size, "region {rid}: spans do not reach the end");
+            assert_eq!(top, found_top, "region {rid}: wrong top");
+            let found_size = if top == NIL {
+                0
+            } else {
+                self.spans[top as usize].size
+            };
+            assert_eq!(top_size, found_size, "region {rid}: wrong top size");
+        }
+        assert_eq!(
+            seen + self.vacant.len(),
+            self.spans.len(),
+            "lost span slots"
+        );
+        let mut listed = 0;
+        for class in 0..self.bins.len() {
+            let mut prev = NIL;
+            for id in self.free_list(class) {
+                let s = &self.spans[id as usize];
+                assert!(
+                    s.size > 0 && s.used.is_none(),
+                    "class {class} lists span {id}"
+                );
+                assert_eq!(class_of(s.size), class, "span {id} in the wrong class");
+                assert_eq!(s.prev_free, prev, "class {class}: broken back link");
+                prev = id;
+                listed += 1;
+            }
+            let bit = self.sub_maps[class / SUBS] & (1 << (class % SUBS)) != 0;
+            assert_eq!(
+                bit,
+                self.bins[class] != NIL,
+                "class {class}: bitmap out of date"
+            );
+        }
+        for power in 0..self.sub_maps.len() {
+            let bit = self.power_map & (1 << power) != 0;
+            assert_eq!(
+                bit,
+                self.sub_maps[power] != 0,
+                "power {power}: bitmap out of date"
+            );
+        }
+        assert_eq!(listed, binned, "class lists hold spans that are not free");
+        let mut stacked = 0;
+        for &(size, head) in &self.front {
+            let mut id = head;
+            while id != NIL {
+                let sp = &self.spans[id as usize];
+                assert!(sp.front && sp.size == size, "front stack of {size}");
+                assert_eq!(
+                    front_slot(size),
+                    self.front.iter().position(|f| f.1 == head).unwrap()
+                );
+                stacked += 1;
+                id = sp.next_free;
+            }
+        }
+        assert_eq!(stacked, fronted, "front spans off their stacks");
+        assert_eq!(fronted, self.front_count, "front count");
+        assert_eq!(free_bytes, self.free_bytes);
+        assert_eq!(used, self.used_count);
+        assert_eq!(total, self.total_bytes);
+    }
+}

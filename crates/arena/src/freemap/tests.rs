@@ -1,0 +1,227 @@
+//! Unit tests of the free map.
+
+use super::*;
+
+/// `(region, offset)` of an allocation, dropping the span id.
+fn at(m: &mut FreeMap<u8>, size: usize, align: usize) -> Option<(RegionId, usize)> {
+    m.alloc(size, align, 0).map(|(r, o, _)| (r, o))
+}
+
+#[test]
+fn best_fit_prefers_the_tightest_hole_and_the_top_last() {
+    let mut m = FreeMap::<u8>::new();
+    let r = m.add_region(1000);
+    let (_, a, ia) = m.alloc(100, 1, 0).unwrap();
+    let (_, b, _) = m.alloc(50, 1, 0).unwrap();
+    let (_, c, ic) = m.alloc(200, 1, 0).unwrap();
+    let (_, d, _) = m.alloc(60, 1, 0).unwrap();
+    assert_eq!((a, b, c, d), (0, 100, 150, 350));
+    m.free(ia).unwrap(); // hole of 100 at 0
+    m.free(ic).unwrap(); // hole of 200 at 150
+    m.check_invariants();
+    // 90 fits both holes and the top: the 100-byte hole is tightest.
+    assert_eq!(at(&mut m, 90, 1), Some((r, 0)));
+    // 150 only fits the 200 hole (not the top first).
+    assert_eq!(at(&mut m, 150, 1), Some((r, 150)));
+    // 300 fits nothing but the top.
+    assert_eq!(at(&mut m, 300, 1), Some((r, 410)));
+    m.check_invariants();
+}
+
+#[test]
+fn frees_coalesce_both_sides_and_restore_a_whole_region() {
+    let mut m = FreeMap::<u8>::new();
+    let r = m.add_region(4096);
+    let ids: Vec<SpanId> = (0..8).map(|_| m.alloc(64, 64, 1).unwrap().2).collect();
+    for &id in ids.iter().step_by(2) {
+        m.free(id).unwrap();
+    }
+    m.check_invariants();
+    for &id in ids.iter().skip(1).step_by(2) {
+        m.free(id).unwrap();
+    }
+    m.check_invariants();
+    // Freed spans wait in the exact-size front until flushed.
+    assert_eq!(m.free_bytes(), 4096);
+    assert!(!m.is_region_free(r));
+    m.flush_front();
+    m.check_invariants();
+    assert!(m.is_region_free(r));
+    assert_eq!(m.free_bytes(), 4096);
+    assert_eq!(m.free(12345), Err(FreeError::NotABlock));
+    let whole = m.regions[r as usize].head;
+    assert_eq!(m.free(whole), Err(FreeError::AlreadyFree));
+}
+
+#[test]
+fn alignment_padding_stays_free() {
+    let mut m = FreeMap::<u8>::new();
+    let r = m.add_region(1 << 16);
+    at(&mut m, 64, 64).unwrap();
+    let (_, off) = at(&mut m, 64, 4096).unwrap();
+    assert_eq!(off, 4096);
+    m.check_invariants();
+    // The 4032-byte gap is reused by a small request.
+    assert_eq!(at(&mut m, 64, 64), Some((r, 64)));
+    m.check_invariants();
+}
+
+#[test]
+fn placement_does_not_depend_on_span_id_history() {
+    // Two maps reach the same free layout through different histories;
+    // the next placements must agree.
+    let mut a = FreeMap::<u8>::new();
+    let mut b = FreeMap::<u8>::new();
+    a.add_region(1 << 20);
+    b.add_region(1 << 20);
+    let churn: Vec<SpanId> = (0..50)
+        .map(|i| b.alloc(64 * (i + 1), 64, 0).unwrap().2)
+        .collect();
+    for id in churn.into_iter().rev() {
+        b.free(id).unwrap();
+    }
+    // As the pool does before a run: the front coalesced.
+    b.flush_front();
+    for size in [640, 64, 128, 4096, 64, 640] {
+        let pa = a.alloc(size, 64, 0).map(|x| (x.0, x.1));
+        let pb = b.alloc(size, 64, 0).map(|x| (x.0, x.1));
+        assert_eq!(pa, pb);
+    }
+}
+
+#[test]
+fn the_front_serves_the_last_span_freed_at_the_exact_size() {
+    let mut m = FreeMap::<u8>::new();
+    m.add_region(1 << 20);
+    let a = m.alloc(4096, 64, 1).unwrap();
+    let _b = m.alloc(512, 64, 1).unwrap();
+    m.free(a.2).unwrap();
+    m.check_invariants();
+    // The same size: the same span, from the front.
+    let again = m.alloc(4096, 64, 2).unwrap();
+    assert_eq!((again.1, again.2), (a.1, a.2));
+    m.check_invariants();
+    m.free(again.2).unwrap();
+    // Another size that fits nowhere else flushes the front first and
+    // takes the coalesced span rather than the top.
+    let other = m.alloc(1024, 64, 3).unwrap();
+    assert_eq!(other.1, 0, "the freed span at 0, not the top");
+    m.check_invariants();
+    // A free span of the front is not a block: freeing it again fails.
+    assert_eq!(m.free(a.2), Ok((1024, 3)));
+    assert_eq!(m.free(a.2), Err(FreeError::AlreadyFree));
+    m.check_invariants();
+}
+
+#[test]
+fn classes_are_ordered_like_sizes_and_narrow() {
+    let mut sizes: Vec<usize> = (1..5000)
+        .chain((12..48).flat_map(|p| [(1usize << p) - 1, 1 << p, (1 << p) + 1]))
+        .collect();
+    sizes.sort_unstable();
+    let mut last = 0;
+    for size in sizes {
+        let c = class_of(size);
+        assert!(c >= last, "class of {size} went down");
+        assert!(c < CLASSES);
+        last = c;
+    }
+    // A class holds sizes within 1/16 of its power of two.
+    assert_eq!(class_of(1 << 20), class_of((1 << 20) + (1 << 16) - 1));
+    assert_ne!(class_of(1 << 20), class_of((1 << 20) + (1 << 16)));
+}
+
+#[test]
+fn a_search_skips_empty_classes_and_takes_the_tightest_of_a_class() {
+    let mut m = FreeMap::<u8>::new();
+    m.add_region(1 << 24);
+    // Holes of 64 KiB, 40 KiB and 36 KiB, kept apart by used spans.
+    let mut holes = Vec::new();
+    for size in [64 << 10, 40 << 10, 36 << 10] {
+        holes.push(m.alloc(size, 64, 0).unwrap().2);
+        m.alloc(64, 64, 0).unwrap();
+    }
+    for id in holes {
+        m.free(id).unwrap();
+    }
+    m.check_invariants();
+    // 33 KiB: its own class (32-34 KiB) is empty; the next non-empty
+    // class holds the 36 KiB hole.
+    let (_, off, _) = m.alloc(33 << 10, 64, 0).unwrap();
+    assert_eq!(off, (104 << 10) + 128);
+    // 39 KiB: only the 40 and 64 KiB holes fit; 40 KiB wins.
+    let (_, off, _) = m.alloc(39 << 10, 64, 0).unwrap();
+    assert_eq!(off, (64 << 10) + 64);
+    m.check_invariants();
+}
+
+#[test]
+fn simulation_matches_a_finite_region() {
+    let ops = [
+        RunOp::Alloc {
+            size: 128,
+            align: 64,
+            len: 100,
+        },
+        RunOp::Alloc {
+            size: 64,
+            align: 64,
+            len: 64,
+        },
+        RunOp::Free { index: 0 },
+        RunOp::Alloc {
+            size: 64,
+            align: 64,
+            len: 1,
+        },
+        RunOp::Alloc {
+            size: 256,
+            align: 64,
+            len: 256,
+        },
+    ];
+    assert_eq!(simulate_extent(&ops), 448);
+    assert_eq!(simulate_extent(&[]), 0);
+}
+
+/// Random allocations, frees and flushes over one region: the map's
+/// invariants hold after every step, and the largest free span does not
+/// change when the front is flushed.
+#[test]
+fn random_ops_keep_invariants() {
+    let mut seed = 12345u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..200 {
+        let mut m = FreeMap::<u8>::new();
+        m.add_region(1 << 20);
+        let mut live: Vec<SpanId> = Vec::new();
+        for step in 0..400 {
+            let r = rnd();
+            if r % 3 != 0 || live.is_empty() {
+                let size = 64 * (1 + (rnd() % 200) as usize);
+                if let Some((_, _, id)) = m.alloc(size, 64, 0) {
+                    live.push(id);
+                }
+            } else {
+                let i = (rnd() as usize) % live.len();
+                let id = live.swap_remove(i);
+                m.free(id).unwrap();
+            }
+            if r % 17 == 0 {
+                let largest = m.largest_free();
+                m.flush_front();
+                assert_eq!(m.largest_free(), largest, "round {round} step {step}");
+            }
+            let res =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.check_invariants()));
+            if res.is_err() {
+                panic!("round {round} step {step}");
+            }
+        }
+    }
+}

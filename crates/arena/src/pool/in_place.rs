@@ -1,0 +1,292 @@
+//! Growing and shrinking in place: one reservation committed at its top,
+//! decommitted down to a target, with holes of decommitted granules
+//! committed again before a block covers them.
+
+use super::{commit_failed, Pool, Region};
+use crate::freemap::{align_up, RegionId};
+use crate::memory::{Memory, MemoryError};
+use crate::ArenaError;
+
+impl<M: Memory> Pool<M> {
+    /// Commits every hole of region `rid` that `off..off + size` touches
+    /// (whole granules).
+    pub(super) fn fill_holes(
+        &mut self,
+        rid: RegionId,
+        off: usize,
+        size: usize,
+    ) -> Result<(), MemoryError> {
+        let g = self.props.granule;
+        let lo = off & !(g - 1);
+        let hi = (off + size).next_multiple_of(g);
+        let region = self.regions[rid as usize].as_mut().expect("live region");
+        let mut i = 0;
+        while i < region.holes.len() {
+            let (h, hl) = region.holes[i];
+            let (a, b) = (h.max(lo), (h + hl).min(hi));
+            if a >= b {
+                if h >= hi {
+                    break;
+                }
+                i += 1;
+                continue;
+            }
+            self.calls.commits += 1;
+            self.memory.commit(region.base, a, b - a)?;
+            self.reserved += b - a;
+            // What stays a hole: the parts before `a` and after `b`.
+            let mut rest = Vec::with_capacity(2);
+            if a > h {
+                rest.push((h, a - h));
+            }
+            if b < h + hl {
+                rest.push((b, h + hl - b));
+            }
+            let n = rest.len();
+            region.holes.splice(i..=i, rest);
+            i += n;
+        }
+        Ok(())
+    }
+
+    /// Commits granules at the top of the one reservation (making it first
+    /// if there is none) so that `size` bytes at `align` fit there.
+    pub(super) fn grow_in_place(
+        &mut self,
+        size: usize,
+        align: usize,
+        requested: usize,
+    ) -> Result<(), ArenaError> {
+        let Some(rid) = self.map.region_ids().next() else {
+            return self.first_reservation(size, requested);
+        };
+        let region = self.regions[rid as usize].as_ref().expect("live region");
+        let (committed, len, base) = (region.committed, region.len, region.base);
+        let start = align_up(self.map.used_end(rid), align).unwrap_or(usize::MAX);
+        let end = start.saturating_add(size);
+        if end > len {
+            return Err(self.no_room(size, len));
+        }
+        let new_committed = end.next_multiple_of(self.props.commit_step(end)).min(len);
+        let extra = new_committed - committed;
+        self.calls.commits += 1;
+        self.memory
+            .commit(base, committed, extra)
+            .map_err(|e| commit_failed(requested, e))?;
+        self.map.extend_region(rid, new_committed);
+        let region = self.regions[rid as usize].as_mut().expect("live region");
+        region.committed = new_committed;
+        self.reserved += extra;
+        Ok(())
+    }
+
+    /// Reserves the arena's range and commits what `size` bytes need.
+    pub(super) fn first_reservation(
+        &mut self,
+        size: usize,
+        requested: usize,
+    ) -> Result<(), ArenaError> {
+        let g = self.props.granule;
+        let mut len = self.memory.reservation_size(size, self.cap);
+        if size > len {
+            return Err(self.no_room(size, len));
+        }
+        let align = self.max_align.max(g);
+        // Address space may be short (many arenas, `ulimit -v`): try
+        // smaller reservations down to what this request needs.
+        let base = loop {
+            match self.memory.reserve(len, align) {
+                Ok(base) => break base,
+                Err(e) if len <= size.next_multiple_of(g) => {
+                    return Err(ArenaError::ReserveFailed {
+                        requested,
+                        reservation: len,
+                        code: e.code,
+                    })
+                }
+                Err(_) => len = (len / 2).next_multiple_of(g).max(size.next_multiple_of(g)),
+            }
+        };
+        self.calls.reserves += 1;
+        let need = size.next_multiple_of(self.props.commit_step(size)).min(len);
+        self.calls.commits += 1;
+        if let Err(e) = self.memory.commit(base, 0, need) {
+            self.memory.release(base, len, align);
+            self.calls.releases += 1;
+            return Err(commit_failed(requested, e));
+        }
+        let rid = self.map.add_region(need);
+        self.put_region(
+            rid,
+            Region {
+                base,
+                len,
+                align,
+                committed: need,
+                holes: Vec::new(),
+            },
+        );
+        self.reserved += need;
+        Ok(())
+    }
+
+    /// The error for `size` bytes that do not fit a reservation of `len`:
+    /// over the cap when there is one (the reservation is the cap), else
+    /// the reservation used up.
+    pub(super) fn no_room(&self, size: usize, len: usize) -> ArenaError {
+        if self.cap == usize::MAX {
+            ArenaError::ReservationExhausted {
+                requested: size,
+                reservation: len,
+            }
+        } else {
+            ArenaError::OverCap {
+                requested: size,
+                reserved: self.reserved,
+                limit: self.cap,
+            }
+        }
+    }
+
+    /// In place: decommits every whole free granule at or above
+    /// `target` rounded up to the granule. Returns the bytes decommitted.
+    pub(super) fn decommit_above(&mut self, target: usize) -> usize {
+        let Some(rid) = self.map.region_ids().next() else {
+            return 0;
+        };
+        let step = |x: usize| x.next_multiple_of(self.props.commit_step(x));
+        let keep_from = step(target);
+        let before = self.reserved;
+        // 1. The top.
+        let region = self.regions[rid as usize].as_ref().expect("live region");
+        let (committed, base) = (region.committed, region.base);
+        let keep = keep_from.max(step(self.map.used_end(rid)));
+        if keep == 0 && self.map.is_region_free(rid) {
+            self.release_reservation(rid);
+            self.bytes_released += (before - self.reserved) as u64;
+            return before - self.reserved;
+        }
+        if keep < committed {
+            // Decommit what is committed of `keep..committed`: the gaps
+            // between the holes already there.
+            let region = self.regions[rid as usize].as_ref().expect("live region");
+            let mut gaps = Vec::new();
+            let mut at = keep;
+            for &(h, l) in &region.holes {
+                if h + l <= at {
+                    continue;
+                }
+                if h > at {
+                    gaps.push((at, h - at));
+                }
+                at = at.max(h + l);
+            }
+            if at < committed {
+                gaps.push((at, committed - at));
+            }
+            let mut ok = true;
+            for &(off, n) in &gaps {
+                self.calls.decommits += 1;
+                if self.memory.decommit(base, off, n).is_err() {
+                    ok = false;
+                    break;
+                }
+                // Decommitted, whether or not the top is cut below.
+                let region = self.regions[rid as usize].as_mut().expect("live region");
+                let i = region.holes.partition_point(|&(h, _)| h < off);
+                region.holes.insert(i, (off, n));
+                self.reserved -= n;
+            }
+            if ok {
+                let truncated = self.map.truncate_region(rid, keep);
+                debug_assert!(truncated, "the top above the used end is free");
+                let region = self.regions[rid as usize].as_mut().expect("live region");
+                region.committed = keep;
+                // Holes above the new top go with it (they are decommitted
+                // already: `reserved` does not change).
+                region.holes.retain_mut(|(h, l)| {
+                    if *h + *l > keep {
+                        *l = keep.saturating_sub(*h);
+                    }
+                    *l > 0
+                });
+            }
+            self.merge_holes(rid);
+        }
+        // 2. Whole free granules inside the committed part, above the target
+        // (whole huge pages in an arena that has reached one).
+        let region = self.regions[rid as usize].as_ref().expect("live region");
+        let g = self.props.commit_step(region.committed);
+        let spans: Vec<(usize, usize)> = self
+            .map
+            .free_spans(rid)
+            .filter_map(|(off, size)| {
+                let lo = off.next_multiple_of(g).max(keep_from);
+                let hi = (off + size) & !(g - 1);
+                (lo < hi).then(|| (lo, hi - lo))
+            })
+            .collect();
+        for (lo, len) in spans {
+            self.decommit_hole(rid, lo, len);
+        }
+        self.bytes_released += (before - self.reserved) as u64;
+        before - self.reserved
+    }
+
+    /// Decommits the parts of `lo..lo + len` (whole granules of one free
+    /// span) that are not holes yet, and records them as holes.
+    pub(super) fn decommit_hole(&mut self, rid: RegionId, lo: usize, len: usize) {
+        let region = self.regions[rid as usize].as_mut().expect("live region");
+        let mut gaps: Vec<(usize, usize)> = Vec::new();
+        let mut at = lo;
+        for &(h, hl) in &region.holes {
+            if h + hl <= at {
+                continue;
+            }
+            if h >= lo + len {
+                break;
+            }
+            if h > at {
+                gaps.push((at, h - at));
+            }
+            at = at.max(h + hl);
+        }
+        if at < lo + len {
+            gaps.push((at, lo + len - at));
+        }
+        for (off, n) in gaps {
+            self.calls.decommits += 1;
+            if self.memory.decommit(region.base, off, n).is_ok() {
+                let i = region.holes.partition_point(|&(h, _)| h < off);
+                region.holes.insert(i, (off, n));
+                self.reserved -= n;
+            }
+        }
+        self.merge_holes(rid);
+    }
+
+    /// Merges touching holes of region `rid`.
+    pub(super) fn merge_holes(&mut self, rid: RegionId) {
+        let region = self.regions[rid as usize].as_mut().expect("live region");
+        region.holes.dedup_by(|next, prev| {
+            if prev.0 + prev.1 == next.0 {
+                prev.1 += next.1;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Releases the in-place reservation, which must be wholly free.
+    pub(super) fn release_reservation(&mut self, rid: RegionId) {
+        self.map.remove_region(rid);
+        let region = self.regions[rid as usize]
+            .take()
+            .expect("the map only names live regions");
+        let committed = region.committed - region.holes.iter().map(|h| h.1).sum::<usize>();
+        self.reserved -= committed;
+        self.calls.releases += 1;
+        self.memory.release(region.base, region.len, region.align);
+    }
+}

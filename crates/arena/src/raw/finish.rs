@@ -1,0 +1,243 @@
+//! The end of a run (high-water mark, relayout, shrink policies), shrink,
+//! and what the core reports (stats, live blocks, invariants).
+
+use super::RawArena;
+use crate::config::{Relayout, ShrinkPolicy};
+use crate::freemap::{simulate_extent, RunOp};
+use crate::memory::Memory;
+use crate::plan::Recording;
+use crate::pool::PLAN_BLOCK;
+use crate::stats::{LiveBlock, RunReport, Stats};
+
+impl<M: Memory> RawArena<M> {
+    pub(super) fn watermark(&self) -> usize {
+        self.recent.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Closes the open run (if any) and reports it, with its recording.
+    pub fn finish_run(&mut self) -> (RunReport, Recording) {
+        self.check();
+        let Some(mut run) = self.run.take() else {
+            return (RunReport::default(), Recording::new());
+        };
+        let mut planned = false;
+        let mut deviated = false;
+        if let Some(mut serve) = run.serve.take() {
+            planned = true;
+            if !serve.deviated && serve.pos != serve.plan.event_count() {
+                // The run did less than recorded (or kept blocks past its end).
+                Self::materialize(&mut serve, &mut run.rec, run.blocks);
+                self.deviations += 1;
+                deviated = true;
+            }
+            deviated |= serve.deviated;
+            let slot = serve.slot;
+            let pb = self.plan_blocks[slot as usize]
+                .as_mut()
+                .expect("the serving plan's block is live");
+            pb.open = false;
+            // Planned blocks still live are the run's leaks too.
+            run.live_blocks += pb.live;
+            run.live_bytes += pb.live_bytes;
+            if pb.live == 0 {
+                self.release_plan_block(slot);
+                run.ops.push(RunOp::Free { index: 0 });
+            }
+        }
+        let grew = self.pool.calls.reserves != run.backing_allocs_at_start;
+        let high_water = match run.clean {
+            Some(rid) if !grew && self.pool.single_region().map(|r| r.0) == Some(rid) => {
+                run.max_end
+            }
+            _ => simulate_extent(&run.ops),
+        };
+        self.runs += 1;
+        self.recent.push_back(high_water);
+        while self.recent.len() > self.config.watermark_window {
+            self.recent.pop_front();
+        }
+        self.need_since_shrink = self.need_since_shrink.max(high_water);
+
+        let mut released = 0;
+        let mut relaid_out = false;
+        if self.config.relayout == Relayout::AfterGrowth
+            && self.pool.in_use() == 0
+            && (grew || self.pool.region_count() > 1)
+        {
+            if let Some(bytes) = self.pool.try_relayout(self.need_since_shrink) {
+                released += bytes;
+                relaid_out = true;
+                self.relayouts += 1;
+            }
+        }
+        released += self.apply_policy(high_water);
+
+        let report = RunReport {
+            run: run.id,
+            allocs: run.allocs,
+            frees: run.frees,
+            peak_in_use: run.peak,
+            high_water,
+            backing_allocs: self.pool.calls.reserves - run.backing_allocs_at_start,
+            backing_frees: self.pool.calls.releases - run.backing_frees_at_start,
+            commits: self.pool.calls.commits - run.commits_at_start,
+            decommits: self.pool.calls.decommits - run.decommits_at_start,
+            leaked_blocks: run.live_blocks,
+            leaked_bytes: run.live_bytes,
+            reserved: self.pool.reserved(),
+            released,
+            relaid_out,
+            planned,
+            deviated,
+            planned_allocs: run.planned_allocs,
+        };
+        run.ops.clear();
+        self.spare_ops = core::mem::take(&mut run.ops);
+        if let Some(trace) = &mut self.trace {
+            let label = run.label.take().unwrap_or_else(|| format!("run{}", run.id));
+            trace.runs.push(crate::trace::TraceRun::from_recording(
+                label, &run.rec, &run.lens,
+            ));
+        }
+        (report, run.rec)
+    }
+
+    pub(super) fn apply_policy(&mut self, high_water: usize) -> usize {
+        match self.config.shrink_policy {
+            ShrinkPolicy::Manual => 0,
+            ShrinkPolicy::AfterEveryRun => {
+                let target = self.watermark();
+                self.shrink_inner(target)
+            }
+            ShrinkPolicy::AfterRunsBelow { runs } => {
+                let reserved = self.pool.reserved();
+                // What the run needs committed: its high-water mark in
+                // whole granules of the memory layer.
+                let need = high_water.next_multiple_of(self.pool.commit_step(high_water));
+                if need.saturating_add(high_water / 8) < reserved {
+                    self.below = (self.below.0 + 1, self.below.1.max(high_water));
+                } else {
+                    self.below = (0, 0);
+                }
+                if self.below.0 >= runs {
+                    // Down to what these runs needed, but never below what
+                    // the watermark window still covers.
+                    let target = self.below.1.max(self.watermark());
+                    self.below = (0, 0);
+                    self.shrink_inner(target)
+                } else {
+                    0
+                }
+            }
+        }
+    }
+
+    pub(super) fn shrink_inner(&mut self, bytes: usize) -> usize {
+        self.check();
+        let released = if self.pool.in_place() {
+            self.pool.trim(bytes)
+        } else if self.pool.in_use() == 0 {
+            let target = crate::freemap::align_up(bytes, self.pool.granule()).unwrap_or(usize::MAX);
+            if self.pool.reserved() <= target && self.pool.region_count() <= 1 {
+                0
+            } else if self.pool.reserved() <= target {
+                // Several regions within the target: nothing to give back.
+                0
+            } else {
+                self.pool.relayout(bytes)
+            }
+        } else {
+            self.pool.trim(bytes)
+        };
+        if released > 0 {
+            self.shrinks += 1;
+            self.need_since_shrink = 0;
+            if let Some(run) = &mut self.run {
+                // The run's region may be gone (and its id reused): its
+                // high-water mark must come from the simulation now.
+                run.clean = None;
+            }
+        }
+        released
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            in_use: self.in_use(),
+            peak_in_use: self.peak_in_use,
+            reserved: self.pool.reserved(),
+            watermark: self.watermark(),
+            allocs: self.allocs,
+            frees: self.frees,
+            cache_hits: self.pool.cache_hits,
+            backing_allocs: self.pool.calls.reserves,
+            backing_frees: self.pool.calls.releases,
+            commits: self.pool.calls.commits,
+            decommits: self.pool.calls.decommits,
+            bytes_released: self.pool.bytes_released,
+            largest_free_block: self.pool.largest_free(),
+            free_bytes: self.pool.free_bytes(),
+            regions: self.pool.region_count(),
+            live_blocks: self.live_count(),
+            runs: self.runs,
+            shrinks: self.shrinks,
+            relayouts: self.relayouts,
+            planned_allocs: self.planned_allocs,
+            planned_runs: self.planned_runs,
+            deviations: self.deviations,
+        }
+    }
+
+    /// Live blocks of the caller's: pool blocks other than plan blocks, and
+    /// planned blocks.
+    pub(super) fn live_count(&self) -> usize {
+        let plan_blocks = self.plan_blocks.iter().flatten();
+        let planned: usize = plan_blocks.clone().map(|b| b.live).sum();
+        self.pool.live_count() - plan_blocks.count() + planned
+    }
+
+    /// Every live block of the caller's, with the run it belongs to and (in
+    /// debug builds) where it was allocated. Planned blocks are counted in
+    /// [`Stats::live_blocks`] but not listed: they carry no tag.
+    pub fn live_blocks(&self) -> Vec<LiveBlock> {
+        self.pool
+            .live()
+            .filter(|(_, _, tag)| tag.rec != PLAN_BLOCK)
+            .map(|(addr, size, tag)| LiveBlock {
+                addr: addr.map_or(0, M::address),
+                len: tag.len,
+                size,
+                run: (tag.run != 0).then_some(tag.run),
+                #[cfg(debug_assertions)]
+                location: Some(tag.location),
+                #[cfg(not(debug_assertions))]
+                location: None,
+            })
+            .collect()
+    }
+
+    /// Walks every region, span and plan block and panics if an invariant
+    /// is broken.
+    #[cfg(any(test, fuzzing, feature = "check-invariants"))]
+    pub fn check_invariants(&self) {
+        self.pool.check_invariants();
+        let in_use = self.in_use();
+        if let Some(r) = &self.run {
+            assert!(r.live_bytes <= in_use);
+            assert!(r.peak >= in_use);
+        }
+        assert!(self.peak_in_use >= in_use);
+        let plan_blocks: usize = self.plan_blocks.iter().flatten().map(|b| b.raw.size).sum();
+        assert_eq!(plan_blocks, self.plan_reserved);
+        assert!(self.planned_live <= self.plan_reserved);
+        for pb in self.plan_blocks.iter().flatten() {
+            assert!(
+                pb.open || pb.live > 0,
+                "a finished plan block with nothing live"
+            );
+            assert!(self.pool.get(pb.raw.span).is_some());
+        }
+        assert!(self.recent.len() <= self.config.watermark_window);
+    }
+}

@@ -1,0 +1,207 @@
+//! Serving planned runs: drawing the plan's block, the compiled fast path,
+//! and following (or leaving) the plan on frees.
+
+use super::{Handle, HandleKind, OpenRun, PlanBlock, RawAlloc, RawArena, Serve};
+use crate::freemap::FreeError;
+use crate::memory::Memory;
+use crate::plan::{Plan, Recording};
+use crate::pool::{Tag, PLAN_BLOCK};
+use crate::ArenaError;
+use core::panic::Location;
+use std::sync::Arc;
+
+impl<M: Memory> RawArena<M> {
+    /// Draws the block of `plan` from the pool and returns its serving state.
+    pub(super) fn draw_plan_block(&mut self, plan: Arc<Plan>) -> Result<Serve, ArenaError> {
+        self.check();
+        let size = self.pool.span_size(plan.size(), plan.align())?;
+        let tag = Tag {
+            run: self.next_run,
+            index: 0,
+            rec: PLAN_BLOCK,
+            len: size,
+            #[cfg(debug_assertions)]
+            location: Location::caller(),
+        };
+        let raw = self.pool.alloc(size, plan.align(), tag)?;
+        let mut served = core::mem::take(&mut self.spare_served);
+        served.clear();
+        served.resize(plan.len(), 0);
+        let block = PlanBlock {
+            raw,
+            served,
+            live: 0,
+            live_bytes: 0,
+            open: true,
+        };
+        let slot = match self.plan_blocks.iter().position(Option::is_none) {
+            Some(i) => {
+                self.plan_blocks[i] = Some(block);
+                i
+            }
+            None => {
+                self.plan_blocks.push(Some(block));
+                self.plan_blocks.len() - 1
+            }
+        };
+        self.plan_reserved += size;
+        Ok(Serve {
+            plan,
+            slot: slot as u32,
+            pos: 0,
+            deviated: false,
+            // A trace needs every block's requested bytes: record throughout.
+            recording: self.trace.is_some(),
+        })
+    }
+
+    /// Serves the allocation from the plan of the open run, if the run still
+    /// follows it and the request fits the plan's next step: one step of the
+    /// compiled plan read, compared and added to the block's base. `None`
+    /// leaves everything as it was.
+    #[inline]
+    pub(super) fn alloc_planned(&mut self, len: usize, align: usize) -> Option<RawAlloc<M::Ptr>> {
+        let run = self.run.as_mut()?;
+        let serve = run.serve.as_mut()?;
+        if serve.deviated {
+            return None;
+        }
+        let step = *serve.plan.step(serve.pos)?;
+        let granule = self.pool.granule();
+        // `len <= step.size` first: then rounding cannot overflow.
+        if step.is_free() || len > step.size || !align.is_power_of_two() {
+            return None;
+        }
+        let size = (len + granule - 1) & !(granule - 1);
+        let align = align.max(granule);
+        if size > step.size || align > step.align as usize {
+            return None;
+        }
+        let pb = self.plan_blocks[serve.slot as usize].as_mut()?;
+        // Always checked, also in release builds: the block lies inside the
+        // plan's block. A validated plan always passes; were it not to, the
+        // run deviates instead of handing out memory outside the block.
+        if step.offset + size > pb.raw.size {
+            return None;
+        }
+        let index = step.index;
+        debug_assert_eq!(
+            index, run.blocks,
+            "a validated plan allocates in index order"
+        );
+        if size != step.size || align != step.align as usize {
+            // Served, but smaller than recorded: this run's own recording
+            // differs from the plan's from here on.
+            Self::materialize(serve, &mut run.rec, run.blocks);
+        }
+        let ptr = M::at(pb.raw.ptr, step.offset);
+        pb.served[index as usize] = size;
+        pb.live += 1;
+        pb.live_bytes += size;
+        serve.pos += 1;
+        let slot = serve.slot;
+        if serve.recording {
+            run.rec.alloc(size, align);
+            if self.trace.is_some() {
+                run.lens.push(len);
+            }
+        }
+        run.blocks += 1;
+        run.allocs += 1;
+        run.planned_allocs += 1;
+        self.planned_live += size;
+        self.planned_allocs += 1;
+        self.allocs += 1;
+        let in_use = self.pool.in_use() - (self.plan_reserved - self.planned_live);
+        self.peak_in_use = self.peak_in_use.max(in_use);
+        run.peak = run.peak.max(in_use);
+        Some(RawAlloc {
+            ptr,
+            handle: Handle(HandleKind::Planned { slot, index, size }),
+        })
+    }
+
+    /// Records the free of block `index`, following it in the serving plan.
+    pub(super) fn record_free(run: &mut OpenRun, index: u32, deviations: &mut u64) {
+        match &mut run.serve {
+            None => run.rec.free(index),
+            Some(serve) => {
+                if !serve.deviated {
+                    let expected = serve.plan.step(serve.pos);
+                    if expected.is_some_and(|s| s.is_free() && s.index == index) {
+                        serve.pos += 1;
+                    } else {
+                        Self::materialize(serve, &mut run.rec, run.blocks);
+                        serve.deviated = true;
+                        *deviations += 1;
+                    }
+                }
+                if serve.recording {
+                    run.rec.free(index);
+                }
+            }
+        }
+    }
+
+    /// Starts keeping the run's own recording: what the run did so far is
+    /// the plan's recording up to `serve.pos` (its first `blocks` blocks).
+    pub(super) fn materialize(serve: &mut Serve, rec: &mut Recording, blocks: u32) {
+        if serve.recording {
+            return;
+        }
+        let plan = serve.plan.recording();
+        rec.blocks
+            .extend_from_slice(&plan.blocks[..(blocks as usize).min(plan.blocks.len())]);
+        rec.events
+            .extend_from_slice(&plan.events[..serve.pos.min(plan.events.len())]);
+        serve.recording = true;
+    }
+
+    pub(super) fn free_planned(
+        &mut self,
+        slot: u32,
+        index: u32,
+        size: usize,
+    ) -> Result<(), FreeError> {
+        self.check();
+        let Some(pb) = self
+            .plan_blocks
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+        else {
+            return Err(FreeError::NotABlock);
+        };
+        match pb.served.get_mut(index as usize) {
+            Some(served) if *served == size => *served = 0,
+            Some(0) => return Err(FreeError::AlreadyFree),
+            _ => return Err(FreeError::NotABlock),
+        }
+        self.frees += 1;
+        self.planned_live -= size;
+        pb.live -= 1;
+        pb.live_bytes -= size;
+        let orphan_done = !pb.open && pb.live == 0;
+        if let Some(r) = &mut self.run {
+            r.frees += 1;
+            if r.serve.as_ref().is_some_and(|s| s.slot == slot) {
+                Self::record_free(r, index, &mut self.deviations);
+            }
+        }
+        if orphan_done {
+            self.release_plan_block(slot);
+        }
+        Ok(())
+    }
+
+    /// Returns plan block `slot` to the pool.
+    pub(super) fn release_plan_block(&mut self, slot: u32) {
+        if let Some(pb) = self.plan_blocks[slot as usize].take() {
+            self.plan_reserved -= pb.raw.size;
+            let freed = self.pool.free(pb.raw.span);
+            debug_assert!(freed.is_ok(), "plan block not live in the pool");
+            if pb.served.capacity() > self.spare_served.capacity() {
+                self.spare_served = pb.served;
+            }
+        }
+    }
+}
