@@ -103,3 +103,25 @@ fn a_refused_commit_of_a_hole_gives_the_span_back() {
     );
     drop((low, top, b));
 }
+
+#[test]
+fn error_codes_say_where_they_come_from() {
+    use tensor_arena::memory::{ErrorCode, MemoryError, MemoryOp};
+    let os = MemoryError {
+        op: MemoryOp::Commit,
+        bytes: 4096,
+        code: Some(ErrorCode::Os(12)),
+    };
+    assert!(os.to_string().contains("memory"), "{os}");
+    let driver = ArenaError::CommitFailed {
+        requested: 1,
+        bytes: 2 << 20,
+        code: Some(ErrorCode::Driver(2)),
+    };
+    let text = driver.to_string();
+    assert!(text.contains("driver error 2"), "{text}");
+    assert!(
+        !text.contains("No such file"),
+        "a driver code read as errno: {text}"
+    );
+}

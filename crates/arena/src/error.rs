@@ -54,7 +54,7 @@ pub enum ArenaError {
         /// The smallest reservation tried.
         reservation: usize,
         /// The operating system's error code, if any.
-        code: Option<i32>,
+        code: Option<crate::memory::ErrorCode>,
     },
     /// The memory layer could not commit memory (the system is out of
     /// memory, say).
@@ -63,8 +63,8 @@ pub enum ArenaError {
         requested: usize,
         /// Bytes the arena tried to commit.
         bytes: usize,
-        /// The operating system's (or driver's) error code, if any.
-        code: Option<i32>,
+        /// The operating system's or driver's error code, if any.
+        code: Option<crate::memory::ErrorCode>,
     },
     /// The backing allocator refused a region.
     BackingFailed {
@@ -140,10 +140,10 @@ impl fmt::Display for ArenaError {
 
 impl std::error::Error for ArenaError {}
 
-/// Appends the system's description of `code`, if any.
-fn os_code(f: &mut fmt::Formatter<'_>, code: Option<i32>) -> fmt::Result {
+/// Appends the description of `code`, if any.
+fn os_code(f: &mut fmt::Formatter<'_>, code: Option<crate::memory::ErrorCode>) -> fmt::Result {
     match code {
-        Some(code) => write!(f, ": {}", std::io::Error::from_raw_os_error(code)),
+        Some(code) => write!(f, ": {code}"),
         None => Ok(()),
     }
 }

@@ -139,7 +139,7 @@ impl DeviceMemory {
 
     fn failed(&mut self, op: MemoryOp, bytes: usize, e: DriverError) -> MemoryError {
         self.calls.failed += 1;
-        let code = Some(e.code);
+        let code = Some(tensor_arena::memory::ErrorCode::Driver(e.code));
         self.last_error = Some(e);
         MemoryError { op, bytes, code }
     }

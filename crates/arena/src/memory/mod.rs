@@ -73,16 +73,34 @@ pub enum MemoryOp {
     Decommit,
 }
 
+/// An error number from below a memory layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The operating system's `errno` (`Pages`).
+    Os(i32),
+    /// A device driver's status code (a CUDA `CUresult`, say).
+    Driver(i32),
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Os(code) => write!(f, "{}", std::io::Error::from_raw_os_error(code)),
+            Self::Driver(code) => write!(f, "driver error {code}"),
+        }
+    }
+}
+
 /// A memory layer's refusal: which call, how many bytes, and the system's
-/// error code when there is one.
+/// or driver's error code when there is one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryError {
     /// The call that failed.
     pub op: MemoryOp,
     /// Bytes it was asked for.
     pub bytes: usize,
-    /// The operating system's (or driver's) error code, if any.
-    pub code: Option<i32>,
+    /// The operating system's or driver's error code, if any.
+    pub code: Option<ErrorCode>,
 }
 
 impl fmt::Display for MemoryError {
@@ -94,7 +112,7 @@ impl fmt::Display for MemoryError {
         };
         write!(f, "{op} {} bytes failed", self.bytes)?;
         if let Some(code) = self.code {
-            write!(f, " ({})", std::io::Error::from_raw_os_error(code))?;
+            write!(f, " ({code})")?;
         }
         Ok(())
     }

@@ -1,7 +1,9 @@
 //! [`Pages`]: one reservation of address space per arena, committed in
 //! place, with transparent huge pages where the system offers them.
 
-use super::{HostMemory, HugePages, Memory, MemoryError, MemoryOp, MemoryProps, PagesConfig};
+use super::{
+    ErrorCode, HostMemory, HugePages, Memory, MemoryError, MemoryOp, MemoryProps, PagesConfig,
+};
 use core::ffi::c_void;
 use core::ptr::NonNull;
 use rustix::mm::{self, Advice, MapFlags, MprotectFlags, ProtFlags};
@@ -76,7 +78,7 @@ fn os_error(op: MemoryOp, bytes: usize, e: rustix::io::Errno) -> MemoryError {
     MemoryError {
         op,
         bytes,
-        code: Some(e.raw_os_error()),
+        code: Some(ErrorCode::Os(e.raw_os_error())),
     }
 }
 
