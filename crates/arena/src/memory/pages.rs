@@ -95,14 +95,13 @@ impl Memory for Pages {
         }
     }
 
-    fn reservation_size(&self, min: usize, cap: usize) -> usize {
+    fn reservation_size(&self, _min: usize, cap: usize) -> usize {
         if cap != usize::MAX {
             // The cap, down to whole pages: committed bytes never pass it.
             return cap & !(self.page - 1);
         }
         // The configured reservation, whatever the first request: a request
         // past it is `ReservationExhausted`, the first as any later one.
-        let _ = min;
         let want = self.config.reservation;
         // Whole pages (huge pages where there are some).
         let step = self.huge.max(self.page);

@@ -99,7 +99,7 @@ struct OpenRun {
 /// A plan serving the open run.
 struct Serve {
     plan: Arc<Plan>,
-    /// Slot of the plan's block in [`State::plan_blocks`].
+    /// Slot of the plan's block in `RawArena::plan_blocks`.
     slot: u32,
     /// Events of the run so far, all as recorded in the plan.
     pos: usize,
