@@ -29,6 +29,7 @@
 //! With the `check-invariants` feature (on for this crate's tests) or under
 //! `cfg(fuzzing)`, every step also calls the arena's own `check_invariants`.
 
+mod checks;
 mod counting;
 mod faulty;
 mod model;

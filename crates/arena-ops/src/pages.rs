@@ -19,6 +19,7 @@
 //!   up to granules) stays committed, unless a plan's block may pin it;
 //! - at the end every reservation went back, with nothing committed.
 
+use crate::checks;
 use crate::faulty::{Faulty, Ledger};
 use crate::op::{align_from_log2, Op, CAP, GRANULE, MAX_ALIGN, MAX_PLANS, MAX_REQUEST};
 use crate::pattern;
@@ -337,16 +338,7 @@ impl<'a> Model<'a> {
         let prefix_before = base.map_or(0, |b| prefix(self, b));
         let released = f(self.arena);
         let after = self.arena.stats();
-        assert!(
-            after.reserved <= before.reserved,
-            "{at}: shrink grew the arena"
-        );
-        assert_eq!(
-            released,
-            before.reserved - after.reserved,
-            "{at}: bytes released"
-        );
-        assert_eq!(after.in_use, before.in_use, "{at}");
+        checks::shrink_accounting(&at, &before, &after, released);
         if self.plan_block_held() {
             return;
         }
@@ -412,16 +404,7 @@ impl<'a> Model<'a> {
             }
             ranges.push((addr, addr + l.block.capacity()));
         }
-        ranges.sort_unstable();
-        for w in ranges.windows(2) {
-            assert!(
-                w[0].1 <= w[1].0,
-                "{at}: blocks overlap: {:x?} and {:x?}",
-                w[0],
-                w[1]
-            );
-        }
-        let sum: usize = ranges.iter().map(|r| r.1 - r.0).sum();
+        let sum = checks::disjoint(&at, "blocks", &mut ranges);
         assert_eq!(st.in_use, sum, "{at}: in_use is not the sum of live blocks");
         assert!(st.in_use <= st.reserved, "{at}: in_use over reserved");
         if self.capped {

@@ -8,6 +8,7 @@
 //! each block served from the plan sits at its planned offset from one
 //! common base, inside `base..base + plan.size()`.
 
+use crate::checks;
 use crate::Counting;
 use arbitrary::{Arbitrary, Unstructured};
 use std::sync::Arc;
@@ -306,19 +307,14 @@ fn check<'a, 'b: 'a, 'c: 'b>(live: impl Iterator<Item = &'a Live<'b, 'c>> + Clon
     let mut ranges: Vec<(usize, usize)> = live
         .clone()
         .filter(|l| !l.block.is_empty())
-        .map(|l| (l.block.as_ptr() as usize, l.block.len()))
+        .map(|l| {
+            (
+                l.block.as_ptr() as usize,
+                l.block.as_ptr() as usize + l.block.len(),
+            )
+        })
         .collect();
-    ranges.sort_unstable();
-    for pair in ranges.windows(2) {
-        assert!(
-            pair[0].0 + pair[0].1 <= pair[1].0,
-            "live blocks overlap: {:#x}+{} and {:#x}+{}",
-            pair[0].0,
-            pair[0].1,
-            pair[1].0,
-            pair[1].1
-        );
-    }
+    checks::disjoint(&"plans", "live blocks", &mut ranges);
     for l in live {
         assert!(
             l.block.iter().all(|&b| b == l.fill),

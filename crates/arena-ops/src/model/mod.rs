@@ -1,6 +1,7 @@
 //! [`run`]: applies operations to real arenas and checks them against a
 //! simple model (the list of live blocks) after every step.
 
+use crate::checks;
 use crate::counting::Counting;
 use crate::op::{
     align_from_log2, Op, CAP, GRANULE, MAX_ALIGN, MAX_PLANS, MAX_REQUEST, MAX_SESSIONS,
@@ -531,16 +532,7 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
         let before = self.arena.stats();
         let released = f(self.arena);
         let after = self.arena.stats();
-        assert!(
-            after.reserved <= before.reserved,
-            "{at}: shrink grew the arena"
-        );
-        assert_eq!(
-            released,
-            before.reserved - after.reserved,
-            "{at}: bytes released"
-        );
-        assert_eq!(after.in_use, before.in_use, "{at}");
+        checks::shrink_accounting(at, &before, &after, released);
         assert_eq!(after.watermark, before.watermark, "{at}");
         let limit = align_up(target, GRANULE).unwrap_or(usize::MAX);
         if after.in_use == 0 && !self.plan_block_held() && before.reserved > limit {
@@ -666,16 +658,7 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
             }
             ranges.push((addr, addr + l.block.capacity()));
         }
-        ranges.sort_unstable();
-        for w in ranges.windows(2) {
-            assert!(
-                w[0].1 <= w[1].0,
-                "{at}: blocks overlap: {:x?} and {:x?}",
-                w[0],
-                w[1]
-            );
-        }
-        let sum: usize = ranges.iter().map(|r| r.1 - r.0).sum();
+        let sum = checks::disjoint(at, "blocks", &mut ranges);
         assert_eq!(
             st.in_use, sum,
             "{at}: in_use is not the sum of live block sizes"

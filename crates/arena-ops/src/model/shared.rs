@@ -2,6 +2,7 @@
 //! threads on one shared arena, and its checks.
 
 use super::{align_up, At, Model, SharedLive};
+use crate::checks;
 use crate::op::{SharedOp, CAP, GRANULE};
 use crate::pattern;
 use crate::Counting;
@@ -49,16 +50,7 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
             let size = align_up(l.block.len(), GRANULE).expect("a served size");
             ranges.push((addr, addr + size));
         }
-        ranges.sort_unstable();
-        for w in ranges.windows(2) {
-            assert!(
-                w[0].1 <= w[1].0,
-                "{at}: shared blocks overlap: {:x?} and {:x?}",
-                w[0],
-                w[1]
-            );
-        }
-        let sum: usize = ranges.iter().map(|r| r.1 - r.0).sum();
+        let sum = checks::disjoint(at, "shared blocks", &mut ranges);
         assert_eq!(st.in_use, sum, "{at}: shared in_use");
         assert_eq!(st.live_blocks, ranges.len(), "{at}: shared live blocks");
         assert!(
