@@ -422,19 +422,17 @@ impl<M: Memory> RawArena<M> {
         if let Some(served) = self.alloc_planned(len, align) {
             return Ok(served);
         }
-        let size = self.pool.span_size(len, align)?;
-        let raw_align = align;
         if let Some(run) = &mut self.run {
-            if let Some(serve) = &mut run.serve {
-                if !serve.deviated {
-                    Self::materialize(serve, &mut run.rec, run.blocks);
-                    serve.deviated = true;
-                    self.deviations += 1;
-                }
+            if let Some(serve) = run.serve.as_mut().filter(|s| !s.deviated) {
+                // A bad request is an error, not a deviation (checked here
+                // only then: `alloc_pool` checks it again).
+                self.pool.span_size(len, align)?;
+                Self::materialize(serve, &mut run.rec, run.blocks);
+                serve.deviated = true;
+                self.deviations += 1;
             }
         }
-        debug_assert!(size > 0);
-        self.alloc_pool(len, raw_align, location, true)
+        self.alloc_pool(len, align, location, true)
             .map(|raw| RawAlloc {
                 ptr: raw.ptr,
                 handle: Handle(HandleKind::Pool { span: raw.span }),
