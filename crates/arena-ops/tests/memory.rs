@@ -116,6 +116,7 @@ fn error_codes_say_where_they_come_from() {
     let driver = ArenaError::CommitFailed {
         requested: 1,
         bytes: 2 << 20,
+        committed: 0,
         code: Some(ErrorCode::Driver(2)),
     };
     let text = driver.to_string();

@@ -36,10 +36,12 @@ pub enum ArenaError {
         /// The cap.
         limit: usize,
     },
-    /// The arena's reserved address space is used up (only without a cap:
-    /// with one, the reservation is the cap and this is
-    /// [`ArenaError::OverCap`]). Raise
-    /// [`PagesConfig::reservation`](crate::memory::PagesConfig::reservation).
+    /// The arena's reserved address space is used up: without a cap, the
+    /// configured reservation; under `RLIMIT_AS`, the share of the address
+    /// space the arena took (see [`Pages`](crate::memory::Pages)). Raise
+    /// [`PagesConfig::reservation`](crate::memory::PagesConfig::reservation)
+    /// or the limit. (With a cap the reservation is the cap, and a request
+    /// past it is [`ArenaError::OverCap`].)
     ReservationExhausted {
         /// Bytes requested (rounded up to the arena's alignment).
         requested: usize,
@@ -56,13 +58,17 @@ pub enum ArenaError {
         /// The operating system's error code, if any.
         code: Option<crate::memory::ErrorCode>,
     },
-    /// The memory layer could not commit memory (the system is out of
-    /// memory, say).
+    /// The memory layer could not commit memory: the system refused it as
+    /// it would refuse a `malloc` of that size (out of memory, strict
+    /// overcommit, `RLIMIT_DATA`), or a device is full. The arena is as it
+    /// was before the request.
     CommitFailed {
         /// Bytes requested by the caller.
         requested: usize,
         /// Bytes the arena tried to commit.
         bytes: usize,
+        /// Bytes the arena had committed when the commit was refused.
+        committed: usize,
         /// The operating system's or driver's error code, if any.
         code: Option<crate::memory::ErrorCode>,
     },
@@ -107,8 +113,9 @@ impl fmt::Display for ArenaError {
             ),
             Self::ReservationExhausted { requested, reservation } => write!(
                 f,
-                "the arena's reserved address space is used up: {requested} more bytes do not fit in its \
-                 {reservation}-byte reservation (not the memory cap; raise the reservation)"
+                "out of memory: the arena's reserved address space is used up ({requested} more bytes do not \
+                 fit in its {reservation}-byte reservation; not the memory cap: raise the reservation or the \
+                 address-space limit)"
             ),
             Self::ReserveFailed {
                 requested,
@@ -124,17 +131,38 @@ impl fmt::Display for ArenaError {
             Self::CommitFailed {
                 requested,
                 bytes,
+                committed,
                 code,
             } => {
                 write!(
                     f,
-                    "could not commit {bytes} bytes of memory (for a request of {requested} bytes)"
+                    "out of memory: could not commit {bytes} more bytes (for a request of {requested} bytes, \
+                     with {committed} bytes committed)"
                 )?;
                 os_code(f, code)
             }
             Self::RunAlreadyOpen => f.write_str("a run is already open on this arena"),
             Self::InvalidConfig(why) => write!(f, "invalid arena configuration: {why}"),
         }
+    }
+}
+
+impl ArenaError {
+    /// Whether the request was refused for lack of memory: over the cap,
+    /// the reservation used up, or the system (or device) refusing to
+    /// reserve, commit or allocate. A caller can answer these with "input
+    /// too large" or retry smaller: the arena is unchanged and usable. The
+    /// other errors are mistakes of the caller (a bad size or alignment, a
+    /// run already open, an inconsistent configuration).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(
+            self,
+            Self::OverCap { .. }
+                | Self::ReservationExhausted { .. }
+                | Self::ReserveFailed { .. }
+                | Self::CommitFailed { .. }
+                | Self::BackingFailed { .. }
+        )
     }
 }
 

@@ -1,4 +1,4 @@
-//! [`SharedArena`]: the same arena behind a `parking_lot::Mutex`.
+//! [`SharedArena`]: the same arena behind a `parking_lot::ReentrantMutex`.
 
 use crate::arena::Arena;
 use crate::config::ArenaConfig;
@@ -11,15 +11,23 @@ use core::fmt;
 use core::ops::{Deref, DerefMut};
 use core::panic::Location;
 use core::ptr::NonNull;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
 
 /// An [`Arena`] shared by several threads: every call takes one lock.
 ///
 /// Blocks ([`SharedBlock`]) are `Send`: one thread may allocate a block and
 /// another free it. For a thread that allocates a lot, prefer an `Arena` of
 /// its own (no lock at all).
+///
+/// # Re-entry
+/// The lock is re-entrant: a thread that holds it ([`SharedArena::lock`])
+/// may call any method of the same `SharedArena` and drop its
+/// [`SharedBlock`]s, and each works as a call on the locked [`Arena`]
+/// would, instead of waiting forever for itself. (The lock only ever gives
+/// `&Arena`, whose methods may interleave on one thread.) Other threads
+/// wait until the holder's last guard is dropped.
 pub struct SharedArena<M: HostMemory = DefaultMemory> {
-    inner: Mutex<Arena<M>>,
+    inner: ReentrantMutex<Arena<M>>,
 }
 
 impl SharedArena<DefaultMemory> {
@@ -46,7 +54,7 @@ impl<M: HostMemory> SharedArena<M> {
     /// Wraps an existing arena.
     pub fn from_arena(arena: Arena<M>) -> Self {
         Self {
-            inner: Mutex::new(arena),
+            inner: ReentrantMutex::new(arena),
         }
     }
 
@@ -56,7 +64,9 @@ impl<M: HostMemory> SharedArena<M> {
     }
 
     /// Locks the arena for a sequence of calls (a run, say). Blocks taken
-    /// from the guard borrow it; [`SharedBlock`]s need not.
+    /// from the guard borrow it; [`SharedBlock`]s need not. The lock is
+    /// re-entrant (see the type's docs): calling this, or any other method,
+    /// on a thread that holds it already does not wait.
     ///
     /// The guard gives `&Arena` only, never `&mut Arena`: blocks of other
     /// threads may be live in the arena, so no safe code may replace, move
@@ -171,7 +181,7 @@ unsafe impl<M: HostMemory> Allocator for &SharedArena<M> {
 /// The lock on a [`SharedArena`], from [`SharedArena::lock`]: derefs to
 /// `&Arena` (not `&mut`), and unlocks when dropped.
 pub struct SharedArenaGuard<'a, M: HostMemory = DefaultMemory> {
-    guard: MutexGuard<'a, Arena<M>>,
+    guard: ReentrantMutexGuard<'a, Arena<M>>,
 }
 
 impl<M: HostMemory> Deref for SharedArenaGuard<'_, M> {

@@ -110,7 +110,8 @@ impl<'a, M: HostMemory> Block<'a, M> {
 /// [`Arena::try_alloc_slice`] or [`Block::into_typed`].
 pub struct TypedBlock<'a, T, M: HostMemory = DefaultMemory> {
     block: Block<'a, M>,
-    /// Elements; `len * size_of::<T>() == block.len()`.
+    /// Elements; `len * size_of::<T>() == block.len()` (for a zero-sized
+    /// `T`, any `len` over an empty block).
     len: usize,
     _elem: core::marker::PhantomData<T>,
 }
@@ -135,6 +136,9 @@ impl<'a, T: bytemuck::Pod, M: HostMemory> TypedBlock<'a, T, M> {
 impl<T: bytemuck::Pod, M: HostMemory> Deref for TypedBlock<'_, T, M> {
     type Target = [T];
     fn deref(&self) -> &[T] {
+        if size_of::<T>() == 0 {
+            return zst_slice_mut(self.len);
+        }
         // Checked when the typed block was made (size and alignment), so
         // this cast cannot fail; bytemuck checks it again.
         bytemuck::cast_slice(&self.block)
@@ -143,8 +147,21 @@ impl<T: bytemuck::Pod, M: HostMemory> Deref for TypedBlock<'_, T, M> {
 
 impl<T: bytemuck::Pod, M: HostMemory> DerefMut for TypedBlock<'_, T, M> {
     fn deref_mut(&mut self) -> &mut [T] {
+        if size_of::<T>() == 0 {
+            return zst_slice_mut(self.len);
+        }
         bytemuck::cast_slice_mut(&mut self.block)
     }
+}
+
+/// A slice of `len` zero-sized elements (no memory behind it).
+fn zst_slice_mut<'a, T>(len: usize) -> &'a mut [T] {
+    assert!(size_of::<T>() == 0, "only for zero-sized elements");
+    // SAFETY: `T` is zero-sized, so a slice of any length occupies no
+    // bytes: a dangling, aligned, non-null pointer is valid for it, and no
+    // two such slices overlap in memory. `T: Pod` elsewhere (the callers),
+    // so any (empty) bit pattern is a valid `T`.
+    unsafe { core::slice::from_raw_parts_mut(core::ptr::NonNull::<T>::dangling().as_ptr(), len) }
 }
 
 impl<T, M: HostMemory> fmt::Debug for TypedBlock<'_, T, M> {
@@ -194,12 +211,14 @@ impl<M: HostMemory> fmt::Debug for Block<'_, M> {
 /// Wraps a block just allocated for `T` (size and alignment already right).
 pub(crate) fn typed<T: bytemuck::Pod, M: HostMemory>(
     block: Block<'_, M>,
+    elems: usize,
 ) -> Result<TypedBlock<'_, T, M>, ArenaError> {
     if size_of::<T>() == 0 {
-        // A slice of zero-sized elements needs no memory; the block is empty.
+        // A slice of zero-sized elements needs no memory: the block is
+        // empty and the slice has `elems` elements (see `Deref`).
         return Ok(TypedBlock {
             block,
-            len: 0,
+            len: elems,
             _elem: core::marker::PhantomData,
         });
     }

@@ -188,7 +188,7 @@ impl<M: HostMemory> Arena<M> {
         &self,
         len: usize,
     ) -> Result<TypedBlock<'_, T, M>, ArenaError> {
-        block::typed(self.alloc_slice_bytes::<T>(len, Location::caller())?)
+        block::typed(self.alloc_slice_bytes::<T>(len, Location::caller())?, len)
     }
 
     pub(crate) fn alloc_slice_bytes<T>(

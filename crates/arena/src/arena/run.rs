@@ -74,7 +74,10 @@ impl<'a, M: HostMemory> Run<'a, M> {
         &self,
         len: usize,
     ) -> Result<TypedBlock<'a, T, M>, ArenaError> {
-        super::block::typed(self.arena.alloc_slice_bytes::<T>(len, Location::caller())?)
+        super::block::typed(
+            self.arena.alloc_slice_bytes::<T>(len, Location::caller())?,
+            len,
+        )
     }
 
     /// Closes the run and reports what it did. Blocks of the run still live

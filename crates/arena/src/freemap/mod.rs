@@ -114,10 +114,13 @@ struct Span<T> {
 /// Why [`RawArena::free`](crate::RawArena::free) refused a handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FreeError {
-    /// No span has that id.
+    /// The handle names no block of this arena.
     NotABlock,
-    /// The span is already free.
+    /// The block was freed already (its memory may serve another block
+    /// now: a stale handle).
     AlreadyFree,
+    /// The handle comes from another arena.
+    Foreign,
 }
 
 /// One region as the map sees it.

@@ -9,11 +9,34 @@ use core::ptr::NonNull;
 use rustix::mm::{self, Advice, MapFlags, MprotectFlags, ProtFlags};
 
 /// Virtual memory from the kernel: one `mmap` reservation per arena,
-/// `PROT_NONE` and `MAP_NORESERVE` (address space only, no memory), made
-/// usable granule by granule at its top as the arena grows (`mprotect`),
-/// and given back with `madvise(MADV_DONTNEED)` (then `PROT_NONE`) on
-/// shrink. Fresh and decommitted memory reads as zero, so the arena never
-/// zero-fills.
+/// `PROT_NONE` (address space only, no memory, not charged), made usable
+/// granule by granule at its top as the arena grows (`mprotect`), and given
+/// back on shrink by mapping fresh `PROT_NONE` pages over the range
+/// (`mmap` with `MAP_FIXED`). Fresh and decommitted memory reads as zero,
+/// so the arena never zero-fills.
+///
+/// # Commits are charged like `malloc`
+/// The reservation is made without `MAP_NORESERVE`, so making a range
+/// writable is charged to the process's commit like a `malloc` of the same
+/// size: the kernel refuses it (`ENOMEM`, an [`ArenaError::CommitFailed`])
+/// under the overcommit heuristic (a commit larger than memory and swap),
+/// under strict overcommit (past `CommitLimit`), and past `RLIMIT_DATA`,
+/// where a `malloc` would fail, instead of killing the process at first
+/// touch. Decommitting replaces the range with a new `PROT_NONE` mapping,
+/// which gives its pages and its commit charge back.
+///
+/// # Address space
+/// A reservation is address space only, but it counts against
+/// `RLIMIT_AS` (`ulimit -v`). With a finite limit, the first reservation
+/// takes at most half of the address space the process has left under it
+/// when the arena first grows (the limit less the process's current
+/// `VmSize`), and at least what that first request needs; so the rest of
+/// the process (the runtime's own `malloc`s, other arenas) keeps the other
+/// half. A request past the reservation is then
+/// [`ArenaError::ReservationExhausted`], an error like any refusal.
+///
+/// [`ArenaError::CommitFailed`]: crate::ArenaError::CommitFailed
+/// [`ArenaError::ReservationExhausted`]: crate::ArenaError::ReservationExhausted
 ///
 /// With transparent huge pages (see [`HugePages`]) the range is aligned to
 /// the huge page size and advised `MADV_HUGEPAGE`, so first touching 2 MiB
@@ -74,6 +97,25 @@ fn thp_size() -> Option<usize> {
     size.is_power_of_two().then_some(size)
 }
 
+/// Bytes of address space the process may still map under a finite
+/// `RLIMIT_AS` (its soft limit less its current `VmSize`), or `None` with no
+/// limit.
+pub(crate) fn address_space_left() -> Option<usize> {
+    use rustix::process::{getrlimit, Resource};
+    let limit = getrlimit(Resource::As).current?;
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    // `/proc/self/statm` starts with the mapped size in pages; unreadable
+    // means the whole limit is assumed used, so the reservation is the
+    // first request.
+    let mapped = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<usize>().ok())
+        .map_or(limit, |pages| {
+            pages.saturating_mul(rustix::param::page_size())
+        });
+    Some(limit.saturating_sub(mapped))
+}
+
 fn os_error(op: MemoryOp, bytes: usize, e: rustix::io::Errno) -> MemoryError {
     MemoryError {
         op,
@@ -95,14 +137,24 @@ impl Memory for Pages {
         }
     }
 
-    fn reservation_size(&self, _min: usize, cap: usize) -> usize {
-        if cap != usize::MAX {
-            // The cap, down to whole pages: committed bytes never pass it.
-            return cap & !(self.page - 1);
+    fn reservation_size(&self, min: usize, cap: usize) -> usize {
+        // The cap, down to whole pages (committed bytes never pass it), or
+        // the configured reservation: a request past it is
+        // `ReservationExhausted`, the first as any later one.
+        let mut want = if cap != usize::MAX {
+            cap & !(self.page - 1)
+        } else {
+            self.config.reservation
+        };
+        // Under `RLIMIT_AS`, half of what the process has left, but at
+        // least this request (the reservation is then tried at that size and
+        // may still fail, as a `malloc` would).
+        if let Some(left) = address_space_left() {
+            want = want.min((left / 2).max(min));
         }
-        // The configured reservation, whatever the first request: a request
-        // past it is `ReservationExhausted`, the first as any later one.
-        let want = self.config.reservation;
+        if cap != usize::MAX {
+            return want & !(self.page - 1);
+        }
         // Whole pages (huge pages where there are some).
         let step = self.huge.max(self.page);
         want.checked_next_multiple_of(step)
@@ -131,7 +183,11 @@ impl Memory for Pages {
                 core::ptr::null_mut(),
                 total,
                 ProtFlags::empty(),
-                MapFlags::PRIVATE | MapFlags::NORESERVE,
+                // No `MAP_NORESERVE`: a `PROT_NONE` private mapping is not
+                // charged, and leaving the flag out makes `commit`'s
+                // `mprotect` charge what it makes writable (see the type's
+                // docs).
+                MapFlags::PRIVATE,
             )
         }
         .map_err(|e| os_error(MemoryOp::Reserve, len, e))?;
@@ -173,16 +229,35 @@ impl Memory for Pages {
         len: usize,
     ) -> Result<(), MemoryError> {
         let at = Self::at(base, offset).as_ptr().cast::<c_void>();
-        // SAFETY: the range lies inside a reservation of this layer and
-        // holds no live block (the arena decommits free granules only):
-        // dropping its pages loses nothing anyone may read.
-        unsafe { mm::madvise(at, len, Advice::LinuxDontNeed) }
-            .map_err(|e| os_error(MemoryOp::Decommit, len, e))?;
-        // Back to address space only (also returns the commit charge under
-        // strict overcommit). A failure here leaves the pages released but
-        // the range accessible, which is harmless.
-        // SAFETY: as above.
-        let _ = unsafe { mm::mprotect(at, len, MprotectFlags::empty()) };
+        // A new `PROT_NONE` mapping over the range: its pages go, and so does
+        // their commit charge (`madvise(MADV_DONTNEED)` then `PROT_NONE`
+        // would keep the charge of memory once touched).
+        // SAFETY: the range lies inside a reservation of this layer (the
+        // `Memory` contract: granule-aligned, not released) and holds no
+        // live block (the arena decommits free granules only), so replacing
+        // its mapping loses nothing anyone may read and touches no other
+        // mapping.
+        let mapped = unsafe {
+            mm::mmap_anonymous(
+                at,
+                len,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::FIXED,
+            )
+        };
+        match mapped {
+            Ok(p) if p == at => {}
+            Ok(p) => debug_assert_eq!(p, at, "MAP_FIXED maps at the address given"),
+            // Out of mappings (`vm.max_map_count`), say: the range keeps its
+            // pages, still committed, as the contract allows.
+            Err(e) => return Err(os_error(MemoryOp::Decommit, len, e)),
+        }
+        if self.huge > 0 {
+            // The new mapping lost the reservation's huge page advice;
+            // advice only, as in `reserve`.
+            // SAFETY: the range is the part of the reservation just mapped.
+            let _ = unsafe { mm::madvise(at, len, Advice::LinuxHugepage) };
+        }
         Ok(())
     }
 

@@ -2,7 +2,7 @@
 //! decommitted down to a target, with holes of decommitted granules
 //! committed again before a block covers them.
 
-use super::{commit_failed, Pool, Region};
+use super::{Pool, Region};
 use crate::freemap::{align_up, RegionId};
 use crate::memory::{Memory, MemoryError};
 use crate::ArenaError;
@@ -70,9 +70,9 @@ impl<M: Memory> Pool<M> {
         let new_committed = end.next_multiple_of(self.props.commit_step(end)).min(len);
         let extra = new_committed - committed;
         self.calls.commits += 1;
-        self.memory
-            .commit(base, committed, extra)
-            .map_err(|e| commit_failed(requested, e))?;
+        if let Err(e) = self.memory.commit(base, committed, extra) {
+            return Err(self.commit_failed(requested, e));
+        }
         self.map.extend_region(rid, new_committed);
         let region = self.regions[rid as usize].as_mut().expect("live region");
         region.committed = new_committed;
@@ -113,7 +113,7 @@ impl<M: Memory> Pool<M> {
         if let Err(e) = self.memory.commit(base, 0, need) {
             self.memory.release(base, len, align);
             self.calls.releases += 1;
-            return Err(commit_failed(requested, e));
+            return Err(self.commit_failed(requested, e));
         }
         let rid = self.map.add_region(need);
         self.put_region(
@@ -131,10 +131,10 @@ impl<M: Memory> Pool<M> {
     }
 
     /// The error for `size` bytes that do not fit a reservation of `len`:
-    /// over the cap when there is one (the reservation is the cap), else
-    /// the reservation used up.
+    /// over the cap when the reservation is the cap, else the reservation
+    /// used up (no cap, or one the address space left could not hold).
     pub(super) fn no_room(&self, size: usize, len: usize) -> ArenaError {
-        if self.cap == usize::MAX {
+        if self.cap == usize::MAX || len < self.cap & !(self.props.granule - 1) {
             ArenaError::ReservationExhausted {
                 requested: size,
                 reservation: len,
@@ -154,13 +154,19 @@ impl<M: Memory> Pool<M> {
         let Some(rid) = self.map.region_ids().next() else {
             return 0;
         };
-        let step = |x: usize| x.next_multiple_of(self.props.commit_step(x));
-        let keep_from = step(target);
+        let step = |x: usize| x.checked_next_multiple_of(self.props.commit_step(x));
+        // A target past what any reservation can hold keeps everything
+        // (`shrink_to(usize::MAX)` releases nothing).
+        let Some(keep_from) = step(target) else {
+            return 0;
+        };
         let before = self.reserved;
         // 1. The top.
         let region = self.regions[rid as usize].as_ref().expect("live region");
         let (committed, base) = (region.committed, region.base);
-        let keep = keep_from.max(step(self.map.used_end(rid)));
+        // The used end lies inside the reservation, so it rounds up without
+        // overflow.
+        let keep = keep_from.max(step(self.map.used_end(rid)).unwrap_or(committed));
         if keep == 0 && self.map.is_region_free(rid) {
             self.release_reservation(rid);
             self.bytes_released += (before - self.reserved) as u64;

@@ -220,7 +220,7 @@ impl<M: Memory> Pool<M> {
             if let Err(e) = self.fill_holes(rid, off, size) {
                 let freed = self.map.free(span);
                 debug_assert!(freed.is_ok());
-                return Err(commit_failed(tag.len, e));
+                return Err(self.commit_failed(tag.len, e));
             }
         }
         self.in_use += size;
@@ -572,11 +572,16 @@ impl<M: Memory> Pool<M> {
 }
 
 /// A failed commit as the arena reports it.
-fn commit_failed(requested: usize, e: MemoryError) -> ArenaError {
-    ArenaError::CommitFailed {
-        requested,
-        bytes: e.bytes,
-        code: e.code,
+impl<M: Memory> Pool<M> {
+    /// The error for a commit the layer refused while serving `requested`
+    /// bytes: what was asked, what is committed, and the layer's code.
+    fn commit_failed(&self, requested: usize, e: MemoryError) -> ArenaError {
+        ArenaError::CommitFailed {
+            requested,
+            bytes: e.bytes,
+            committed: self.reserved,
+            code: e.code,
+        }
     }
 }
 

@@ -22,6 +22,13 @@ mod serve;
 ///
 /// [`Arena`]: crate::Arena
 pub struct RawArena<M: Memory> {
+    /// Unique in the process; every handle carries it.
+    id: u64,
+    /// Generation of each pool span, by span id: bumped when the span is
+    /// freed, so a handle kept past its free no longer matches.
+    span_gens: Vec<u32>,
+    /// Generation the next plan block gets.
+    next_plan_gen: u32,
     pool: Pool<M>,
     config: ArenaConfig,
     /// The open run, if any.
@@ -115,6 +122,8 @@ struct Serve {
 /// A block drawn from the pool to serve a planned run.
 struct PlanBlock<P> {
     raw: RawBlock<P>,
+    /// Generation of the blocks served from it (handles carry it).
+    generation: u32,
     /// Size of each planned block served from it and still live, by block
     /// index; 0 for none (so a stale or repeated free is refused).
     served: Vec<usize>,
@@ -137,8 +146,20 @@ pub struct RawAlloc<P> {
 
 /// Identifies a live block of a [`RawArena`]; pass it to [`RawArena::free`]
 /// once.
+///
+/// A handle names its arena and its block's generation: a handle of
+/// another arena, or one whose block was freed (even if its place now holds
+/// another block), is refused with a [`FreeError`], never frees someone
+/// else's block. Handles can only be made by the arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Handle(pub(crate) HandleKind);
+pub struct Handle {
+    pub(crate) kind: HandleKind,
+    /// [`RawArena::id`] of the arena that made it.
+    arena: u64,
+    /// The block's generation: the span's (pool) or the plan block's
+    /// (planned) when it was handed out.
+    generation: u32,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HandleKind {
@@ -147,6 +168,9 @@ pub(crate) enum HandleKind {
     /// Block `index` of the plan block in `slot`, `size` bytes.
     Planned { slot: u32, index: u32, size: usize },
 }
+
+/// Ids of arenas ([`RawArena::id`]), from 1.
+static NEXT_ARENA_ID: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
 
 // SAFETY: everything in a `RawArena` is `Send` except, possibly, the
 // layer's addresses (`M::Ptr`: `NonNull<u8>` for host memory), which the
@@ -170,6 +194,9 @@ impl<M: Memory> RawArena<M> {
             ));
         }
         Ok(Self {
+            id: NEXT_ARENA_ID.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
+            span_gens: Vec::new(),
+            next_plan_gen: 0,
             pool: Pool::new(&config, memory),
             config,
             run: None,
@@ -222,24 +249,71 @@ impl<M: Memory> RawArena<M> {
         self.alloc_at(len, align, Location::caller())
     }
 
+    /// This arena's id, unique in the process (handles carry it).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Gives a block back.
     ///
     /// # Errors
-    /// [`FreeError`] when `handle` names no live block of this arena (freed
-    /// already, say); nothing changes then.
+    /// [`FreeError`] when `handle` names no live block of this arena:
+    /// [`FreeError::Foreign`] for another arena's handle,
+    /// [`FreeError::AlreadyFree`] for a block freed already (also when its
+    /// place holds a newer block now). Nothing changes then.
     pub fn free(&mut self, handle: Handle) -> Result<(), FreeError> {
-        match handle.0 {
+        self.check_handle(handle)?;
+        match handle.kind {
             HandleKind::Pool { span } => self.free_span(span),
             HandleKind::Planned { slot, index, size } => self.free_planned(slot, index, size),
         }
     }
 
     /// Bytes the block of `handle` holds (its request rounded up to the
-    /// alignment), or 0 if it is not live.
+    /// alignment), or 0 if it is not a live block of this arena.
     pub fn capacity(&self, handle: Handle) -> usize {
-        match handle.0 {
+        if self.check_handle(handle).is_err() {
+            return 0;
+        }
+        match handle.kind {
             HandleKind::Pool { span } => self.pool.get(span).map_or(0, |s| s.0),
-            HandleKind::Planned { size, .. } => size,
+            HandleKind::Planned { slot, index, .. } => self
+                .plan_blocks
+                .get(slot as usize)
+                .and_then(Option::as_ref)
+                .and_then(|pb| pb.served.get(index as usize).copied())
+                .unwrap_or(0),
+        }
+    }
+
+    /// Whether `handle` was made by this arena for a block of the current
+    /// generation (live, or freed and not handed out again: the frees then
+    /// tell which).
+    fn check_handle(&self, handle: Handle) -> Result<(), FreeError> {
+        if handle.arena != self.id {
+            return Err(FreeError::Foreign);
+        }
+        let current = match handle.kind {
+            HandleKind::Pool { span } => self.span_gens.get(span as usize).copied(),
+            HandleKind::Planned { slot, .. } => self
+                .plan_blocks
+                .get(slot as usize)
+                .and_then(Option::as_ref)
+                .map(|pb| pb.generation),
+        };
+        match current {
+            Some(g) if g == handle.generation => Ok(()),
+            Some(_) => Err(FreeError::AlreadyFree),
+            None => Err(FreeError::NotABlock),
+        }
+    }
+
+    /// A handle of this arena.
+    pub(crate) fn handle(&self, kind: HandleKind, generation: u32) -> Handle {
+        Handle {
+            kind,
+            arena: self.id,
+            generation,
         }
     }
 
@@ -432,11 +506,15 @@ impl<M: Memory> RawArena<M> {
                 self.deviations += 1;
             }
         }
-        self.alloc_pool(len, align, location, true)
-            .map(|raw| RawAlloc {
-                ptr: raw.ptr,
-                handle: Handle(HandleKind::Pool { span: raw.span }),
-            })
+        let raw = self.alloc_pool(len, align, location, true)?;
+        let i = raw.span as usize;
+        if self.span_gens.len() <= i {
+            self.span_gens.resize(i + 1, 0);
+        }
+        Ok(RawAlloc {
+            ptr: raw.ptr,
+            handle: self.handle(HandleKind::Pool { span: raw.span }, self.span_gens[i]),
+        })
     }
 
     /// Allocates from the pool; `planable` blocks enter the run's recording.
@@ -500,6 +578,9 @@ impl<M: Memory> RawArena<M> {
     pub(crate) fn free_span(&mut self, span: SpanId) -> Result<(), crate::freemap::FreeError> {
         self.check();
         let (size, tag) = self.pool.free(span)?;
+        if let Some(g) = self.span_gens.get_mut(span as usize) {
+            *g = g.wrapping_add(1);
+        }
         self.frees += 1;
         if let Some(r) = &mut self.run {
             r.frees += 1;

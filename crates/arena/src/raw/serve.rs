@@ -27,8 +27,11 @@ impl<M: Memory> RawArena<M> {
         let mut served = core::mem::take(&mut self.spare_served);
         served.clear();
         served.resize(plan.len(), 0);
+        let generation = self.next_plan_gen;
+        self.next_plan_gen = generation.wrapping_add(1);
         let block = PlanBlock {
             raw,
+            generation,
             served,
             live: 0,
             live_bytes: 0,
@@ -115,9 +118,14 @@ impl<M: Memory> RawArena<M> {
         let in_use = self.pool.in_use() - (self.plan_reserved - self.planned_live);
         self.peak_in_use = self.peak_in_use.max(in_use);
         run.peak = run.peak.max(in_use);
+        let generation = pb.generation;
         Some(RawAlloc {
             ptr,
-            handle: Handle(HandleKind::Planned { slot, index, size }),
+            handle: Handle {
+                kind: HandleKind::Planned { slot, index, size },
+                arena: self.id,
+                generation,
+            },
         })
     }
 

@@ -8,6 +8,7 @@ mod model;
 mod planner;
 mod plans;
 mod reliability;
+mod review;
 mod shared;
 mod soundness;
 mod trace;
