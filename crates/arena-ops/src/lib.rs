@@ -37,14 +37,15 @@ mod op;
 mod pages;
 mod pattern;
 mod plans;
+mod raw_handles;
 mod weights;
 
 pub use counting::Counting;
 pub use faulty::{Faulty, Ledger};
 pub use model::{config, run};
 pub use op::{
-    align_from_log2, decode, Op, SharedOp, Size, CAP, GRANULE, MAX_ALIGN, MAX_OPS, MAX_PLANS,
-    MAX_REQUEST, MAX_SESSIONS, MAX_SHARED_OPS,
+    align_from_log2, decode, Op, RawOp, SharedOp, Size, CAP, GRANULE, MAX_ALIGN, MAX_OPS,
+    MAX_PLANS, MAX_REQUEST, MAX_SESSIONS, MAX_SHARED_OPS,
 };
 pub use pages::run_pages;
 pub use plans::plans;

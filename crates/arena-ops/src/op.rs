@@ -107,6 +107,48 @@ pub enum Op {
         /// The second thread's operations.
         b: Vec<SharedOp>,
     },
+    /// Drive two fresh [`RawArena`](tensor_arena::RawArena)s (the core,
+    /// whose handles are `Copy`) with these steps, stale and foreign frees
+    /// among them (at most [`MAX_SHARED_OPS`]).
+    Raw {
+        /// The steps.
+        ops: Vec<RawOp>,
+    },
+}
+
+/// One step of an [`Op::Raw`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Arbitrary)]
+pub enum RawOp {
+    /// Allocate `size + 1` bytes in the first arena (or the second).
+    Alloc {
+        /// Bytes requested, less one.
+        size: u16,
+        /// Whether in the second arena.
+        second: bool,
+    },
+    /// Free the live block number `index % live` of the first arena (or
+    /// the second).
+    Free {
+        /// Which block.
+        index: u8,
+        /// Whether in the second arena.
+        second: bool,
+    },
+    /// Free, in each arena, its freed handle number `index % stale` again:
+    /// refused as freed already, nothing changes.
+    Stale {
+        /// Which handle.
+        index: u8,
+    },
+    /// Free, in each arena, the other arena's handle number `index %
+    /// handles` (live or freed): refused as foreign, nothing changes.
+    Foreign {
+        /// Which handle.
+        index: u8,
+    },
+    /// Finish the first arena's open run (learning a plan from it), or open
+    /// one (served by the last plan learned).
+    Run,
 }
 
 /// One step of a thread in [`Op::Shared`].
@@ -209,6 +251,9 @@ pub fn decode(data: &[u8]) -> Vec<Op> {
                 if let Op::Shared { a, b } = &mut op {
                     a.truncate(MAX_SHARED_OPS);
                     b.truncate(MAX_SHARED_OPS);
+                }
+                if let Op::Raw { ops } = &mut op {
+                    ops.truncate(MAX_SHARED_OPS);
                 }
                 ops.push(op);
             }

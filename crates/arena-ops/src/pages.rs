@@ -225,7 +225,8 @@ impl<'a> Model<'a> {
             }
             // Sessions and shared arenas run on `Heap` in `run`.
             Op::SessionClone | Op::SessionDrop { .. } | Op::SessionRun { .. } => {}
-            Op::Shared { .. } => {}
+            // The core's handles are checked once, in `run`.
+            Op::Shared { .. } | Op::Raw { .. } => {}
         }
     }
 
@@ -291,7 +292,12 @@ impl<'a> Model<'a> {
                     ArenaError::AlignmentTooLarge { .. } => align > MAX_ALIGN,
                     ArenaError::CapacityOverflow { .. } => rounded > MAX_REQUEST,
                     ArenaError::OverCap { limit, .. } => self.capped && limit == CAP && !fits_cache,
-                    ArenaError::ReservationExhausted { .. } => !self.capped && !fits_cache,
+                    // Capped, the reservation is the cap unless reserving
+                    // it failed (an injected failure halves it): then a
+                    // request past the smaller reservation is this.
+                    ArenaError::ReservationExhausted { reservation, .. } => {
+                        (!self.capped || reservation < CAP) && !fits_cache
+                    }
                     ArenaError::ReserveFailed { .. } | ArenaError::CommitFailed { .. } => {
                         fail_pending
                     }

@@ -13,7 +13,7 @@ use crate::Counting;
 use arbitrary::{Arbitrary, Unstructured};
 use std::sync::Arc;
 use tensor_arena::plan::{PlanEvent, PlanParts};
-use tensor_arena::{Arena, ArenaConfig, Block, Heap, Plan, Recording};
+use tensor_arena::{Arena, ArenaConfig, Block, FreeError, Handle, Heap, Plan, RawArena, Recording};
 
 /// Most blocks in a decoded recording.
 const MAX_BLOCKS: usize = 48;
@@ -41,6 +41,7 @@ pub fn plans(data: &[u8]) {
         if let Ok(plan) = serde_json::from_slice::<Plan>(rest) {
             check_accepted(&plan);
             drive(&plan, &mut Unstructured::new(&[]));
+            stale_handles(&plan);
         }
         if let Ok(rec) = serde_json::from_slice::<Recording>(rest) {
             if let Ok(plan) = Plan::from_recording(&rec) {
@@ -65,6 +66,7 @@ pub fn plans(data: &[u8]) {
                 }
             }
             drive(&plan, &mut u);
+            stale_handles(&plan);
         }
         Err(_) => assert!(rec.validate().is_err(), "refused a valid recording"),
     }
@@ -282,6 +284,84 @@ fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
             0,
             "bytes in use after every block dropped"
         );
+    }
+    assert_eq!(counting.outstanding(), 0, "memory not returned after drop");
+}
+
+/// Two planned runs of `plan` on the core ([`RawArena`], whose handles are
+/// `Copy`): during the second, every handle of the first (freed, its places
+/// now serving the second run's blocks) is refused as freed already, and
+/// every handle of the second is refused by another arena; neither changes
+/// a live block.
+fn stale_handles(plan: &Plan) {
+    let counting = Counting::new();
+    {
+        let config = ArenaConfig {
+            max_reserved: 64 << 20,
+            ..ArenaConfig::default()
+        };
+        let mut core = RawArena::new(config, Heap::new(&counting)).expect("a valid configuration");
+        let mut other = RawArena::new(ArenaConfig::default(), Heap::new(&counting))
+            .expect("a valid configuration");
+        let plan = Arc::new(plan.clone());
+        let rec = plan.recording();
+        let mut first: Vec<Handle> = Vec::new();
+        for round in 0..2 {
+            if core.begin_run(Some(Arc::clone(&plan))).is_err() {
+                return;
+            }
+            let mut live: Vec<Option<Handle>> = Vec::new();
+            for (step, ev) in rec.events.iter().take(MAX_EVENTS).enumerate() {
+                match *ev {
+                    PlanEvent::Alloc(i) => {
+                        let (size, align) = rec.blocks[i as usize];
+                        let got = core.alloc(size, align.min(4096)).ok().map(|a| a.handle);
+                        live.push(got);
+                    }
+                    PlanEvent::Free(i) => {
+                        if let Some(h) = live.get_mut(i as usize).and_then(Option::take) {
+                            core.free(h).expect("a live handle frees");
+                            if round == 0 {
+                                first.push(h);
+                            }
+                        }
+                    }
+                }
+                if round == 1 {
+                    let in_use = core.stats().in_use;
+                    if !first.is_empty() {
+                        let h = first[step % first.len()];
+                        assert_eq!(
+                            core.free(h),
+                            Err(FreeError::AlreadyFree),
+                            "a stale handle freed"
+                        );
+                    }
+                    for h in live.iter().flatten() {
+                        assert!(core.capacity(*h) > 0, "a live block was lost");
+                        assert_eq!(
+                            other.free(*h),
+                            Err(FreeError::Foreign),
+                            "a foreign handle freed"
+                        );
+                    }
+                    assert_eq!(
+                        core.stats().in_use,
+                        in_use,
+                        "a refused free changed the arena"
+                    );
+                }
+            }
+            for h in live.into_iter().flatten() {
+                core.free(h).expect("a live handle frees");
+                if round == 0 {
+                    first.push(h);
+                }
+            }
+            core.finish_run();
+        }
+        assert_eq!(core.stats().in_use, 0);
+        drop(other);
     }
     assert_eq!(counting.outstanding(), 0, "memory not returned after drop");
 }

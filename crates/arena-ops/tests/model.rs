@@ -5,7 +5,7 @@
 //! shrinks a failing sequence to a short one.
 
 use proptest::prelude::*;
-use tensor_arena_ops::{run, run_pages, Op, SharedOp, Size, CAP};
+use tensor_arena_ops::{run, run_pages, Op, RawOp, SharedOp, Size, CAP};
 
 /// Sizes: mostly up to a few hundred KiB, some up to the cap and past it,
 /// and the edge values.
@@ -24,6 +24,18 @@ fn shared_op() -> impl Strategy<Value = SharedOp> {
         4 => any::<u16>().prop_map(|size| SharedOp::Alloc { size }),
         3 => any::<u8>().prop_map(|index| SharedOp::Free { index }),
         1 => Just(SharedOp::Shrink),
+    ]
+}
+
+/// The core's steps: mostly allocations and frees, with stale and foreign
+/// frees and runs (so planned handles go stale too).
+fn raw_op() -> impl Strategy<Value = RawOp> {
+    prop_oneof![
+        4 => (any::<u16>(), any::<bool>()).prop_map(|(size, second)| RawOp::Alloc { size, second }),
+        3 => (any::<u8>(), any::<bool>()).prop_map(|(index, second)| RawOp::Free { index, second }),
+        2 => any::<u8>().prop_map(|index| RawOp::Stale { index }),
+        2 => any::<u8>().prop_map(|index| RawOp::Foreign { index }),
+        1 => Just(RawOp::Run),
     ]
 }
 
@@ -47,7 +59,19 @@ fn op() -> impl Strategy<Value = Op> {
             prop::collection::vec(shared_op(), 0..24)
         )
             .prop_map(|(a, b)| Op::Shared { a, b }),
+        1 => prop::collection::vec(raw_op(), 0..48).prop_map(|ops| Op::Raw { ops }),
     ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// The core alone: stale and foreign handles among valid ones are
+    /// refused and change nothing.
+    #[test]
+    fn stale_and_foreign_handles_are_refused(ops in prop::collection::vec(raw_op(), 1..96)) {
+        run(&[Op::Raw { ops }]);
+    }
 }
 
 proptest! {

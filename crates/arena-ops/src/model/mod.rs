@@ -292,6 +292,7 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
             }
             Op::SessionRun { index, size } => self.session_run(at, index, size as usize % 2048),
             Op::Shared { ref a, ref b } => self.shared_step(at, a, b),
+            Op::Raw { ref ops } => crate::raw_handles::run_raw(&at.to_string(), ops),
         }
     }
 

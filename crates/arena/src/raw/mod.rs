@@ -301,10 +301,11 @@ impl<M: Memory> RawArena<M> {
                 .and_then(Option::as_ref)
                 .map(|pb| pb.generation),
         };
+        // Handles cannot be forged: one of this arena that names no current
+        // block names a block freed already (its plan block may be gone).
         match current {
             Some(g) if g == handle.generation => Ok(()),
-            Some(_) => Err(FreeError::AlreadyFree),
-            None => Err(FreeError::NotABlock),
+            _ => Err(FreeError::AlreadyFree),
         }
     }
 
