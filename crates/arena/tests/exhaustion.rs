@@ -11,68 +11,24 @@
 //! Without libtest (`harness = false`): the children are not tests, so no
 //! test passes by doing nothing in the parent.
 
-use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-use std::process::Command;
+#[path = "support/child.rs"]
+mod child;
+
+use child::{kib_field, limit_data_to_now_plus, run_child, set_limit, GIB, MIB};
+use rustix::process::Resource;
 use tensor_arena::memory::ErrorCode;
 use tensor_arena::{Arena, ArenaConfig, ArenaError, Block};
 
-const CHILD: &str = "EXHAUSTION_CHILD";
-const MIB: usize = 1 << 20;
-const GIB: usize = 1 << 30;
-
 fn main() {
-    if let Ok(case) = std::env::var(CHILD) {
-        child(&case);
-        return;
-    }
-    let cases: &[(&str, fn())] = &[
-        ("rlimit_as_reservation_leaves_room", rlimit_as),
-        ("rlimit_data_commit_is_an_error", rlimit_data),
-        ("overcommit_mode_refuses_what_malloc_would", overcommit),
-        ("shrink_gives_the_charge_back", shrink_gives_back),
-    ];
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let (mut passed, mut failed) = (0, 0);
-    for (name, case) in cases {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        match std::panic::catch_unwind(case) {
-            Ok(()) => {
-                println!("test {name} ... ok");
-                passed += 1;
-            }
-            Err(_) => {
-                println!("test {name} ... FAILED");
-                failed += 1;
-            }
-        }
-    }
-    println!("{passed} passed, {failed} failed");
-    if failed > 0 {
-        std::process::exit(101);
-    }
-}
-
-/// Runs `case` in a child process; returns its stdout, asserting it exited
-/// normally (no signal) with success.
-fn run_child(case: &str) -> String {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .env(CHILD, case)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let text = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(
-        out.status.success(),
-        "child {case} ended with {:?}:\n{text}",
-        out.status
+    child::main(
+        &[
+            ("rlimit_as_reservation_leaves_room", rlimit_as),
+            ("rlimit_data_commit_is_an_error", rlimit_data),
+            ("overcommit_mode_refuses_what_malloc_would", overcommit),
+            ("shrink_gives_the_charge_back", shrink_gives_back),
+        ],
+        run_case,
     );
-    assert!(stdout.contains("child: done"), "{text}");
-    stdout
 }
 
 fn rlimit_as() {
@@ -115,33 +71,6 @@ fn overcommit_mode() -> u32 {
         .expect("the overcommit mode is a number")
 }
 
-/// A field of `/proc/self/status` or `/proc/meminfo`, in bytes.
-fn kib_field(file: &str, key: &str) -> usize {
-    let text = std::fs::read_to_string(file).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(key))
-        .unwrap_or_else(|| panic!("{key} in {file}"));
-    let kib: usize = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{line}"));
-    kib * 1024
-}
-
-fn set_limit(resource: Resource, bytes: usize) {
-    let old = getrlimit(resource);
-    setrlimit(
-        resource,
-        Rlimit {
-            current: Some(bytes as u64),
-            maximum: old.maximum,
-        },
-    )
-    .expect("setrlimit");
-}
-
 /// Three small blocks with a pattern each.
 fn patterned(arena: &Arena) -> Vec<Block<'_>> {
     (0..3u8)
@@ -179,7 +108,7 @@ fn after_refusal(arena: &Arena, blocks: &[Block<'_>], before: tensor_arena::Stat
     println!("child: smaller request of {small} bytes served");
 }
 
-fn child(case: &str) {
+fn run_case(case: &str) {
     match case {
         "as" => child_as(),
         "data" => child_data(),
@@ -187,7 +116,6 @@ fn child(case: &str) {
         "shrink" => child_shrink(),
         other => panic!("unknown case {other}"),
     }
-    println!("child: done");
 }
 
 /// `ulimit -v`: the arena's reservation takes at most half of what is left,
@@ -226,8 +154,7 @@ fn child_as() {
 /// `RLIMIT_DATA`: a commit past it is `CommitFailed` with `ENOMEM`, naming
 /// the bytes asked for and committed.
 fn child_data() {
-    let data = kib_field("/proc/self/status", "VmData:");
-    set_limit(Resource::Data, data + 512 * MIB);
+    limit_data_to_now_plus(512 * MIB);
     let arena = Arena::new(ArenaConfig::default());
     let blocks = patterned(&arena);
     let before = arena.stats();
@@ -279,8 +206,7 @@ fn child_overcommit() {
 /// What a shrink gives back counts against the limit no more: under
 /// `RLIMIT_DATA`, a second arena commits what the first gave back.
 fn child_shrink() {
-    let data = kib_field("/proc/self/status", "VmData:");
-    set_limit(Resource::Data, data + 512 * MIB);
+    limit_data_to_now_plus(512 * MIB);
     let first = Arena::new(ArenaConfig::default());
     let mut b = first.try_alloc(384 * MIB).unwrap();
     b.fill(1);

@@ -4,6 +4,7 @@
 use crate::swap::ModelHandle;
 use crate::weights::Weights;
 use bumpalo::Bump;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -193,8 +194,13 @@ impl Session {
             run: &run,
             weights: &weights,
             key,
+            refused: Cell::new(false),
         };
         let out = f(&ctx);
+        // A run whose allocation was refused (out of memory, say) ended
+        // early: its recording is not the key's need, so no plan is learned
+        // from it, and the session stays as it was for the next run.
+        let refused = ctx.refused.get();
         if !cfg.enabled {
             self.finish(key, run.finish());
             return out;
@@ -203,7 +209,11 @@ impl Session {
         if report.deviated {
             plans.note_deviation();
         }
-        if (!own || report.deviated) && report.leaked_blocks == 0 && !recording.is_empty() {
+        if (!own || report.deviated)
+            && !refused
+            && report.leaked_blocks == 0
+            && !recording.is_empty()
+        {
             // The arena's own recordings always validate; were one not to,
             // the key simply stays unplanned.
             match Plan::from_recording(&recording) {
@@ -365,6 +375,8 @@ pub struct RunContext<'r> {
     run: &'r Run<'r>,
     weights: &'r Arc<Weights>,
     key: &'r [usize],
+    /// Whether an allocation of this run was refused.
+    refused: Cell<bool>,
 }
 
 impl<'r> RunContext<'r> {
@@ -385,7 +397,15 @@ impl<'r> RunContext<'r> {
     /// See [`Arena::try_alloc`].
     #[track_caller]
     pub fn alloc(&self, bytes: usize) -> Result<Block<'r>, ArenaError> {
-        self.run.try_alloc(bytes)
+        self.note(self.run.try_alloc(bytes))
+    }
+
+    /// Notes a refusal (the run then teaches no plan) and passes `r` on.
+    fn note<T>(&self, r: Result<T, ArenaError>) -> Result<T, ArenaError> {
+        if r.is_err() {
+            self.refused.set(true);
+        }
+        r
     }
 
     /// A buffer of `len` elements of `T` from the session's arena. Its
@@ -400,7 +420,7 @@ impl<'r> RunContext<'r> {
         &self,
         len: usize,
     ) -> Result<TypedBlock<'r, T>, ArenaError> {
-        self.run.try_alloc_slice(len)
+        self.note(self.run.try_alloc_slice(len))
     }
 
     /// Like [`RunContext::alloc_slice`], with every element zero.
@@ -412,7 +432,7 @@ impl<'r> RunContext<'r> {
         &self,
         len: usize,
     ) -> Result<TypedBlock<'r, T>, ArenaError> {
-        let mut buf = self.run.try_alloc_slice(len)?;
+        let mut buf = self.note(self.run.try_alloc_slice(len))?;
         buf.fill(T::zeroed());
         Ok(buf)
     }
