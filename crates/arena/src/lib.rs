@@ -3,6 +3,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod arena;
+mod budget;
 mod config;
 mod error;
 mod freemap;
@@ -16,6 +17,7 @@ pub mod trace;
 
 pub use allocator_api2;
 pub use arena::{Arena, Block, Run, TypedBlock};
+pub use budget::{default_headroom, Budget, BudgetStats, Reclaim};
 pub use config::{ArenaConfig, Growth, Relayout, ShrinkPolicy, DEFAULT_MAX_EXTEND};
 pub use error::ArenaError;
 pub use freemap::FreeError;

@@ -1,9 +1,10 @@
 //! [`SharedArena`]: the same arena behind a `parking_lot::ReentrantMutex`.
 
 use crate::arena::Arena;
+use crate::budget::{Budget, Reclaim};
 use crate::config::ArenaConfig;
 use crate::freemap::SpanId;
-use crate::memory::{DefaultMemory, Heap, HostMemory};
+use crate::memory::{Budgeted, DefaultMemory, Heap, HostMemory};
 use crate::stats::Stats;
 use crate::ArenaError;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
@@ -12,6 +13,7 @@ use core::ops::{Deref, DerefMut};
 use core::panic::Location;
 use core::ptr::NonNull;
 use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
+use std::sync::Arc;
 
 /// An [`Arena`] shared by several threads: every call takes one lock.
 ///
@@ -37,6 +39,32 @@ impl SharedArena<DefaultMemory> {
     /// If `config` is inconsistent ([`ArenaConfig::validate`]).
     pub fn new(config: ArenaConfig) -> Self {
         Self::from_arena(Arena::new(config))
+    }
+}
+
+impl SharedArena<Budgeted<DefaultMemory>> {
+    /// A shared arena on the default memory layer whose commits are charged
+    /// to `budget`, registered with it as a member that gives its cached
+    /// memory back (never a live block, never waited for: the lock is only
+    /// tried) when another member's commit needs room. See
+    /// [`Budget`](crate::Budget).
+    ///
+    /// # Errors
+    /// [`ArenaError::InvalidConfig`] for an inconsistent configuration.
+    pub fn with_budget(config: ArenaConfig, budget: &Arc<Budget>) -> Result<Arc<Self>, ArenaError> {
+        let shared = Arc::new(Self::from_arena(Arena::with_budget(config, budget)?));
+        let member: Arc<dyn Reclaim> = shared.clone();
+        budget.register(Arc::downgrade(&member));
+        Ok(shared)
+    }
+}
+
+impl<M: HostMemory + Send> Reclaim for SharedArena<M> {
+    fn try_reclaim(&self, idle_only: bool) -> usize {
+        match self.inner.try_lock() {
+            Some(arena) => arena.try_release_cached(idle_only),
+            None => 0,
+        }
     }
 }
 

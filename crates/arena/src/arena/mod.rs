@@ -93,6 +93,30 @@ impl Arena<DefaultMemory> {
     }
 }
 
+impl Arena<crate::memory::Budgeted<DefaultMemory>> {
+    /// An arena on the default memory layer whose commits are charged to
+    /// `budget` (see [`Budget`](crate::Budget)): a commit the budget cannot
+    /// make room for is [`ArenaError::CommitFailed`] with the code
+    /// [`ErrorCode::OverBudget`](crate::memory::ErrorCode::OverBudget).
+    /// Such an arena (one thread's, not lockable) is charged but never asked
+    /// to give memory back for others; its own shrink policy does that. A
+    /// [`SharedArena::with_budget`](crate::SharedArena::with_budget) is
+    /// both.
+    ///
+    /// # Errors
+    /// [`ArenaError::InvalidConfig`] for an inconsistent configuration.
+    pub fn with_budget(
+        config: ArenaConfig,
+        budget: &std::sync::Arc<crate::Budget>,
+    ) -> Result<Self, ArenaError> {
+        let memory = default_memory(crate::memory::PagesConfig::default());
+        Self::with_memory(
+            config,
+            crate::memory::Budgeted::new(memory, std::sync::Arc::clone(budget)),
+        )
+    }
+}
+
 impl Default for Arena<DefaultMemory> {
     fn default() -> Self {
         Self::new(ArenaConfig::default())
@@ -385,6 +409,23 @@ impl<M: HostMemory> Arena<M> {
     }
 
     /// Frees the pool block in `span`; used by `SharedBlock`'s drop.
+    /// Gives back committed free memory if the arena is not in the middle
+    /// of another call (and, with `idle_only`, has no run open): every
+    /// whole free granule when no run is open, else those above what is in
+    /// use. Returns the bytes given back. For a [`Budget`](crate::Budget)'s
+    /// reclaim, which must never wait.
+    pub(crate) fn try_release_cached(&self, idle_only: bool) -> usize {
+        let Ok(mut st) = self.state.try_borrow_mut() else {
+            return 0;
+        };
+        let busy = st.raw.in_run();
+        if busy && idle_only {
+            return 0;
+        }
+        let target = if busy { st.raw.stats().in_use } else { 0 };
+        st.raw.shrink_to(target)
+    }
+
     pub(crate) fn release_span(&self, span: SpanId) {
         let result = self.state.borrow_mut().raw.free_span(span);
         debug_assert!(result.is_ok(), "a live block was not found in its arena");

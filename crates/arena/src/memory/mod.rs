@@ -15,10 +15,12 @@
 //! host shell's views of blocks): the core hands out offsets, and
 //! [`Memory::at`] turns a range's base and an offset into an address.
 
+mod budgeted;
 mod heap;
 #[cfg(target_os = "linux")]
 mod pages;
 
+pub use budgeted::Budgeted;
 pub use heap::Heap;
 #[cfg(target_os = "linux")]
 pub use pages::Pages;
@@ -80,6 +82,13 @@ pub enum ErrorCode {
     Os(i32),
     /// A device driver's status code (a CUDA `CUresult`, say).
     Driver(i32),
+    /// Not the system's: the arena's [`Budget`](crate::Budget) had no room
+    /// left, even after asking its other members to give cached memory
+    /// back ([`Budgeted`]).
+    OverBudget {
+        /// The budget's limit in bytes.
+        limit: usize,
+    },
 }
 
 impl fmt::Display for ErrorCode {
@@ -87,6 +96,7 @@ impl fmt::Display for ErrorCode {
         match *self {
             Self::Os(code) => write!(f, "{}", std::io::Error::from_raw_os_error(code)),
             Self::Driver(code) => write!(f, "driver error {code}"),
+            Self::OverBudget { limit } => write!(f, "over the memory budget of {limit} bytes"),
         }
     }
 }

@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod basics;
+mod budget;
 mod common;
 mod footprint;
 mod model;

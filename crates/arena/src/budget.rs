@@ -1,0 +1,232 @@
+//! [`Budget`]: one limit on the memory many arenas commit together.
+//!
+//! Arenas join a budget through their memory layer
+//! ([`Budgeted`](crate::memory::Budgeted)): every commit is charged to the
+//! budget and every decommit or release credits it, so the budget is
+//! consulted only when an arena commits or decommits, never on an
+//! allocation served from memory the arena has committed already. The
+//! charge is one compare-and-swap on an atomic counter: no lock.
+//!
+//! A commit that would take the budget over its limit first asks the
+//! members ([`Reclaim`]) to give back cached memory (committed but free):
+//! idle arenas (no run open) first, then busy ones down to what they use.
+//! Each member is only ever tried, never waited for (a member whose lock is
+//! held gives nothing), so no arena blocks on another. Only then is the
+//! commit refused: an [`ArenaError::CommitFailed`](crate::ArenaError) whose
+//! code is [`ErrorCode::OverBudget`](crate::memory::ErrorCode::OverBudget).
+//! Whatever is reclaimed is free memory, never a live block.
+
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use parking_lot::Mutex;
+use std::path::Path;
+use std::sync::{Arc, Weak};
+
+/// A member of a budget that can give cached memory back: a lockable arena
+/// ([`SharedArena`](crate::SharedArena), or a runtime's own per-worker
+/// arena behind its lock).
+pub trait Reclaim: Send + Sync {
+    /// Gives back cached memory without waiting: decommits committed free
+    /// memory (never a live block) if the member's lock can be taken at
+    /// once and, when `idle_only`, no run is open on it. Returns the bytes
+    /// given back (0 when busy or when it holds no cache).
+    fn try_reclaim(&self, idle_only: bool) -> usize;
+}
+
+/// The budget's counters, a snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct BudgetStats {
+    /// The limit in bytes.
+    pub limit: usize,
+    /// Bytes its members have committed now.
+    pub committed: usize,
+    /// The most they have had committed at once.
+    pub peak_committed: usize,
+    /// Bytes members gave back because another member's commit needed room.
+    pub reclaimed: u64,
+    /// Times a commit asked members to give memory back.
+    pub reclaims: u64,
+    /// Commits refused (over the limit after reclaiming).
+    pub refusals: u64,
+    /// Members registered for reclaim and still alive.
+    pub members: usize,
+}
+
+/// One memory limit shared by any number of arenas; see the module docs.
+/// Shared as `Arc<Budget>`.
+#[derive(Debug)]
+pub struct Budget {
+    limit: usize,
+    committed: AtomicUsize,
+    peak: AtomicUsize,
+    reclaimed: AtomicU64,
+    reclaims: AtomicU64,
+    refusals: AtomicU64,
+    /// Members that can give memory back; only locked to register one and
+    /// to reclaim (over the limit), never on a commit that fits.
+    members: Mutex<Vec<Weak<dyn Reclaim>>>,
+}
+
+/// The headroom [`Budget::from_cgroup`] leaves under a cgroup's limit by
+/// default: 10% of the limit, at least 64 MiB, for the rest of the process
+/// (the runtime's own allocations, weights, stacks, page cache charged to
+/// the group).
+pub fn default_headroom(limit: usize) -> usize {
+    (limit / 10).max(64 << 20)
+}
+
+impl Budget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            limit,
+            committed: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            reclaimed: AtomicU64::new(0),
+            reclaims: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+            members: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The budget of the control group at `cgroup` (a directory: the
+    /// group's own, e.g. `/sys/fs/cgroup` inside a container): its limit
+    /// (`memory.max` in cgroup v2, `memory.limit_in_bytes` in v1) less
+    /// `headroom(limit)` ([`default_headroom`] is 10%, at least 64 MiB).
+    /// `None` when the group has no limit (`max`, or v1's huge "unlimited"
+    /// value), no such file, or the limit is below the headroom.
+    pub fn from_cgroup(cgroup: &Path, headroom: impl Fn(usize) -> usize) -> Option<Arc<Self>> {
+        let limit = cgroup_limit(cgroup)?;
+        let budget = limit.checked_sub(headroom(limit)).filter(|&b| b > 0)?;
+        Some(Self::new(budget))
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes committed by the members now.
+    pub fn committed(&self) -> usize {
+        self.committed.load(Ordering::Relaxed)
+    }
+
+    /// Registers `member` as one that can give memory back when another
+    /// member's commit needs room. Held weakly: a dropped member leaves.
+    pub fn register(&self, member: Weak<dyn Reclaim>) {
+        let mut members = self.members.lock();
+        members.retain(|m| m.strong_count() > 0);
+        members.push(member);
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> BudgetStats {
+        BudgetStats {
+            limit: self.limit,
+            committed: self.committed(),
+            peak_committed: self.peak.load(Ordering::Relaxed),
+            reclaimed: self.reclaimed.load(Ordering::Relaxed),
+            reclaims: self.reclaims.load(Ordering::Relaxed),
+            refusals: self.refusals.load(Ordering::Relaxed),
+            members: self
+                .members
+                .lock()
+                .iter()
+                .filter(|m| m.strong_count() > 0)
+                .count(),
+        }
+    }
+
+    /// Asks every idle member (no run open) to give back its cached memory
+    /// now: for a caller that knows memory is short (a pressure signal).
+    /// Busy members are left alone. Returns the bytes given back.
+    pub fn relieve(&self) -> usize {
+        self.reclaim(usize::MAX, &[true])
+    }
+
+    /// Charges `bytes` if they fit under the limit, reclaiming from the
+    /// members first if they do not. Returns whether they were charged.
+    pub(crate) fn charge(&self, bytes: usize) -> bool {
+        if self.try_charge(bytes) {
+            return true;
+        }
+        self.reclaims.fetch_add(1, Ordering::Relaxed);
+        let need = self
+            .committed()
+            .saturating_add(bytes)
+            .saturating_sub(self.limit);
+        self.reclaim(need, &[true, false]);
+        if self.try_charge(bytes) {
+            return true;
+        }
+        self.refusals.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// Credits `bytes` given back.
+    pub(crate) fn credit(&self, bytes: usize) {
+        let before = self.committed.fetch_sub(bytes, Ordering::Relaxed);
+        debug_assert!(before >= bytes, "credited more than was charged");
+    }
+
+    fn try_charge(&self, bytes: usize) -> bool {
+        let mut cur = self.committed.load(Ordering::Relaxed);
+        loop {
+            let Some(new) = cur.checked_add(bytes).filter(|&n| n <= self.limit) else {
+                return false;
+            };
+            match self.committed.compare_exchange_weak(
+                cur,
+                new,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.peak.fetch_max(new, Ordering::Relaxed);
+                    return true;
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Asks members for `need` bytes, one pass per entry of `passes`
+    /// (`true`: idle members only). Returns the bytes they gave.
+    fn reclaim(&self, need: usize, passes: &[bool]) -> usize {
+        // The members, outside the lock: a member's reclaim may commit or
+        // register nothing, but must not run under the registry's lock.
+        let members: Vec<Arc<dyn Reclaim>> = self
+            .members
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let mut got = 0usize;
+        for &idle_only in passes {
+            for m in &members {
+                if got >= need {
+                    break;
+                }
+                got = got.saturating_add(m.try_reclaim(idle_only));
+            }
+        }
+        self.reclaimed.fetch_add(got as u64, Ordering::Relaxed);
+        got
+    }
+}
+
+/// The memory limit of the cgroup at `dir`, if it has one.
+fn cgroup_limit(dir: &Path) -> Option<usize> {
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    let text = read("memory.max").or_else(|| read("memory.limit_in_bytes"))?;
+    let text = text.trim();
+    if text == "max" {
+        return None;
+    }
+    let limit: u64 = text.parse().ok()?;
+    // cgroup v1 writes "unlimited" as a page-rounded i64::MAX.
+    if limit >= (i64::MAX as u64) & !0xfff {
+        return None;
+    }
+    usize::try_from(limit).ok()
+}
