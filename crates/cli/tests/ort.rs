@@ -291,3 +291,57 @@ fn bad_input_is_refused_with_exit_code_2() {
         "bad shape",
     );
 }
+
+/// Out of memory (issue 19): under an address-space limit the test sets
+/// itself (`ulimit -v` in the shell that starts the program), a run of
+/// DenseNet-121 at a batch the limit cannot hold. Every strategy, ONNX
+/// Runtime's and tensor-arena's, reports that run as out of memory, by
+/// name, runs the next (small) run with the same outputs as the first, and
+/// the command exits 1; no strategy dies by a signal.
+#[test]
+fn every_strategy_reports_out_of_memory_and_goes_on() {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(
+            "ulimit -v 4000000 && exec \"$0\" ort --model \"$1\" --lib \"$2\" \
+             --inputs 1x3x224x224 512x3x224x224 1x3x224x224",
+        )
+        .arg(BIN)
+        .arg(asset("densenet121_batch.onnx"))
+        .arg(asset("libonnxruntime.so"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let text = format!("{stdout}{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        !stderr.contains("signal"),
+        "a strategy died by a signal:\n{text}"
+    );
+    for strategy in [
+        "ort-arena",
+        "ort-shrink",
+        "ort-no-arena",
+        "arena",
+        "planned",
+    ] {
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with(&format!("FAILED: {strategy} run 1 (512x3x224x224):")))
+            .unwrap_or_else(|| panic!("no failure line for {strategy}:\n{text}"));
+        assert!(line.contains("out of memory"), "{line}");
+    }
+    // The small runs around the refusal have the same outputs in every
+    // strategy, and none failed.
+    assert!(
+        stdout.contains("output hashes: identical across strategies"),
+        "{text}"
+    );
+    let small: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("1x3x224x224"))
+        .collect();
+    assert_eq!(small.len(), 10, "two small runs per strategy:\n{text}");
+    assert!(small.iter().all(|l| !l.contains("FAILED")), "{text}");
+}

@@ -73,6 +73,11 @@ pub enum OrtArenaError {
     },
     /// An error from ONNX Runtime while creating a session or running.
     Ort(String),
+    /// A run failed because memory ran out: neither the worker's arena nor
+    /// the system allocator could serve a tensor, so ONNX Runtime was
+    /// refused it (`std::bad_alloc`) and stopped the run. The worker and
+    /// the session stay usable; a smaller run can succeed.
+    OutOfMemory(String),
     /// The arena refused a configuration or a reservation.
     Arena(tensor_arena::ArenaError),
 }
@@ -122,6 +127,7 @@ impl fmt::Display for OrtArenaError {
                 write!(f, "input {name:?} has unsupported type {dtype}")
             }
             Self::Ort(message) => write!(f, "ONNX Runtime: {message}"),
+            Self::OutOfMemory(message) => write!(f, "out of memory: {message}"),
             Self::Arena(e) => write!(f, "arena: {e}"),
         }
     }

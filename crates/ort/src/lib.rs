@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod bad_alloc;
 mod error;
 mod raw;
 mod runtime;

@@ -182,16 +182,67 @@ unsafe fn free(user: NonNull<u8>) {
     }
 }
 
-extern "system" fn tensor_arena_alloc(
+thread_local! {
+    /// Whether a request nothing can serve throws `std::bad_alloc` (the
+    /// default: ONNX Runtime calls `Alloc`) or returns null (the contract
+    /// tests, which call `Alloc` from Rust).
+    static THROW_ON_FAILURE: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+    static THREAD_FAILED_ALLOCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Requests on this thread that neither the arena nor the system allocator
+/// could serve (each refused to ONNX Runtime with `std::bad_alloc`).
+pub(crate) fn thread_failed_allocs() -> u64 {
+    THREAD_FAILED_ALLOCS.with(std::cell::Cell::get)
+}
+
+/// Makes `Alloc` on this thread return null instead of throwing (for
+/// callers in Rust, which cannot catch a C++ exception).
+#[cfg(test)]
+pub(crate) fn return_null_on_failure() {
+    THROW_ON_FAILURE.with(|t| t.set(false));
+}
+
+/// `Alloc`. `extern "C-unwind"`: when nothing can serve the request it
+/// throws `std::bad_alloc` into ONNX Runtime, which fails the run with a
+/// status instead of dereferencing a null (see `bad_alloc`).
+extern "C-unwind" fn tensor_arena_alloc(
     _this: *mut ort::sys::OrtAllocator,
     size: usize,
 ) -> *mut c_void {
     // A panic (a bug) is caught and the request served by the system
-    // allocator, since ONNX Runtime may not survive a null.
-    catch_unwind(|| alloc(size))
-        .unwrap_or_else(|_| catch_unwind(|| system_alloc(size)).ok().flatten())
-        .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast())
+    // allocator.
+    let served = catch_unwind(|| alloc(size))
+        .unwrap_or_else(|_| catch_unwind(|| system_alloc(size)).ok().flatten());
+    if let Some(p) = served {
+        return p.as_ptr().cast();
+    }
+    THREAD_FAILED_ALLOCS.with(|c| c.set(c.get() + 1));
+    if THROW_ON_FAILURE.with(std::cell::Cell::get) {
+        if let Some(rt) = crate::bad_alloc::runtime() {
+            // SAFETY: this is the `extern "C-unwind"` function ONNX Runtime
+            // calls (C++), and nothing in this frame has a destructor or
+            // holds a lock now: the exception may unwind it.
+            unsafe { crate::bad_alloc::throw_bad_alloc(rt) }
+        }
+    }
+    std::ptr::null_mut()
 }
+
+/// `Alloc`'s type in the `OrtAllocator` table.
+type AllocFnC = unsafe extern "system" fn(*mut ort::sys::OrtAllocator, usize) -> *mut c_void;
+/// `tensor_arena_alloc` as the table stores it.
+// SAFETY: the same signature and calling convention ("system" is "C" on
+// the targets ONNX Runtime ships for); only the permission to unwind
+// differs, which concerns the caller: ONNX Runtime (C++) calls it and
+// catches the exception, and Rust calls it only through `tensor_arena_alloc`
+// itself or, in the contract tests, with throwing turned off.
+const ALLOC_FN: AllocFnC = unsafe {
+    std::mem::transmute::<
+        extern "C-unwind" fn(*mut ort::sys::OrtAllocator, usize) -> *mut c_void,
+        AllocFnC,
+    >(tensor_arena_alloc)
+};
 
 extern "system" fn tensor_arena_free(_this: *mut ort::sys::OrtAllocator, p: *mut c_void) {
     let Some(user) = NonNull::new(p.cast::<u8>()) else {
@@ -227,7 +278,7 @@ struct Registered(std::cell::UnsafeCell<ort::sys::OrtAllocator>);
 unsafe impl Sync for Registered {}
 static ALLOCATOR: Registered = Registered(std::cell::UnsafeCell::new(ort::sys::OrtAllocator {
     version: ort::sys::ORT_API_VERSION,
-    Alloc: Some(tensor_arena_alloc),
+    Alloc: Some(ALLOC_FN),
     Free: Some(tensor_arena_free),
     Info: Some(tensor_arena_info),
     Reserve: None,
@@ -247,6 +298,8 @@ pub(crate) fn register(env: &ort::environment::Environment) -> Result<(), String
     )
     .map_err(|e| e.message().to_string())?;
     let _ = MEMORY_INFO.set(Info(info));
+    // Find the C++ runtime now, not while a run is out of memory.
+    let _ = crate::bad_alloc::runtime();
     let api = ort::api();
     // SAFETY: 1. `env.ptr()` is a live environment (borrowed for the call);
     // 2. `ALLOCATOR` is a `static`, so it outlives the environment; its
@@ -377,6 +430,7 @@ mod tests {
 
     #[test]
     fn oversized_request_is_null_not_a_panic() {
+        return_null_on_failure();
         let (alloc, _, this) = fns();
         // SAFETY: as ONNX Runtime would call it.
         assert!(unsafe { alloc(this, usize::MAX) }.is_null());

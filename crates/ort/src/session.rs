@@ -405,6 +405,7 @@ impl Worker<'_> {
         }
         core.begin_run(plan);
         let thread_calls_before = thread_alloc_calls();
+        let failed_before = crate::raw::thread_failed_allocs();
         let result = {
             let _entered = slot::enter(&slot, &mut core);
             crate::raw::run(
@@ -432,10 +433,25 @@ impl Worker<'_> {
                 self.largest_plan = self.largest_plan.max(size);
             }
         }
+        let out_of_memory = crate::raw::thread_failed_allocs() > failed_before;
+        if result.is_err() && (out_of_memory || refused_allocs > 0) {
+            // Memory ran short: give back what the failed run left cached,
+            // down to what the plans in use need, for the rest of the
+            // process.
+            core.shrink_to(self.largest_plan);
+        }
         self.runs += 1;
         slot.publish(&core);
         drop(core);
-        let values = result.map_err(OrtArenaError::Ort)?;
+        let values = result.map_err(|message| {
+            // Refused on this thread, or on one of ONNX Runtime's pool
+            // threads (its message then names the exception).
+            if out_of_memory || message.contains("bad_alloc") {
+                OrtArenaError::OutOfMemory(message)
+            } else {
+                OrtArenaError::Ort(message)
+            }
+        })?;
         Ok(RunOutput {
             outputs: s.outputs.iter().cloned().zip(values).collect(),
             report,

@@ -84,8 +84,9 @@ impl SplitMix {
 /// # Errors
 /// [`OrtArenaError::BadShape`] if the shape does not fit the spec,
 /// [`OrtArenaError::UnsupportedInput`] for element types other than f32,
-/// f64, i64, i32, u8, i8 and bool, and [`OrtArenaError::Ort`] if ONNX
-/// Runtime refuses to create the tensor (or the size overflows).
+/// f64, i64, i32, u8, i8 and bool, [`OrtArenaError::OutOfMemory`] if the
+/// values cannot be allocated, and [`OrtArenaError::Ort`] if ONNX Runtime
+/// refuses to create the tensor (or the size overflows).
 pub fn make_input(spec: &InputSpec, shape: &[usize], seed: u64) -> Result<DynValue, OrtArenaError> {
     spec.check(shape)?;
     let n = shape
@@ -106,36 +107,50 @@ pub fn make_input(spec: &InputSpec, shape: &[usize], seed: u64) -> Result<DynVal
     };
     let value = match spec.elem.ok_or_else(unsupported)? {
         TensorElementType::Float32 => {
-            let v: Vec<f32> = (0..n).map(|_| rng.unit() as f32).collect();
+            let v: Vec<f32> = filled(&spec.name, n, || rng.unit() as f32)?;
             Tensor::from_array((dims, v))?.into_dyn()
         }
         TensorElementType::Float64 => {
-            let v: Vec<f64> = (0..n).map(|_| rng.unit()).collect();
+            let v: Vec<f64> = filled(&spec.name, n, || rng.unit())?;
             Tensor::from_array((dims, v))?.into_dyn()
         }
         TensorElementType::Int64 => {
-            let v: Vec<i64> = (0..n).map(|_| (rng.next() % 4) as i64).collect();
+            let v: Vec<i64> = filled(&spec.name, n, || (rng.next() % 4) as i64)?;
             Tensor::from_array((dims, v))?.into_dyn()
         }
         TensorElementType::Int32 => {
-            let v: Vec<i32> = (0..n).map(|_| (rng.next() % 4) as i32).collect();
+            let v: Vec<i32> = filled(&spec.name, n, || (rng.next() % 4) as i32)?;
             Tensor::from_array((dims, v))?.into_dyn()
         }
         TensorElementType::Uint8 => {
-            let v: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            let v: Vec<u8> = filled(&spec.name, n, || rng.next() as u8)?;
             Tensor::from_array((dims, v))?.into_dyn()
         }
         TensorElementType::Int8 => {
-            let v: Vec<i8> = (0..n).map(|_| rng.next() as i8).collect();
+            let v: Vec<i8> = filled(&spec.name, n, || rng.next() as i8)?;
             Tensor::from_array((dims, v))?.into_dyn()
         }
         TensorElementType::Bool => {
-            let v: Vec<bool> = (0..n).map(|_| rng.next() & 1 == 1).collect();
+            let v: Vec<bool> = filled(&spec.name, n, || rng.next() & 1 == 1)?;
             Tensor::from_array((dims, v))?.into_dyn()
         }
         _ => return Err(unsupported()),
     };
     Ok(value)
+}
+
+/// `n` values from `f`, or [`OrtArenaError::OutOfMemory`] if the memory
+/// for them cannot be had (an error, not an abort).
+fn filled<T>(name: &str, n: usize, mut f: impl FnMut() -> T) -> Result<Vec<T>, OrtArenaError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        OrtArenaError::OutOfMemory(format!(
+            "input {name:?}: {} bytes for its values could not be allocated",
+            n.saturating_mul(size_of::<T>())
+        ))
+    })?;
+    v.extend((0..n).map(|_| f()));
+    Ok(v)
 }
 
 /// FNV-1a, 64 bits.

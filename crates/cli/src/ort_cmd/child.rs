@@ -28,13 +28,16 @@ fn rss() -> (u64, u64) {
 }
 
 /// What one worker did in one run.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 struct Step {
     nanos: u64,
     hash: u64,
     peak_in_use: usize,
     reserved: usize,
     backing_calls: u64,
+    /// Why the run failed (out of memory, say); the worker goes on with the
+    /// next run.
+    error: Option<String>,
 }
 
 /// The session of a strategy: ONNX Runtime's own memory, or tensor-arena's.
@@ -148,6 +151,7 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
                 reserved: None,
                 backing_calls: None,
                 output_hash: String::new(),
+                error: None,
             });
         }
         let mut per_worker = Vec::new();
@@ -158,7 +162,14 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
             );
         }
         for (i, row) in rows.iter_mut().enumerate() {
-            let steps: Vec<Step> = per_worker.iter().map(|w: &Vec<Step>| w[i]).collect();
+            let steps: Vec<Step> = per_worker
+                .iter()
+                .map(|w: &Vec<Step>| w[i].clone())
+                .collect();
+            if let Some(e) = steps.iter().find_map(|s| s.error.clone()) {
+                row.error = Some(e);
+                continue;
+            }
             if steps.iter().any(|s| s.hash != steps[0].hash) {
                 return Err(format!(
                     "run {}: workers disagree on the outputs",
@@ -210,7 +221,12 @@ fn worker(
                 (Err(e), _) => error = Some(e.clone()),
                 (Ok(w), _) => match one_run(target, w.as_mut(), specs, run, i as u64) {
                     Ok(step) => steps.push(step),
-                    Err(e) => error = Some(e),
+                    // A failed run (out of memory, say) is reported as that
+                    // run's result; the worker and the session go on.
+                    Err(e) => steps.push(Step {
+                        error: Some(e),
+                        ..Step::default()
+                    }),
                 },
             }
         }
@@ -244,8 +260,16 @@ fn one_run(
     match (target, worker) {
         (Target::Ort { session, options }, _) => {
             let t = Instant::now();
-            let outputs =
-                run_shared(session, &inputs, options.as_ref()).map_err(|e| e.to_string())?;
+            let outputs = run_shared(session, &inputs, options.as_ref()).map_err(|e| {
+                let text = e.to_string();
+                // ONNX Runtime's own allocators throw `std::bad_alloc` or
+                // report a failed arena allocation.
+                if text.contains("bad_alloc") || text.contains("Failed to allocate memory") {
+                    format!("out of memory: {text}")
+                } else {
+                    text
+                }
+            })?;
             step.nanos = t.elapsed().as_nanos() as u64;
             step.hash =
                 tensor_arena_ort::hash_outputs(outputs.iter().map(|(n, v)| (n.as_str(), v)))

@@ -118,6 +118,7 @@ fn parent(args: &OrtArgs) -> Result<ExitCode, String> {
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let mut reports = Vec::new();
+    let mut crashed = false;
     for &strategy in &args.strategies {
         let mut cmd = std::process::Command::new(&exe);
         cmd.arg("ort")
@@ -141,17 +142,20 @@ fn parent(args: &OrtArgs) -> Result<ExitCode, String> {
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             eprint!("{stderr}");
-            return match out.status.code() {
-                Some(2) => Ok(ExitCode::from(2)),
-                _ => {
-                    eprintln!(
-                        "tensor-arena ort: strategy {} failed ({})",
-                        strategy.name(),
-                        out.status
-                    );
-                    Ok(ExitCode::from(1))
-                }
-            };
+            if out.status.code() == Some(2) {
+                // Bad input (library, model, shapes): every strategy would
+                // fail the same way.
+                return Ok(ExitCode::from(2));
+            }
+            // A strategy that failed while running: reported, and the
+            // others still run.
+            eprintln!(
+                "tensor-arena ort: strategy {} failed ({})",
+                strategy.name(),
+                out.status
+            );
+            crashed = true;
+            continue;
         }
         let report: StrategyReport = serde_json::from_slice(&out.stdout)
             .map_err(|e| format!("strategy {}: bad report from child: {e}", strategy.name()))?;
@@ -163,10 +167,16 @@ fn parent(args: &OrtArgs) -> Result<ExitCode, String> {
     } else {
         print!("{}", report::tables(args, &reports));
     }
-    if same {
+    let failed = report::failures(&reports);
+    for (strategy, i, label, error) in &failed {
+        eprintln!("FAILED: {strategy} run {i} ({label}): {error}");
+    }
+    if !same {
+        eprintln!("tensor-arena ort: the strategies' output hashes differ");
+    }
+    if same && failed.is_empty() && !crashed {
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!("tensor-arena ort: the strategies' output hashes differ");
         Ok(ExitCode::from(1))
     }
 }

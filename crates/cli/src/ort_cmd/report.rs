@@ -24,8 +24,12 @@ pub struct RunRow {
     /// Backing allocations and frees the arenas made for the run (arena
     /// strategies).
     pub backing_calls: Option<u64>,
-    /// Hash of the outputs (16 hex digits).
+    /// Hash of the outputs (16 hex digits); empty for a failed run.
     pub output_hash: String,
+    /// Why the run failed, if it did ("out of memory: ..."); the strategy
+    /// went on with its next run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One strategy's report.
@@ -46,11 +50,24 @@ pub fn hashes_agree(reports: &[StrategyReport]) -> bool {
     };
     reports.iter().all(|r| {
         r.runs.len() == first.runs.len()
-            && r.runs
-                .iter()
-                .zip(&first.runs)
-                .all(|(a, b)| a.output_hash == b.output_hash)
+            && r.runs.iter().zip(&first.runs).all(|(a, b)| {
+                a.error.is_some() || b.error.is_some() || a.output_hash == b.output_hash
+            })
     })
+}
+
+/// Every failed run: `(strategy, run index, label, error)`.
+pub fn failures(reports: &[StrategyReport]) -> Vec<(&str, usize, &str, &str)> {
+    reports
+        .iter()
+        .flat_map(|r| {
+            r.runs.iter().enumerate().filter_map(|(i, x)| {
+                x.error
+                    .as_deref()
+                    .map(|e| (r.strategy.as_str(), i, x.label.as_str(), e))
+            })
+        })
+        .collect()
 }
 
 /// `{"strategies": [...]}`.
@@ -115,7 +132,11 @@ pub fn tables(args: &OrtArgs, reports: &[StrategyReport]) -> String {
                 opt_mib(x.reserved),
                 x.backing_calls
                     .map_or_else(|| "-".into(), |c| c.to_string()),
-                x.output_hash
+                if x.error.is_some() {
+                    "FAILED"
+                } else {
+                    x.output_hash.as_str()
+                }
             );
         }
     }

@@ -1,0 +1,125 @@
+//! Refusing an allocation the way ONNX Runtime expects: by throwing
+//! `std::bad_alloc`.
+//!
+//! ONNX Runtime's own CPU allocators throw `std::bad_alloc` when memory runs
+//! out, and the call sites of `IAllocator::Alloc` rely on it: the tensor
+//! constructors and the executor's buffer allocation use the returned
+//! pointer without a null check, while the exception is caught where the
+//! kernel runs (`ExecuteKernel`) and turned into a failed status that
+//! `Run` returns. The wrapper ONNX Runtime puts around a registered
+//! `OrtAllocator` (`AllocatorWrapper` / `IAllocatorImplWrappingOrtAllocator`)
+//! passes our pointer on unchecked, so a null from `Alloc` is dereferenced
+//! (a crash, or `std::terminate` on a thread-pool thread) instead of failing
+//! the run.
+//!
+//! So when neither the worker's arena nor the system allocator can serve a
+//! request, `Alloc` throws `std::bad_alloc` through the C++ runtime ONNX
+//! Runtime itself uses (`libstdc++.so.6`, already loaded with it: found
+//! with `dlopen(RTLD_NOLOAD)`, never loaded here), exactly as ONNX Runtime's
+//! own allocator would: the run fails with a status, every tensor it
+//! allocated is freed by ONNX Runtime's unwinding, and the session stays
+//! usable. The trampoline that throws is `extern "C-unwind"`, so the
+//! foreign exception may leave it; it holds no value with a destructor at
+//! that point. Where the C++ runtime cannot be found, `Alloc` returns null
+//! as before.
+
+use std::ffi::{c_void, CStr};
+use std::sync::OnceLock;
+
+type AllocateException = unsafe extern "C" fn(usize) -> *mut c_void;
+type Destructor = unsafe extern "C" fn(*mut c_void);
+type Throw = unsafe extern "C-unwind" fn(*mut c_void, *mut c_void, Option<Destructor>) -> !;
+
+/// What throwing `std::bad_alloc` takes, resolved in the loaded
+/// `libstdc++.so.6`.
+pub(crate) struct CxxRuntime {
+    allocate: AllocateException,
+    throw: Throw,
+    /// `typeinfo for std::bad_alloc`.
+    typeinfo: *mut c_void,
+    /// `vtable for std::bad_alloc`.
+    vtable: *const *const c_void,
+    /// `std::bad_alloc::~bad_alloc()`.
+    destructor: Destructor,
+}
+
+// SAFETY: the fields are addresses of functions and read-only data of a
+// shared library that is never unloaded while ONNX Runtime (which links
+// it) is loaded; nothing is written through them.
+unsafe impl Send for CxxRuntime {}
+// SAFETY: as above: shared, read-only.
+unsafe impl Sync for CxxRuntime {}
+
+static RUNTIME: OnceLock<Option<CxxRuntime>> = OnceLock::new();
+
+/// The C++ runtime, if a `libstdc++.so.6` is loaded in the process (ONNX
+/// Runtime's); looked up once, after ONNX Runtime is loaded (`Runtime`'s
+/// registration calls this).
+pub(crate) fn runtime() -> Option<&'static CxxRuntime> {
+    RUNTIME.get_or_init(resolve).as_ref()
+}
+
+fn resolve() -> Option<CxxRuntime> {
+    // SAFETY: `RTLD_NOLOAD` only returns a handle to a library already
+    // loaded (nothing is loaded or initialised); the name is a C string.
+    let lib = unsafe {
+        libc::dlopen(
+            c"libstdc++.so.6".as_ptr(),
+            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+        )
+    };
+    if lib.is_null() {
+        return None;
+    }
+    let sym = |name: &CStr| -> Option<*mut c_void> {
+        // SAFETY: `lib` is a live handle (kept: never closed) and `name`
+        // a C string.
+        let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+        (!p.is_null()).then_some(p)
+    };
+    let allocate = sym(c"__cxa_allocate_exception")?;
+    let throw = sym(c"__cxa_throw")?;
+    let typeinfo = sym(c"_ZTISt9bad_alloc")?;
+    let vtable = sym(c"_ZTVSt9bad_alloc")?;
+    let destructor = sym(c"_ZNSt9bad_allocD1Ev")?;
+    // SAFETY: each address is the symbol of that name in the Itanium C++
+    // ABI's runtime, whose signatures are the types transmuted to:
+    // `void* __cxa_allocate_exception(size_t)`,
+    // `void __cxa_throw(void*, std::type_info*, void (*)(void*))` (never
+    // returns; unwinds), and `bad_alloc::~bad_alloc()` (`this` only).
+    unsafe {
+        Some(CxxRuntime {
+            allocate: std::mem::transmute::<*mut c_void, AllocateException>(allocate),
+            throw: std::mem::transmute::<*mut c_void, Throw>(throw),
+            typeinfo,
+            vtable: vtable.cast_const().cast(),
+            destructor: std::mem::transmute::<*mut c_void, Destructor>(destructor),
+        })
+    }
+}
+
+/// Throws `std::bad_alloc`; never returns.
+///
+/// # Safety
+/// - The caller is an `extern "C-unwind"` function called from C++ (ONNX
+///   Runtime), and every frame between here and that caller may be
+///   unwound by a foreign exception: no Rust frame in between has a value
+///   with a destructor or a lock held.
+pub(crate) unsafe fn throw_bad_alloc(rt: &CxxRuntime) -> ! {
+    // `std::bad_alloc` is one vtable pointer (an exception with no data).
+    // SAFETY: `__cxa_allocate_exception` returns room for an object of the
+    // size asked (it terminates rather than returning null).
+    let obj = unsafe { (rt.allocate)(size_of::<*const c_void>()) };
+    // The object's vtable pointer: the vtable's address point, two words in
+    // (after offset-to-top and the typeinfo pointer), as the Itanium ABI
+    // lays out a class with one primary vtable.
+    // SAFETY: the vtable symbol has at least those two words and the
+    // virtual functions after them.
+    let address_point = unsafe { rt.vtable.add(2) };
+    // SAFETY: `obj` is fresh, aligned for a pointer, and its size.
+    unsafe { obj.cast::<*const *const c_void>().write(address_point) };
+    // SAFETY: `obj` is an initialised `std::bad_alloc` in exception
+    // storage, with its typeinfo and destructor; the caller allows the
+    // unwinding (see above).
+    unsafe { (rt.throw)(obj, rt.typeinfo, Some(rt.destructor)) }
+}
