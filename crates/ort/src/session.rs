@@ -357,8 +357,11 @@ impl Worker<'_> {
     /// # Errors
     /// [`OrtArenaError::UnknownInput`], [`OrtArenaError::MissingInput`],
     /// [`OrtArenaError::BadShape`] (nothing is run), or
-    /// [`OrtArenaError::Ort`] if ONNX Runtime fails. An arena over its cap
-    /// does not fail the run: see [`RunOutput::refused_allocs`].
+    /// [`OrtArenaError::Ort`] if ONNX Runtime fails, or
+    /// [`OrtArenaError::OutOfMemory`] if it failed because neither the
+    /// arena nor the system allocator could serve a tensor (the worker
+    /// stays usable). An arena over its cap alone does not fail the run:
+    /// see [`RunOutput::refused_allocs`].
     pub fn run(&mut self, inputs: &[(&str, &DynValue)]) -> Result<RunOutput, OrtArenaError> {
         self.run_with_options(inputs, None)
     }
