@@ -155,7 +155,11 @@ impl DeviceMemory {
         self.calls.mem_create += 1;
         let h = self.driver.mem_create(g)?;
         self.calls.mem_map += 1;
-        if let Err(e) = self.driver.mem_map(ptr, g, h) {
+        // SAFETY: granule `i` lies in range `ri`, a reservation this layer's
+        // driver made and has not freed, and nothing is mapped there (its
+        // chunk slot is empty: the arena commits only what is not
+        // committed).
+        if let Err(e) = unsafe { self.driver.mem_map(ptr, g, &h) } {
             self.calls.mem_release += 1;
             let _ = self.driver.mem_release(h);
             return Err(e);
@@ -169,13 +173,19 @@ impl DeviceMemory {
     /// Unmaps and releases the chunk at granule `i` of range `ri`, if any.
     fn unmap_chunk(&mut self, ri: usize, i: usize) -> Result<(), DriverError> {
         let g = self.granule;
-        let Some(h) = self.ranges[ri].chunks[i] else {
+        if self.ranges[ri].chunks[i].is_none() {
             return Ok(());
-        };
+        }
         let ptr = DevicePtr(self.ranges[ri].base.0 + (i * g) as u64);
         self.calls.mem_unmap += 1;
-        self.driver.mem_unmap(ptr, g)?;
-        self.ranges[ri].chunks[i] = None;
+        // SAFETY: the chunk at granule `i` is one whole mapping this layer
+        // made (`map_chunk`) in its own reservation; the callers unmap only
+        // memory nothing uses any more (decommit and release synchronise
+        // the device first; a failed commit unmaps what it just mapped).
+        unsafe { self.driver.mem_unmap(ptr, g) }?;
+        let Some(h) = self.ranges[ri].chunks[i].take() else {
+            return Ok(());
+        };
         self.mapped -= g;
         self.calls.mem_release += 1;
         // Unmapped: the chunk is no longer reachable; a failed release only
@@ -233,7 +243,7 @@ impl Memory for DeviceMemory {
                 self.ranges.push(Range {
                     base,
                     len,
-                    chunks: vec![None; len / self.granule],
+                    chunks: (0..len / self.granule).map(|_| None).collect(),
                 });
                 Ok(base)
             }
@@ -257,9 +267,12 @@ impl Memory for DeviceMemory {
         }
         if result.is_ok() {
             self.calls.set_access += 1;
-            result = self
-                .driver
-                .set_access(base.checked_add(offset).expect("in range"), len);
+            // SAFETY: `offset..offset + len` of the range at `base` was just
+            // mapped by this layer's driver (every chunk above).
+            result = unsafe {
+                self.driver
+                    .set_access(base.checked_add(offset).expect("in range"), len)
+            };
         }
         if let Err(e) = result {
             // As before: give back what this call mapped.
@@ -291,10 +304,14 @@ impl Memory for DeviceMemory {
                     }
                 }
                 self.calls.set_access += 1;
-                let _ = self.driver.set_access(
-                    DevicePtr(base.0 + (first * self.granule) as u64),
-                    (i - first) * self.granule,
-                );
+                // SAFETY: granules `first..i` were just mapped again by this
+                // layer's driver (or the access call fails on what is not).
+                let _ = unsafe {
+                    self.driver.set_access(
+                        DevicePtr(base.0 + (first * self.granule) as u64),
+                        (i - first) * self.granule,
+                    )
+                };
                 return Err(self.failed(MemoryOp::Decommit, len, e));
             }
         }
@@ -319,7 +336,11 @@ impl Memory for DeviceMemory {
         let range = self.ranges.swap_remove(ri);
         debug_assert_eq!(range.len, len);
         self.calls.address_free += 1;
-        if let Err(e) = self.driver.address_free(range.base, range.len) {
+        // SAFETY: the whole reservation this layer's driver made, removed
+        // from the layer just above, with every chunk unmapped (a chunk that
+        // failed to unmap makes the driver refuse, which is an error, not a
+        // hazard).
+        if let Err(e) = unsafe { self.driver.address_free(range.base, range.len) } {
             self.calls.failed += 1;
             self.last_error = Some(e);
         }

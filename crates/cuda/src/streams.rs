@@ -114,7 +114,7 @@ impl Streams {
     /// whole device so that no event is needed: `Ok(None)`).
     fn record(&mut self, d: &dyn Driver, stream: Stream) -> Result<Option<usize>, DriverError> {
         let recorded = self.take_slot(d).and_then(|slot| {
-            match d.event_record(self.events[slot].event, stream) {
+            match d.event_record(&self.events[slot].event, stream) {
                 Ok(()) => Ok(slot),
                 Err(e) => {
                     self.unref(slot);
@@ -185,14 +185,14 @@ impl Streams {
         let mut waited: Vec<usize> = Vec::new();
         if let Some(b) = &self.baseline {
             if b.stream != stream && !b.waited.contains(&stream) {
-                d.stream_wait_event(stream, self.events[b.slot].event)?;
+                d.stream_wait_event(stream, &self.events[b.slot].event)?;
                 self.stats.waits += 1;
                 waited.push(b.slot);
             }
         }
         for (_, f) in &found {
             if f.stream != stream && !waited.contains(&f.slot) {
-                d.stream_wait_event(stream, self.events[f.slot].event)?;
+                d.stream_wait_event(stream, &self.events[f.slot].event)?;
                 self.stats.waits += 1;
                 waited.push(f.slot);
             }
@@ -265,7 +265,7 @@ impl Streams {
         for s in slots {
             if !asked[s] {
                 asked[s] = true;
-                done[s] = d.event_query(self.events[s].event).unwrap_or(false);
+                done[s] = d.event_query(&self.events[s].event).unwrap_or(false);
             }
         }
         let gone: Vec<(u64, usize)> = self

@@ -167,6 +167,10 @@ fn c_abi_contract() {
     let need = s["arena"]["watermark"].as_u64().unwrap();
     assert!(reserved >= need && reserved <= need + (2 << 20), "{s}");
     assert_eq!(s["mapped"], s["arena"]["reserved"]);
+    // Issue 19, finding 2: a target past any reservation keeps everything
+    // (it once wrapped to 0 and released every free granule).
+    assert_eq!(shrink_to(u64::MAX), 0);
+    assert_eq!(stats(0)["arena"]["reserved"], s["arena"]["reserved"]);
     assert!(shrink_to(0) >= 0);
     assert_eq!(stats(0)["arena"]["reserved"], 0);
 

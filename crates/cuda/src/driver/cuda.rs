@@ -1,7 +1,10 @@
 //! [`CudaDriver`]: the CUDA driver (`libcuda.so`), loaded at run time by
 //! `cudarc` (`dynamic-loading`, bindings of CUDA 13.0).
 
-use super::{DevicePtr, Driver, DriverError, EventHandle, PhysHandle, Stream};
+use super::{
+    check_owner, next_driver_id, DevicePtr, Driver, DriverError, EventHandle, PhysHandle, Stream,
+    CUDA_ERROR_INVALID_VALUE,
+};
 use crate::CudaError;
 use cudarc::driver::sys;
 
@@ -14,6 +17,8 @@ pub(crate) const LOOKED_FOR: &str =
 /// caller's context restored after).
 #[derive(Debug)]
 pub struct CudaDriver {
+    /// Unique in the process; the handles it makes carry it.
+    id: u64,
     device: sys::CUdevice,
     /// The primary context (`CUcontext`) as a number: a handle the driver
     /// owns, valid until released in `Drop`.
@@ -83,6 +88,7 @@ impl CudaDriver {
             sys::cuDevicePrimaryCtxRetain(&mut ctx, device)
         })?;
         let mut driver = Self {
+            id: next_driver_id(),
             device,
             ctx: ctx as usize,
             granularity: 0,
@@ -172,6 +178,10 @@ impl Driver for CudaDriver {
         "cuda"
     }
 
+    fn id(&self) -> u64 {
+        self.id
+    }
+
     fn granularity(&self) -> Result<usize, DriverError> {
         Ok(self.granularity)
     }
@@ -191,9 +201,10 @@ impl Driver for CudaDriver {
         })
     }
 
-    fn address_free(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
+    unsafe fn address_free(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
         self.in_ctx(|| {
-            // SAFETY: the driver checks that the range is a reservation.
+            // SAFETY: a whole reservation of this driver with nothing mapped
+            // (the caller's obligation); the driver checks it too.
             check("cuMemAddressFree", unsafe {
                 sys::cuMemAddressFree(ptr.0, len)
             })
@@ -208,31 +219,45 @@ impl Driver for CudaDriver {
             check("cuMemCreate", unsafe {
                 sys::cuMemCreate(&mut h, len, &prop, 0)
             })?;
-            Ok(PhysHandle(h))
-        })
-    }
-
-    fn mem_release(&self, handle: PhysHandle) -> Result<(), DriverError> {
-        // SAFETY: `handle` was made by `mem_create` of this driver (the type
-        // cannot be forged outside the crate).
-        self.in_ctx(|| check("cuMemRelease", unsafe { sys::cuMemRelease(handle.0) }))
-    }
-
-    fn mem_map(&self, ptr: DevicePtr, len: usize, handle: PhysHandle) -> Result<(), DriverError> {
-        self.in_ctx(|| {
-            // SAFETY: a handle of this driver; the driver checks the range.
-            check("cuMemMap", unsafe {
-                sys::cuMemMap(ptr.0, len, 0, handle.0, 0)
+            Ok(PhysHandle {
+                raw: h,
+                driver: self.id,
             })
         })
     }
 
-    fn mem_unmap(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
-        // SAFETY: the driver checks that the range is whole mappings.
+    fn mem_release(&self, handle: PhysHandle) -> Result<(), DriverError> {
+        check_owner("cuMemRelease", self.id, handle.driver)?;
+        // SAFETY: `handle` was made by `mem_create` of this driver (checked
+        // just above; the type cannot be forged outside the crate) and is
+        // consumed here, so it is released once.
+        self.in_ctx(|| check("cuMemRelease", unsafe { sys::cuMemRelease(handle.raw) }))
+    }
+
+    unsafe fn mem_map(
+        &self,
+        ptr: DevicePtr,
+        len: usize,
+        handle: &PhysHandle,
+    ) -> Result<(), DriverError> {
+        check_owner("cuMemMap", self.id, handle.driver)?;
+        self.in_ctx(|| {
+            // SAFETY: a live handle of this driver (checked; not released:
+            // `mem_release` consumes it); the range is free space of this
+            // driver's reservation (the caller's obligation).
+            check("cuMemMap", unsafe {
+                sys::cuMemMap(ptr.0, len, 0, handle.raw, 0)
+            })
+        })
+    }
+
+    unsafe fn mem_unmap(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
+        // SAFETY: whole mappings of this driver that nothing uses any more
+        // (the caller's obligation).
         self.in_ctx(|| check("cuMemUnmap", unsafe { sys::cuMemUnmap(ptr.0, len) }))
     }
 
-    fn set_access(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
+    unsafe fn set_access(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
         let desc = sys::CUmemAccessDesc {
             location: sys::CUmemLocation {
                 type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
@@ -241,7 +266,8 @@ impl Driver for CudaDriver {
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         self.in_ctx(|| {
-            // SAFETY: one valid descriptor; the driver checks the range.
+            // SAFETY: one valid descriptor; memory this driver mapped (the
+            // caller's obligation).
             check("cuMemSetAccess", unsafe {
                 sys::cuMemSetAccess(ptr.0, len, &desc, 1)
             })
@@ -261,29 +287,36 @@ impl Driver for CudaDriver {
             check("cuEventCreate", unsafe {
                 sys::cuEventCreate(&mut e, flags)
             })?;
-            Ok(EventHandle(e as usize as u64))
+            Ok(EventHandle {
+                raw: e as usize as u64,
+                driver: self.id,
+            })
         })
     }
 
     fn event_destroy(&self, event: EventHandle) -> Result<(), DriverError> {
-        let e = event.0 as usize as sys::CUevent;
-        // SAFETY: an event of this driver, not destroyed before (the arena
-        // destroys each once).
+        check_owner("cuEventDestroy", self.id, event.driver)?;
+        let e = event.raw as usize as sys::CUevent;
+        // SAFETY: a live event of this driver (checked), consumed here, so
+        // destroyed once.
         self.in_ctx(|| check("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(e) }))
     }
 
-    fn event_record(&self, event: EventHandle, stream: Stream) -> Result<(), DriverError> {
-        let e = event.0 as usize as sys::CUevent;
-        let s = stream.raw() as usize as sys::CUstream;
-        // SAFETY: a live event of this driver; `stream` is live by the
-        // invariant of `Stream`.
+    fn event_record(&self, event: &EventHandle, stream: Stream) -> Result<(), DriverError> {
+        check_owner("cuEventRecord", self.id, event.driver)?;
+        let s = real_stream("cuEventRecord", stream)?;
+        let e = event.raw as usize as sys::CUevent;
+        // SAFETY: a live event of this driver (checked; destroying consumes
+        // it); `stream` is live by the invariant of `Stream`, and not a
+        // simulated one (checked).
         self.in_ctx(|| check("cuEventRecord", unsafe { sys::cuEventRecord(e, s) }))
     }
 
-    fn event_query(&self, event: EventHandle) -> Result<bool, DriverError> {
-        let e = event.0 as usize as sys::CUevent;
+    fn event_query(&self, event: &EventHandle) -> Result<bool, DriverError> {
+        check_owner("cuEventQuery", self.id, event.driver)?;
+        let e = event.raw as usize as sys::CUevent;
         self.in_ctx(|| {
-            // SAFETY: a live event of this driver.
+            // SAFETY: a live event of this driver (checked).
             match unsafe { sys::cuEventQuery(e) } {
                 sys::CUresult::CUDA_SUCCESS => Ok(true),
                 sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
@@ -292,15 +325,71 @@ impl Driver for CudaDriver {
         })
     }
 
-    fn stream_wait_event(&self, stream: Stream, event: EventHandle) -> Result<(), DriverError> {
-        let e = event.0 as usize as sys::CUevent;
-        let s = stream.raw() as usize as sys::CUstream;
+    fn stream_wait_event(&self, stream: Stream, event: &EventHandle) -> Result<(), DriverError> {
+        check_owner("cuStreamWaitEvent", self.id, event.driver)?;
+        let s = real_stream("cuStreamWaitEvent", stream)?;
+        let e = event.raw as usize as sys::CUevent;
         self.in_ctx(|| {
-            // SAFETY: a live event of this driver; `stream` is live by the
-            // invariant of `Stream`.
+            // SAFETY: a live event of this driver (checked); `stream` is live
+            // by the invariant of `Stream`, and not a simulated one.
             check("cuStreamWaitEvent", unsafe {
                 sys::cuStreamWaitEvent(s, e, 0)
             })
         })
+    }
+}
+
+/// `stream` as the driver's handle, or an error for a stream of the
+/// simulated driver (its values are no driver handles).
+pub(crate) fn real_stream(
+    call: &'static str,
+    stream: Stream,
+) -> Result<sys::CUstream, DriverError> {
+    if stream.is_simulated() {
+        return Err(DriverError::new(
+            call,
+            CUDA_ERROR_INVALID_VALUE,
+            "a stream of the simulated driver",
+        ));
+    }
+    Ok(stream.raw() as usize as sys::CUstream)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The real driver's refusals run before any driver call, so they are
+    //! tested without a GPU.
+    use super::*;
+    use crate::driver::{SimConfig, SimDriver};
+
+    #[test]
+    fn a_simulated_stream_never_reaches_the_driver() {
+        let sim = SimDriver::new(SimConfig::default());
+        for s in [sim.stream(), sim.stream(), sim.stream()] {
+            let err = real_stream("cuEventRecord", s).unwrap_err();
+            assert_eq!(err.code, CUDA_ERROR_INVALID_VALUE);
+            assert!(err.detail.contains("simulated"), "{err}");
+        }
+        assert!(real_stream("cuEventRecord", Stream::DEFAULT)
+            .unwrap()
+            .is_null());
+        // SAFETY: a host stream value, never passed to a driver here.
+        let host = unsafe { Stream::from_raw(0x1234) };
+        assert_eq!(
+            real_stream("cuStreamWaitEvent", host).unwrap() as usize,
+            0x1234
+        );
+    }
+
+    #[test]
+    fn a_handle_of_another_driver_never_reaches_the_driver() {
+        let sim = SimDriver::new(SimConfig::default());
+        let e = sim.event_create().unwrap();
+        // A real driver has an id of its own, never the simulated one's.
+        let real_id = next_driver_id();
+        let err = check_owner("cuEventRecord", real_id, e.driver).unwrap_err();
+        assert_eq!(err.code, CUDA_ERROR_INVALID_VALUE);
+        assert!(check_owner("cuEventRecord", sim.id(), e.driver).is_ok());
+        sim.event_destroy(e).unwrap();
     }
 }

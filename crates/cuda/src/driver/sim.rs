@@ -170,6 +170,9 @@ struct State {
 /// at what the arena did.
 #[derive(Clone)]
 pub struct SimDriver {
+    /// Unique in the process (clones share it, as they share the device);
+    /// the handles and streams it makes carry it.
+    id: u64,
     config: SimConfig,
     state: Arc<Mutex<State>>,
 }
@@ -206,6 +209,7 @@ impl SimDriver {
             ..State::default()
         };
         Self {
+            id: super::next_driver_id(),
             config,
             state: Arc::new(Mutex::new(state)),
         }
@@ -222,7 +226,7 @@ impl SimDriver {
         let raw = st.next_stream;
         st.next_stream += 1;
         st.streams.insert(raw, StreamState::default());
-        Stream(raw)
+        Stream::simulated(raw, self.id)
     }
 
     /// Calls made so far.
@@ -276,7 +280,7 @@ impl SimDriver {
     pub fn launch(&self, stream: Stream, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
         let mut st = self.state.lock();
         st.check_accessible("launch", ptr.0, len)?;
-        let s = stream.0;
+        let s = stream.raw();
         let ss = st.streams.entry(s).or_default().clone();
         let (start, end) = (ptr.0, ptr.0 + len as u64);
         // Records are disjoint and sorted: the one before `start` may reach
@@ -331,7 +335,7 @@ impl SimDriver {
     /// Marks all work queued on `stream` so far as finished.
     pub fn complete(&self, stream: Stream) {
         let mut st = self.state.lock();
-        let ss = st.streams.entry(stream.0).or_default();
+        let ss = st.streams.entry(stream.raw()).or_default();
         ss.completed = ss.queued;
     }
 
@@ -463,6 +467,10 @@ impl Driver for SimDriver {
         "simulated"
     }
 
+    fn id(&self) -> u64 {
+        self.id
+    }
+
     fn granularity(&self) -> Result<usize, DriverError> {
         Ok(self.config.granularity)
     }
@@ -503,7 +511,7 @@ impl Driver for SimDriver {
         Ok(DevicePtr(base))
     }
 
-    fn address_free(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
+    unsafe fn address_free(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
         const CALL: &str = "cuMemAddressFree";
         let mut st = self.state.lock();
         st.calls.address_free += 1;
@@ -553,34 +561,44 @@ impl Driver for SimDriver {
                 mapped_at: None,
             },
         );
-        Ok(PhysHandle(h))
+        Ok(PhysHandle {
+            raw: h,
+            driver: self.id,
+        })
     }
 
     fn mem_release(&self, handle: PhysHandle) -> Result<(), DriverError> {
+        super::check_owner("cuMemRelease", self.id, handle.driver)?;
         const CALL: &str = "cuMemRelease";
         let mut st = self.state.lock();
         st.calls.mem_release += 1;
-        let Some(p) = st.handles.get_mut(&handle.0).filter(|p| !p.released) else {
-            return Err(invalid(CALL, format!("unknown handle {}", handle.0)));
+        let Some(p) = st.handles.get_mut(&handle.raw).filter(|p| !p.released) else {
+            return Err(invalid(CALL, format!("unknown handle {}", handle.raw)));
         };
         p.released = true;
         st.calls.released += 1;
-        let p = st.handles.get_mut(&handle.0).expect("checked");
+        let p = st.handles.get_mut(&handle.raw).expect("checked");
         if p.mapped_at.is_none() {
             let len = p.data.len();
-            st.handles.remove(&handle.0);
+            st.handles.remove(&handle.raw);
             st.physical -= len;
         }
         Ok(())
     }
 
-    fn mem_map(&self, ptr: DevicePtr, len: usize, handle: PhysHandle) -> Result<(), DriverError> {
+    unsafe fn mem_map(
+        &self,
+        ptr: DevicePtr,
+        len: usize,
+        handle: &PhysHandle,
+    ) -> Result<(), DriverError> {
+        super::check_owner("cuMemMap", self.id, handle.driver)?;
         const CALL: &str = "cuMemMap";
         let mut st = self.state.lock();
         st.calls.mem_map += 1;
         self.enter(&mut st, CALL)?;
-        let Some(p) = st.handles.get(&handle.0).filter(|p| !p.released) else {
-            return Err(invalid(CALL, format!("unknown handle {}", handle.0)));
+        let Some(p) = st.handles.get(&handle.raw).filter(|p| !p.released) else {
+            return Err(invalid(CALL, format!("unknown handle {}", handle.raw)));
         };
         if p.mapped_at.is_some() {
             return Err(invalid(CALL, "the handle is mapped already"));
@@ -603,20 +621,20 @@ impl Driver for SimDriver {
                 format!("{ptr}, {len} bytes overlaps a mapping"),
             ));
         }
-        st.handles.get_mut(&handle.0).expect("checked").mapped_at = Some(ptr.0);
+        st.handles.get_mut(&handle.raw).expect("checked").mapped_at = Some(ptr.0);
         st.calls.mappings_made += 1;
         st.mappings.insert(
             ptr.0,
             Mapping {
                 len,
-                handle: handle.0,
+                handle: handle.raw,
                 access: false,
             },
         );
         Ok(())
     }
 
-    fn mem_unmap(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
+    unsafe fn mem_unmap(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
         const CALL: &str = "cuMemUnmap";
         let mut st = self.state.lock();
         st.calls.mem_unmap += 1;
@@ -658,7 +676,7 @@ impl Driver for SimDriver {
         Ok(())
     }
 
-    fn set_access(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
+    unsafe fn set_access(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
         const CALL: &str = "cuMemSetAccess";
         let mut st = self.state.lock();
         st.calls.set_access += 1;
@@ -692,57 +710,64 @@ impl Driver for SimDriver {
         let e = st.next_event;
         st.next_event += 1;
         st.events.insert(e, None);
-        Ok(EventHandle(e))
+        Ok(EventHandle {
+            raw: e,
+            driver: self.id,
+        })
     }
 
     fn event_destroy(&self, event: EventHandle) -> Result<(), DriverError> {
+        super::check_owner("cuEventDestroy", self.id, event.driver)?;
         let mut st = self.state.lock();
         st.calls.event_destroy += 1;
         st.events
-            .remove(&event.0)
+            .remove(&event.raw)
             .map(drop)
             .ok_or_else(|| invalid("cuEventDestroy", "unknown event"))
     }
 
-    fn event_record(&self, event: EventHandle, stream: Stream) -> Result<(), DriverError> {
+    fn event_record(&self, event: &EventHandle, stream: Stream) -> Result<(), DriverError> {
+        super::check_owner("cuEventRecord", self.id, event.driver)?;
         let mut st = self.state.lock();
         st.calls.event_record += 1;
         self.enter(&mut st, "cuEventRecord")?;
-        let ss = st.streams.entry(stream.0).or_default().clone();
-        let Some(slot) = st.events.get_mut(&event.0) else {
+        let ss = st.streams.entry(stream.raw()).or_default().clone();
+        let Some(slot) = st.events.get_mut(&event.raw) else {
             return Err(invalid("cuEventRecord", "unknown event"));
         };
         *slot = Some(Captured {
-            stream: stream.0,
+            stream: stream.raw(),
             pos: ss.queued,
             waits: ss.waits,
         });
         Ok(())
     }
 
-    fn event_query(&self, event: EventHandle) -> Result<bool, DriverError> {
+    fn event_query(&self, event: &EventHandle) -> Result<bool, DriverError> {
+        super::check_owner("cuEventQuery", self.id, event.driver)?;
         let mut st = self.state.lock();
         st.calls.event_query += 1;
-        match st.events.get(&event.0) {
+        match st.events.get(&event.raw) {
             None => Err(invalid("cuEventQuery", "unknown event")),
             Some(None) => Ok(true),
             Some(Some(c)) => Ok(st.streams.get(&c.stream).map_or(0, |s| s.completed) >= c.pos),
         }
     }
 
-    fn stream_wait_event(&self, stream: Stream, event: EventHandle) -> Result<(), DriverError> {
+    fn stream_wait_event(&self, stream: Stream, event: &EventHandle) -> Result<(), DriverError> {
+        super::check_owner("cuStreamWaitEvent", self.id, event.driver)?;
         let mut st = self.state.lock();
         st.calls.stream_wait_event += 1;
         self.enter(&mut st, "cuStreamWaitEvent")?;
-        let Some(c) = st.events.get(&event.0).cloned() else {
+        let Some(c) = st.events.get(&event.raw).cloned() else {
             return Err(invalid("cuStreamWaitEvent", "unknown event"));
         };
         let Some(c) = c else { return Ok(()) };
-        let ss = st.streams.entry(stream.0).or_default();
+        let ss = st.streams.entry(stream.raw()).or_default();
         let mut waits = c.waits;
         waits.insert(c.stream, c.pos);
         for (t, p) in waits {
-            if t != stream.0 {
+            if t != stream.raw() {
                 let w = ss.waits.entry(t).or_insert(0);
                 *w = (*w).max(p);
             }

@@ -1,6 +1,7 @@
 //! Helpers shared by the test modules.
 
 use std::sync::Arc;
+use tensor_arena_cuda::driver::{DevicePtr, Driver, DriverError, PhysHandle};
 use tensor_arena_cuda::{DeviceArena, DeviceConfig, SimConfig, SimDriver};
 
 /// 64 KiB granules, 64 MiB of device memory: small enough for many cases.
@@ -27,4 +28,33 @@ pub fn assert_device_clean(sim: &SimDriver) {
     assert_eq!(c.mappings_made, c.mappings_removed, "maps and unmaps");
     assert_eq!(c.address_reserve, c.address_free, "reserves and frees");
     assert!(sim.hazards().is_empty(), "hazards: {:?}", sim.hazards());
+}
+
+// The simulated driver checks every precondition of its unsafe calls itself
+// (returning `CUDA_ERROR_INVALID_VALUE`) and maps no memory of the real
+// device, so the wrappers below may pass it anything: that is what its
+// tests do.
+
+/// `address_free` on the simulated driver.
+pub fn sim_free(d: &SimDriver, p: DevicePtr, len: usize) -> Result<(), DriverError> {
+    // SAFETY: the simulated driver checks the range; nothing real is freed.
+    unsafe { d.address_free(p, len) }
+}
+
+/// `mem_map` on the simulated driver.
+pub fn sim_map(d: &SimDriver, p: DevicePtr, len: usize, h: &PhysHandle) -> Result<(), DriverError> {
+    // SAFETY: as above: checked by the simulation, host memory only.
+    unsafe { d.mem_map(p, len, h) }
+}
+
+/// `mem_unmap` on the simulated driver.
+pub fn sim_unmap(d: &SimDriver, p: DevicePtr, len: usize) -> Result<(), DriverError> {
+    // SAFETY: as above.
+    unsafe { d.mem_unmap(p, len) }
+}
+
+/// `set_access` on the simulated driver.
+pub fn sim_access(d: &SimDriver, p: DevicePtr, len: usize) -> Result<(), DriverError> {
+    // SAFETY: as above.
+    unsafe { d.set_access(p, len) }
 }

@@ -1,7 +1,7 @@
 //! The simulated driver checks preconditions as the real one does; the
 //! real driver is an `Err`, not a panic, on a machine without one.
 
-use crate::common::SMALL;
+use crate::common::{sim_access, sim_free, sim_map, sim_unmap, SMALL};
 use tensor_arena_cuda::driver::{DevicePtr, Driver};
 use tensor_arena_cuda::{CudaError, DeviceArena, DeviceConfig, SimDriver, Stream};
 
@@ -48,10 +48,10 @@ fn reserve_needs_whole_granules() {
     let p = d.address_reserve(4 * G, 1 << 20).unwrap();
     assert_eq!(p.0 % (1 << 20), 0);
     // Only whole reservations are freed.
-    assert!(d.address_free(p, G).is_err());
-    assert!(d.address_free(DevicePtr(p.0 + G as u64), 3 * G).is_err());
-    d.address_free(p, 4 * G).unwrap();
-    assert!(d.address_free(p, 4 * G).is_err(), "freed twice");
+    assert!(sim_free(&d, p, G).is_err());
+    assert!(sim_free(&d, DevicePtr(p.0 + G as u64), 3 * G).is_err());
+    sim_free(&d, p, 4 * G).unwrap();
+    assert!(sim_free(&d, p, 4 * G).is_err(), "freed twice");
 }
 
 #[test]
@@ -60,38 +60,41 @@ fn map_only_whole_handles_into_free_reserved_space() {
     let base = d.address_reserve(4 * G, 0).unwrap();
     assert!(d.mem_create(G / 2).is_err(), "not a granule multiple");
     let h = d.mem_create(G).unwrap();
-    assert!(d.mem_map(DevicePtr(base.0 + 1), G, h).is_err(), "unaligned");
     assert!(
-        d.mem_map(base, 2 * G, h).is_err(),
+        sim_map(&d, DevicePtr(base.0 + 1), G, &h).is_err(),
+        "unaligned"
+    );
+    assert!(
+        sim_map(&d, base, 2 * G, &h).is_err(),
         "size differs from the handle"
     );
     assert!(
-        d.mem_map(DevicePtr(base.0 + 4 * G as u64), G, h).is_err(),
+        sim_map(&d, DevicePtr(base.0 + 4 * G as u64), G, &h).is_err(),
         "outside the reservation"
     );
-    d.mem_map(base, G, h).unwrap();
-    assert!(d.mem_map(base, G, h).is_err(), "mapped twice");
+    sim_map(&d, base, G, &h).unwrap();
+    assert!(sim_map(&d, base, G, &h).is_err(), "mapped twice");
     let h2 = d.mem_create(G).unwrap();
-    assert!(d.mem_map(base, G, h2).is_err(), "overlaps a mapping");
+    assert!(sim_map(&d, base, G, &h2).is_err(), "overlaps a mapping");
     // No access yet: the device would fault.
     assert!(d.write(base, &[1, 2, 3]).is_err());
-    assert!(d.set_access(base, 2 * G).is_err(), "not wholly mapped");
-    d.set_access(base, G).unwrap();
+    assert!(sim_access(&d, base, 2 * G).is_err(), "not wholly mapped");
+    sim_access(&d, base, G).unwrap();
     d.write(base, &[1, 2, 3]).unwrap();
     assert_eq!(d.read(base, 3).unwrap(), [1, 2, 3]);
     assert!(d.read(base, G + 1).is_err(), "past the mapping");
     // A reservation with mappings is not freed.
-    assert!(d.address_free(base, 4 * G).is_err());
+    assert!(sim_free(&d, base, 4 * G).is_err());
     // Released while mapped: the memory stays until unmapped.
     d.mem_release(h).unwrap();
-    assert!(d.mem_release(h).is_err(), "released twice");
+    // Released twice: impossible, `mem_release` takes the handle.
     assert_eq!(d.physical_bytes(), 2 * G);
-    assert!(d.mem_unmap(base, G / 2).is_err(), "part of a mapping");
-    d.mem_unmap(base, G).unwrap();
-    assert!(d.mem_unmap(base, G).is_err(), "nothing mapped");
+    assert!(sim_unmap(&d, base, G / 2).is_err(), "part of a mapping");
+    sim_unmap(&d, base, G).unwrap();
+    assert!(sim_unmap(&d, base, G).is_err(), "nothing mapped");
     d.mem_release(h2).unwrap();
     assert_eq!(d.physical_bytes(), 0);
-    d.address_free(base, 4 * G).unwrap();
+    sim_free(&d, base, 4 * G).unwrap();
 }
 
 #[test]
@@ -100,16 +103,16 @@ fn unmap_covers_whole_mappings_without_gaps() {
     let base = d.address_reserve(4 * G, 0).unwrap();
     let at = |i: usize| DevicePtr(base.0 + (i * G) as u64);
     let hs: Vec<_> = (0..3).map(|_| d.mem_create(G).unwrap()).collect();
-    d.mem_map(at(0), G, hs[0]).unwrap();
-    d.mem_map(at(2), G, hs[2]).unwrap();
-    assert!(d.mem_unmap(at(0), 3 * G).is_err(), "a gap at granule 1");
-    d.mem_map(at(1), G, hs[1]).unwrap();
-    d.set_access(at(0), 3 * G).unwrap();
-    d.mem_unmap(at(0), 3 * G).unwrap();
+    sim_map(&d, at(0), G, &hs[0]).unwrap();
+    sim_map(&d, at(2), G, &hs[2]).unwrap();
+    assert!(sim_unmap(&d, at(0), 3 * G).is_err(), "a gap at granule 1");
+    sim_map(&d, at(1), G, &hs[1]).unwrap();
+    sim_access(&d, at(0), 3 * G).unwrap();
+    sim_unmap(&d, at(0), 3 * G).unwrap();
     for h in hs {
         d.mem_release(h).unwrap();
     }
-    d.address_free(base, 4 * G).unwrap();
+    sim_free(&d, base, 4 * G).unwrap();
     assert_eq!(d.physical_bytes(), 0);
 }
 

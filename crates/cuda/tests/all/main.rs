@@ -3,6 +3,7 @@
 
 mod common;
 mod driver;
+mod forged_handles;
 mod memory;
 mod ops;
 

@@ -1,7 +1,7 @@
 //! The stream rule: reuse on the freeing stream at once; reuse on another
 //! stream waits on an event recorded at the free.
 
-use crate::common::{assert_device_clean, sim_arena, SMALL};
+use crate::common::{assert_device_clean, sim_access, sim_arena, sim_map, SMALL};
 use tensor_arena_cuda::driver::Driver;
 use tensor_arena_cuda::{DeviceConfig, SimDriver};
 
@@ -13,15 +13,15 @@ fn the_checker_sees_unordered_cross_stream_use() {
     let g = SMALL.granularity;
     let base = d.address_reserve(g, 0).unwrap();
     let h = d.mem_create(g).unwrap();
-    d.mem_map(base, g, h).unwrap();
-    d.set_access(base, g).unwrap();
+    sim_map(&d, base, g, &h).unwrap();
+    sim_access(&d, base, g).unwrap();
     let (s1, s2) = (d.stream(), d.stream());
     d.launch(s1, base, 100).unwrap();
     d.launch(s2, base, 100).unwrap();
     assert_eq!(d.hazards().len(), 1, "unordered use must be flagged");
     let e = d.event_create().unwrap();
-    d.event_record(e, s2).unwrap();
-    d.stream_wait_event(s1, e).unwrap();
+    d.event_record(&e, s2).unwrap();
+    d.stream_wait_event(s1, &e).unwrap();
     d.launch(s1, base, 100).unwrap();
     assert_eq!(d.hazards().len(), 1, "ordered through the event");
     // Finished work needs no event either.
