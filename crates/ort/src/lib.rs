@@ -2,21 +2,34 @@
 #![deny(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod adopt;
 mod bad_alloc;
+mod block;
 mod error;
+mod follow;
+mod key;
 mod raw;
+#[cfg(feature = "load-dynamic")]
 mod runtime;
 mod session;
 mod slot;
 mod tensors;
+mod worker;
 
+pub use adopt::{is_registered, register, SessionBuilderExt};
 pub use error::OrtArenaError;
+pub use follow::Shrink;
+pub use key::{KeyInputs, RunKey};
 pub use ort;
+#[cfg(feature = "load-dynamic")]
 pub use runtime::Runtime;
+#[cfg(feature = "load-dynamic")]
+pub use session::open_session;
 pub use session::{
-    open_session, run_shared, ArenaOptions, ArenaSession, Memory, RunOutput, SessionOptions, Worker,
+    run_shared, ArenaOptions, ArenaSession, Memory, RunOutput, SessionOptions, SessionWorker,
 };
 pub use tensors::{hash_outputs, make_input, InputSpec};
+pub use worker::{Plans, RunInfo, Worker, WorkerOptions};
 
 /// Counters of the registered allocator since the process started, over all
 /// threads and arenas.
@@ -36,6 +49,10 @@ pub struct AllocatorCounters {
     /// served by the system allocator instead (included in
     /// `system_allocs`).
     pub refused_allocs: u64,
+    /// Bytes asked for by all `Alloc` calls.
+    pub alloc_bytes: u64,
+    /// Of those, bytes served by the system allocator.
+    pub system_bytes: u64,
 }
 
 /// The registered allocator's counters.
@@ -47,6 +64,8 @@ pub fn allocator_counters() -> AllocatorCounters {
         system_allocs: raw::SYSTEM_ALLOCS.load(Relaxed) as u64,
         system_live: raw::SYSTEM_LIVE.load(Relaxed) as u64,
         refused_allocs: raw::REFUSED_ALLOCS.load(Relaxed) as u64,
+        alloc_bytes: raw::ALLOC_BYTES.load(Relaxed) as u64,
+        system_bytes: raw::SYSTEM_BYTES.load(Relaxed) as u64,
     }
 }
 

@@ -1,21 +1,14 @@
-//! The C edge: the `OrtAllocator` that ONNX Runtime calls, and the header
-//! every block it gets carries. All of the crate's pointer handling is here.
+//! The C edge: the `OrtAllocator` that ONNX Runtime calls, its registration
+//! on an environment, and `Run` through the C API. Calls go one way: this
+//! module calls [`crate::slot`] (whose blocks carry the header of
+//! [`crate::block`]), never the reverse.
 //!
 //! Every `extern "system"` function is a thin trampoline: it catches any
 //! panic of the safe Rust function it calls (`alloc`, `free`) and turns it
 //! into a system-allocator block or a leak, so a panic never unwinds into
 //! ONNX Runtime.
-//!
-//! # Block layout
-//! ```text
-//! base (64-aligned)        base + HEADER = the pointer ONNX Runtime sees
-//! | owner | size | magic | ... | tensor bytes ...                      |
-//! ```
-//! `owner` is the address of the [`Slot`](crate::slot::Slot) whose arena
-//! holds the block (an `Arc` reference owned by the block), or 0 for a block
-//! from the system allocator (an allocation on a thread with no worker
-//! running); `size` is the whole block's length, header included.
 
+use crate::block::{read_header, Header, ALIGN, HEADER};
 use crate::slot::{self, Slot};
 use ort::AsPointer;
 use std::alloc::Layout;
@@ -25,66 +18,16 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Bytes in front of every block handed to ONNX Runtime. A multiple of
-/// [`ALIGN`], so the pointer after it keeps the block's alignment.
-pub(crate) const HEADER: usize = 64;
-/// Alignment of every pointer handed to ONNX Runtime (what its CPU kernels
-/// prefer: a cache line, enough for AVX-512).
-pub(crate) const ALIGN: usize = 64;
-const MAGIC: usize = 0x7465_6e73_6172_656e; // "tensaren"
-const _: () = assert!(HEADER % ALIGN == 0 && HEADER >= 3 * size_of::<usize>());
-
-/// What a block's header says.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Header {
-    /// Address of the owning slot (an `Arc<Slot>` reference held by the
-    /// block), 0 for a system-allocator block.
-    pub owner: usize,
-    /// Length of the whole block, header included.
-    pub size: usize,
-}
-
-impl Header {
-    /// The header as bytes, to write into the first [`HEADER`] bytes of a
-    /// block.
-    pub(crate) fn to_bytes(self) -> [u8; 3 * size_of::<usize>()] {
-        let mut out = [0u8; 3 * size_of::<usize>()];
-        let w = size_of::<usize>();
-        out[..w].copy_from_slice(&self.owner.to_ne_bytes());
-        out[w..2 * w].copy_from_slice(&self.size.to_ne_bytes());
-        out[2 * w..].copy_from_slice(&MAGIC.to_ne_bytes());
-        out
-    }
-}
-
-/// Reads the header in front of `user`.
-///
-/// # Safety
-/// - `user` was returned by [`tensor_arena_alloc`] (so the [`HEADER`] bytes
-///   before it are a header this module wrote) and its block is still live.
-unsafe fn read_header(user: NonNull<u8>) -> Option<Header> {
-    // SAFETY: by the caller's obligation, `user - HEADER` is the start of the
-    // same live block, so the subtraction stays inside it.
-    let base = unsafe { user.as_ptr().sub(HEADER) };
-    let mut words = [0usize; 3];
-    for (i, w) in words.iter_mut().enumerate() {
-        // SAFETY: the first three words of the block were written by
-        // `Header::to_bytes` and are readable; the block is 64-aligned, so
-        // each word is aligned.
-        *w = unsafe { base.cast::<usize>().add(i).read() };
-    }
-    (words[2] == MAGIC).then_some(Header {
-        owner: words[0],
-        size: words[1],
-    })
-}
-
 /// Counters of the allocator's calls, for all threads.
 pub(crate) static ALLOC_CALLS: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static FREE_CALLS: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static SYSTEM_ALLOCS: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static SYSTEM_LIVE: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static REFUSED_ALLOCS: AtomicUsize = AtomicUsize::new(0);
+/// Bytes asked for by every `Alloc` call, and by those served by the system
+/// allocator (cumulative).
+pub(crate) static ALLOC_BYTES: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static SYSTEM_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 /// A block from the system allocator, for an allocation on a thread where
 /// no worker runs (ONNX Runtime allocates initializers at session creation
@@ -106,6 +49,7 @@ fn system_alloc(size: usize) -> Option<NonNull<u8>> {
             .copy_from_nonoverlapping(header.as_ptr(), header.len())
     };
     SYSTEM_ALLOCS.fetch_add(1, Ordering::Relaxed);
+    SYSTEM_BYTES.fetch_add(size, Ordering::Relaxed);
     SYSTEM_LIVE.fetch_add(1, Ordering::Relaxed);
     // SAFETY: `HEADER < total`, so the result is inside the block.
     Some(unsafe { base.add(HEADER) })
@@ -146,6 +90,7 @@ pub(crate) fn thread_alloc_calls() -> (u64, u64) {
 /// system allocator instead, and counted.
 fn alloc(size: usize) -> Option<NonNull<u8>> {
     ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
+    ALLOC_BYTES.fetch_add(size, Ordering::Relaxed);
     THREAD_ALLOC_CALLS.with(|c| c.set(c.get() + 1));
     match slot::alloc_current(size) {
         slot::Served::Arena(ptr) => Some(ptr),
@@ -281,10 +226,12 @@ static ALLOCATOR: Registered = Registered(std::cell::UnsafeCell::new(ort::sys::O
     Alloc: Some(ALLOC_FN),
     Free: Some(tensor_arena_free),
     Info: Some(tensor_arena_info),
-    Reserve: None,
-    GetStats: None,
-    AllocOnStream: None,
-    Shrink: None,
+    // The optional entries (which ones exist depends on the `ort` API
+    // features the build unifies to) stay null.
+    // SAFETY: `default` only fills the table with nulls and the version;
+    // it is `unsafe` because a table of nulls must not be handed to ONNX
+    // Runtime as is, and this one gets its three required entries above.
+    ..unsafe { ort::sys::OrtAllocator::default() }
 }));
 
 /// Registers the allocator on `env` (once per process: ONNX Runtime allows
@@ -306,6 +253,19 @@ pub(crate) fn register(env: &ort::environment::Environment) -> Result<(), String
     // function pointers are the trampolines above, which match the C
     // signatures and never unwind; 3. ONNX Runtime does not write to it.
     let status = unsafe { (api.RegisterAllocator)(env.ptr().cast_mut(), ALLOCATOR.0.get()) };
+    status_result(status)
+}
+
+/// Turns ONNX Runtime's CPU memory arena off in a session builder's
+/// options (what `ort`'s CPU execution provider does with
+/// `with_arena_allocator(false)`, without registering a provider).
+pub(crate) fn disable_cpu_arena(
+    builder: &mut ort::session::builder::SessionBuilder,
+) -> Result<(), String> {
+    let api = ort::api();
+    // SAFETY: the builder's session options are live and borrowed mutably
+    // for the call; `DisableCpuMemArena` only sets a flag in them.
+    let status = unsafe { (api.DisableCpuMemArena)(builder.ptr_mut()) };
     status_result(status)
 }
 

@@ -61,7 +61,7 @@ impl Runtime {
             .with_name("tensor-arena")
             .build()
             .map_err(OrtArenaError::from)?;
-        crate::raw::register(&env).map_err(OrtArenaError::Ort)?;
+        crate::register(&env)?;
         let version = ort::info()
             .split("git-branch=rel-")
             .nth(1)

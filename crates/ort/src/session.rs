@@ -1,14 +1,18 @@
-//! Sessions whose CPU memory comes from tensor-arena, and the per-thread
-//! workers that run them.
+//! Sessions opened by this crate (a convenience over [`Worker`] and
+//! [`Plans`] for callers without an `ort` setup of their own), and running
+//! any `ort` session from `&Session`.
 
+use crate::adopt::SessionBuilderExt;
+use crate::key::RunKey;
 use crate::slot::{self, Slot};
 use crate::tensors::InputSpec;
-use crate::{OrtArenaError, Runtime};
+use crate::worker::{Plans, Worker, WorkerOptions};
+use crate::{OrtArenaError, Shrink};
 use ort::value::{DynValue, ValueType};
 use std::ffi::CString;
 use std::path::Path;
 use std::sync::Arc;
-use tensor_arena::{ArenaConfig, Plan, PlanCache, Recording, RunReport, Stats};
+use tensor_arena::{ArenaConfig, RunReport, Stats};
 
 /// Whose memory a session's CPU tensors use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,8 +32,8 @@ pub enum Memory {
 pub struct SessionOptions {
     /// Whose memory tensors use.
     pub memory: Memory,
-    /// Threads of ONNX Runtime's intra-op pool (1: kernels run on the
-    /// calling thread, so every allocation of a run comes from it).
+    /// Threads of ONNX Runtime's intra-op pool; 0 (the default) leaves
+    /// ONNX Runtime's own default (one per physical core).
     pub intra_threads: usize,
 }
 
@@ -37,7 +41,7 @@ impl Default for SessionOptions {
     fn default() -> Self {
         Self {
             memory: Memory::TensorArena,
-            intra_threads: 1,
+            intra_threads: 0,
         }
     }
 }
@@ -48,8 +52,9 @@ impl Default for SessionOptions {
 /// [`OrtArenaError::ModelNotFound`] if the file does not exist,
 /// [`OrtArenaError::Model`] if ONNX Runtime refuses it, [`OrtArenaError::Ort`]
 /// for other failures of ONNX Runtime.
+#[cfg(feature = "load-dynamic")]
 pub fn open_session(
-    runtime: &Runtime,
+    runtime: &crate::Runtime,
     model: impl AsRef<Path>,
     options: SessionOptions,
 ) -> Result<ort::session::Session, OrtArenaError> {
@@ -57,14 +62,19 @@ pub fn open_session(
     if !model.is_file() {
         return Err(OrtArenaError::ModelNotFound { path: model.into() });
     }
-    let arena = options.memory == Memory::OrtArena;
-    let mut b = ort::session::Session::builder(runtime.environment())?
-        .with_execution_providers([ort::ep::CPU::default().with_arena_allocator(arena).build()])?
-        .with_memory_pattern(arena)?
-        .with_intra_threads(options.intra_threads.max(1))?;
-    if options.memory == Memory::TensorArena {
-        b = b.with_env_allocators()?;
+    let mut b = ort::session::Session::builder(runtime.environment())?;
+    if options.intra_threads > 0 {
+        b = b.with_intra_threads(options.intra_threads)?;
     }
+    b = match options.memory {
+        Memory::OrtArena => b,
+        Memory::OrtNoArena => b
+            .with_execution_providers([ort::ep::CPU::default()
+                .with_arena_allocator(false)
+                .build()])?
+            .with_memory_pattern(false)?,
+        Memory::TensorArena => b.with_tensor_arena()?,
+    };
     b.commit_from_file(model).map_err(|e| OrtArenaError::Model {
         path: model.into(),
         message: e.message().to_string(),
@@ -76,7 +86,7 @@ pub fn open_session(
 fn order_inputs<'v>(
     specs: &[InputSpec],
     inputs: &[(&str, &'v DynValue)],
-) -> Result<(Vec<&'v DynValue>, Vec<usize>), OrtArenaError> {
+) -> Result<(Vec<&'v DynValue>, RunKey), OrtArenaError> {
     for (name, _) in inputs {
         if !specs.iter().any(|s| s.name == *name) {
             return Err(OrtArenaError::UnknownInput {
@@ -102,7 +112,7 @@ fn order_inputs<'v>(
         key.extend_from_slice(&shape);
         ordered.push(*v);
     }
-    Ok((ordered, key))
+    Ok((ordered, RunKey::from_raw(key)))
 }
 
 fn cstrings<'a>(names: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, OrtArenaError> {
@@ -142,16 +152,17 @@ pub fn run_shared(
 /// How an [`ArenaSession`] manages memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ArenaOptions {
-    /// Each worker's arena (shrink policy, cap, growth).
+    /// Each worker's arena (cap, growth).
     pub arena: ArenaConfig,
     /// Whether runs are planned by input shapes (default: yes).
     pub plans: bool,
     /// Plans kept, least recently used out (default 64).
     pub plan_capacity: usize,
-    /// After learning a plan, shrink the worker's arena to the largest plan
-    /// it has used (default: yes), as `tensor-session` does.
-    pub shrink_to_plans: bool,
-    /// Threads of ONNX Runtime's intra-op pool (default 1).
+    /// When workers give cached memory back (default: memory follows the
+    /// input down after 1 smaller run).
+    pub shrink: Shrink,
+    /// Threads of ONNX Runtime's intra-op pool; 0 (the default) leaves ONNX
+    /// Runtime's own default. Used by [`ArenaSession::open`] only.
     pub intra_threads: usize,
 }
 
@@ -161,52 +172,63 @@ impl Default for ArenaOptions {
             arena: ArenaConfig::default(),
             plans: true,
             plan_capacity: 64,
-            shrink_to_plans: true,
-            intra_threads: 1,
+            shrink: Shrink::default(),
+            intra_threads: 0,
         }
     }
 }
 
-/// The one place a recording becomes a plan. The arena's own recordings
-/// always validate; were one not to, the key simply stays unplanned.
-fn plan_from(recording: &Recording) -> Option<Plan> {
-    Plan::from_recording(recording).ok()
+impl ArenaOptions {
+    fn worker(&self) -> WorkerOptions {
+        WorkerOptions {
+            arena: self.arena,
+            plans: self.plans,
+            shrink: self.shrink,
+        }
+    }
 }
 
-/// An ONNX Runtime session whose CPU tensors (intermediates and outputs)
-/// come from tensor-arena. Share it between threads (`&ArenaSession` is
-/// `Sync`); each thread runs it through its own [`Worker`].
-pub struct ArenaSession {
+struct Inner {
     session: ort::session::Session,
     specs: Vec<InputSpec>,
     input_names: Vec<CString>,
     outputs: Vec<String>,
     output_names: Vec<CString>,
-    plans: PlanCache<Box<[usize]>>,
+    plans: Plans,
     options: ArenaOptions,
     /// The arenas of this session's workers (alive while the worker or one
     /// of its outputs is).
     slots: parking_lot::Mutex<Vec<std::sync::Weak<Slot>>>,
 }
 
+/// An ONNX Runtime session whose CPU tensors come from tensor-arena, with
+/// its [`Plans`]: the convenience for callers without an `ort` setup of
+/// their own (a server that has one uses [`Worker`] around its own
+/// `session.run`). A cheap handle (`Clone`, `Send`, `Sync`); each thread
+/// runs it through its own [`SessionWorker`], which owns its arena and
+/// keeps the session alive.
+#[derive(Clone)]
+pub struct ArenaSession(Arc<Inner>);
+
 impl std::fmt::Debug for ArenaSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ArenaSession")
-            .field("inputs", &self.specs)
-            .field("outputs", &self.outputs)
-            .field("options", &self.options)
+            .field("inputs", &self.0.specs)
+            .field("outputs", &self.0.outputs)
+            .field("options", &self.0.options)
             .finish_non_exhaustive()
     }
 }
 
 impl ArenaSession {
-    /// Opens `model` with tensor-arena memory.
+    /// Opens `model` with tensor-arena memory, on the runtime's environment.
     ///
     /// # Errors
     /// As [`open_session`], and [`OrtArenaError::Arena`] if
     /// `options.arena` is invalid.
+    #[cfg(feature = "load-dynamic")]
     pub fn open(
-        runtime: &Runtime,
+        runtime: &crate::Runtime,
         model: impl AsRef<Path>,
         options: ArenaOptions,
     ) -> Result<Self, OrtArenaError> {
@@ -219,6 +241,21 @@ impl ArenaSession {
                 intra_threads: options.intra_threads,
             },
         )?;
+        Self::from_session(session, options)
+    }
+
+    /// Wraps a session the caller built (with
+    /// [`with_tensor_arena`](crate::SessionBuilderExt::with_tensor_arena),
+    /// or its tensors do not come from the arena).
+    ///
+    /// # Errors
+    /// [`OrtArenaError::Arena`] if `options.arena` is invalid;
+    /// [`OrtArenaError::Ort`] if a name contains NUL.
+    pub fn from_session(
+        session: ort::session::Session,
+        options: ArenaOptions,
+    ) -> Result<Self, OrtArenaError> {
+        options.arena.validate()?;
         let specs = InputSpec::of(&session);
         let input_names = cstrings(specs.iter().map(|s| s.name.as_str()))?;
         let outputs: Vec<String> = session
@@ -227,31 +264,31 @@ impl ArenaSession {
             .map(|o| o.name().to_string())
             .collect();
         let output_names = cstrings(outputs.iter().map(String::as_str))?;
-        Ok(Self {
+        Ok(Self(Arc::new(Inner {
             session,
             specs,
             input_names,
             outputs,
             output_names,
-            plans: PlanCache::new(options.plan_capacity.max(1)),
+            plans: Plans::new(options.plan_capacity),
             options,
             slots: parking_lot::Mutex::new(Vec::new()),
-        })
+        })))
     }
 
     /// The model's inputs.
     pub fn inputs(&self) -> &[InputSpec] {
-        &self.specs
+        &self.0.specs
     }
 
     /// The model's output names.
     pub fn outputs(&self) -> &[String] {
-        &self.outputs
+        &self.0.outputs
     }
 
     /// The `ort` session underneath.
     pub fn session(&self) -> &ort::session::Session {
-        &self.session
+        &self.0.session
     }
 
     /// The arenas of this session's workers still alive (a worker's arena
@@ -260,6 +297,7 @@ impl ArenaSession {
     /// one per worker, and summed.
     pub fn arenas(&self) -> (Vec<Stats>, Stats) {
         let slots: Vec<Arc<Slot>> = self
+            .0
             .slots
             .lock()
             .iter()
@@ -274,30 +312,28 @@ impl ArenaSession {
     }
 
     /// The plans learned so far (shared by all workers).
-    pub fn plans(&self) -> &PlanCache<Box<[usize]>> {
-        &self.plans
+    pub fn plans(&self) -> &Plans {
+        &self.0.plans
     }
 
     /// A worker with an empty arena of its own, for one thread.
     ///
     /// # Errors
     /// [`OrtArenaError::Arena`] if the arena cannot be created.
-    pub fn worker(&self) -> Result<Worker<'_>, OrtArenaError> {
-        let slot = Slot::new(self.options.arena)?;
-        let mut slots = self.slots.lock();
+    pub fn worker(&self) -> Result<SessionWorker, OrtArenaError> {
+        let worker = Worker::new(self.0.options.worker())?;
+        let mut slots = self.0.slots.lock();
         slots.retain(|w| w.strong_count() > 0);
-        slots.push(Arc::downgrade(&slot));
+        slots.push(Arc::downgrade(worker.slot()));
         drop(slots);
-        Ok(Worker {
-            session: self,
-            slot,
-            largest_plan: 0,
-            runs: 0,
+        Ok(SessionWorker {
+            session: self.clone(),
+            worker,
         })
     }
 }
 
-/// What one [`Worker::run`] returned.
+/// What one [`SessionWorker::run`] returned.
 #[derive(Debug)]
 pub struct RunOutput {
     /// Outputs by name, in the model's order. Their memory is in the
@@ -309,9 +345,7 @@ pub struct RunOutput {
     /// `Alloc` calls made on this thread during the run.
     pub alloc_calls: u64,
     /// Of those, requests the worker's arena refused (over its
-    /// `max_reserved` cap), served by the system allocator instead: a cap
-    /// cannot fail a run inside ONNX Runtime, which does not expect a null
-    /// from `Alloc` everywhere.
+    /// `max_reserved` cap), served by the system allocator instead.
     pub refused_allocs: u64,
     /// The shape key of the run (rank and dimensions of each input).
     pub key: Vec<usize>,
@@ -327,32 +361,19 @@ impl RunOutput {
     }
 }
 
-/// Runs an [`ArenaSession`] on one thread with an arena of its own: the
-/// runtime's `Alloc`/`Free` calls made on the worker's thread during
-/// [`Worker::run`] go to it with no lock. It is `Send` (move it to the thread
-/// that uses it). Dropping it gives back its cached memory; outputs still
-/// alive keep their blocks until dropped.
-pub struct Worker<'s> {
-    session: &'s ArenaSession,
-    slot: Arc<Slot>,
-    largest_plan: usize,
-    runs: u64,
+/// An [`ArenaSession`] and a [`Worker`]: one thread's way to run it. Owned
+/// and `Send` (it keeps the session alive): keep one per thread, or move
+/// it into `spawn_blocking`.
+#[derive(Debug)]
+pub struct SessionWorker {
+    session: ArenaSession,
+    worker: Worker,
 }
 
-impl std::fmt::Debug for Worker<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Worker")
-            .field("id", &self.slot.id)
-            .field("runs", &self.runs)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Worker<'_> {
-    /// Runs the model once on named inputs. The run is an arena run keyed by
-    /// the input shapes: its first time is recorded and planned; later runs
-    /// of the same shapes get every tensor at its planned offset in one
-    /// block. The arena's shrink policy applies at the end of the run.
+impl SessionWorker {
+    /// Runs the model once on named inputs (checked first: names, rank,
+    /// fixed dimensions), keyed by their shapes. Several threads may run
+    /// one session at once (ONNX Runtime's `Run` is called from `&Session`).
     ///
     /// # Errors
     /// [`OrtArenaError::UnknownInput`], [`OrtArenaError::MissingInput`],
@@ -366,51 +387,18 @@ impl Worker<'_> {
         self.run_with_options(inputs, None)
     }
 
-    /// [`Worker::run`] with `ort` run options.
+    /// [`SessionWorker::run`] with `ort` run options.
     ///
     /// # Errors
-    /// As [`Worker::run`].
+    /// As [`SessionWorker::run`].
     pub fn run_with_options(
         &mut self,
         inputs: &[(&str, &DynValue)],
         run_options: Option<&ort::session::RunOptions>,
     ) -> Result<RunOutput, OrtArenaError> {
-        let s = self.session;
+        let s = &*self.session.0;
         let (ordered, key) = order_inputs(&s.specs, inputs)?;
-        let opts = s.options;
-        let (plan, own) = if opts.plans {
-            match s.plans.get(key.as_slice()) {
-                Some(p) => (Some(p), true),
-                None => (None, false),
-            }
-        } else {
-            (None, false)
-        };
-        let planned_size = plan.as_ref().map(|p| p.size());
-        let slot = Arc::clone(&self.slot);
-        let mut core = slot.lock();
-        let need = plan
-            .as_ref()
-            .map_or(0, |p| p.size())
-            .max(if opts.shrink_to_plans {
-                self.largest_plan
-            } else {
-                0
-            });
-        let st = core.arena_stats();
-        if need > 0 && st.in_use == 0 && st.largest_free_block < need {
-            // Lay the arena out again as one block that fits every plan this
-            // worker has used, while no block is live (outputs of earlier
-            // runs keep theirs): later runs of any of those shapes then make
-            // no backing call.
-            core.shrink_to(0);
-            let _ = core.reserve(need);
-        }
-        core.begin_run(plan);
-        let thread_calls_before = thread_alloc_calls();
-        let failed_before = crate::raw::thread_failed_allocs();
-        let result = {
-            let _entered = slot::enter(&slot, &mut core);
+        let result = self.worker.run(&s.plans, &key, || {
             crate::raw::run(
                 &s.session,
                 run_options,
@@ -418,38 +406,12 @@ impl Worker<'_> {
                 &ordered,
                 &s.output_names,
             )
-        };
-        let calls = thread_alloc_calls();
-        let alloc_calls = calls.0 - thread_calls_before.0;
-        let refused_allocs = calls.1 - thread_calls_before.1;
-        let (report, recording) = core.finish_run().unwrap_or_default();
-        if opts.plans && result.is_ok() {
-            if (!own || report.deviated) && !recording.is_empty() {
-                if let Some(plan) = plan_from(&recording) {
-                    self.largest_plan = self.largest_plan.max(plan.size());
-                    s.plans.insert(key.clone().into(), Arc::new(plan));
-                    if opts.shrink_to_plans {
-                        core.shrink_to(self.largest_plan);
-                    }
-                }
-            } else if let Some(size) = planned_size {
-                self.largest_plan = self.largest_plan.max(size);
-            }
-        }
-        let out_of_memory = crate::raw::thread_failed_allocs() > failed_before;
-        if result.is_err() && (out_of_memory || refused_allocs > 0) {
-            // Memory ran short: give back what the failed run left cached,
-            // down to what the plans in use need, for the rest of the
-            // process.
-            core.shrink_to(self.largest_plan);
-        }
-        self.runs += 1;
-        slot.publish(&core);
-        drop(core);
+        });
+        let info = self.worker.last_run().cloned().unwrap_or_default();
         let values = result.map_err(|message| {
             // Refused on this thread, or on one of ONNX Runtime's pool
             // threads (its message then names the exception).
-            if out_of_memory || message.contains("bad_alloc") {
+            if info.failed_allocs > 0 || message.contains("bad_alloc") {
                 OrtArenaError::OutOfMemory(message)
             } else {
                 OrtArenaError::Ort(message)
@@ -457,44 +419,36 @@ impl Worker<'_> {
         })?;
         Ok(RunOutput {
             outputs: s.outputs.iter().cloned().zip(values).collect(),
-            report,
-            alloc_calls,
-            refused_allocs,
-            key,
+            report: info.report,
+            alloc_calls: info.alloc_calls,
+            refused_allocs: info.refused_allocs,
+            key: info.key.as_slice().to_vec(),
         })
     }
 
-    /// Gives cached memory back down to the recent runs' watermark; returns
-    /// the bytes released.
+    /// Gives cached memory back down to what the recent runs need (see
+    /// [`Worker::shrink`]); returns the bytes released.
     pub fn shrink(&mut self) -> usize {
-        let mut core = self.slot.lock();
-        let watermark = core.arena_stats().watermark;
-        let released = core.shrink_to(watermark);
-        self.slot.publish(&core);
-        released
+        self.worker.shrink(false)
     }
 
-    /// This worker's arena stats (also counting blocks freed from other
-    /// threads so far).
+    /// This worker's arena stats.
     pub fn stats(&self) -> Stats {
-        let core = self.slot.lock();
-        self.slot.publish(&core);
-        core.arena_stats()
+        self.worker.stats()
     }
 
     /// Runs made.
     pub fn runs(&self) -> u64 {
-        self.runs
+        self.worker.runs()
     }
-}
 
-impl Drop for Worker<'_> {
-    fn drop(&mut self) {
-        self.slot.retire();
+    /// The worker underneath (to run other models on the same arena).
+    pub fn worker_mut(&mut self) -> &mut Worker {
+        &mut self.worker
     }
-}
 
-/// `Alloc` calls served on this thread, and those the arena refused.
-fn thread_alloc_calls() -> (u64, u64) {
-    crate::raw::thread_alloc_calls()
+    /// The session.
+    pub fn session(&self) -> &ArenaSession {
+        &self.session
+    }
 }

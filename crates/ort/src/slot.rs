@@ -9,7 +9,7 @@
 //! | anyone, the owner running elsewhere         | queue the pointer; the owner frees it at its run's start or end |
 //! | anyone, after the worker was dropped        | lock the core, free; the last block drops the slot and its arena |
 
-use crate::raw::{Header, ALIGN, HEADER};
+use crate::block::{Header, ALIGN, HEADER};
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -309,6 +309,8 @@ pub(crate) fn add_stats(a: &mut Stats, b: &Stats) {
     a.cache_hits += b.cache_hits;
     a.backing_allocs += b.backing_allocs;
     a.backing_frees += b.backing_frees;
+    a.commits += b.commits;
+    a.decommits += b.decommits;
     a.bytes_released += b.bytes_released;
     a.largest_free_block = a.largest_free_block.max(b.largest_free_block);
     a.free_bytes += b.free_bytes;
@@ -345,11 +347,6 @@ impl Core {
     /// Gives cached memory back down to `bytes`.
     pub(crate) fn shrink_to(&mut self, bytes: usize) -> usize {
         self.arena().shrink_to(bytes)
-    }
-
-    /// Makes sure `bytes` can be served with no backing call.
-    pub(crate) fn reserve(&mut self, bytes: usize) -> Result<(), tensor_arena::ArenaError> {
-        self.arena().reserve(bytes)
     }
 
     /// The arena's stats now.

@@ -91,7 +91,6 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
             let planned = strategy == OrtStrategy::Planned;
             let options = ArenaOptions {
                 plans: planned,
-                shrink_to_plans: planned,
                 intra_threads: intra,
                 ..ArenaOptions::default()
             };
@@ -240,7 +239,7 @@ fn worker(
 
 fn one_run(
     target: &Target,
-    worker: Option<&mut tensor_arena_ort::Worker<'_>>,
+    worker: Option<&mut tensor_arena_ort::SessionWorker>,
     specs: &[InputSpec],
     run: &[(String, Vec<usize>)],
     seed: u64,

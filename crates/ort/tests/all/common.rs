@@ -102,7 +102,7 @@ pub fn plain_bits(model_file: &str, runs: &[Vec<(String, DynValue)>]) -> Vec<Bit
         model(model_file),
         SessionOptions {
             memory: Memory::OrtArena,
-            intra_threads: 1,
+            intra_threads: 0,
         },
     )
     .unwrap();

@@ -4,22 +4,26 @@
 use crate::common::*;
 use tensor_arena::{ArenaConfig, ShrinkPolicy};
 use tensor_arena_ort::ort::value::DynValue;
-use tensor_arena_ort::{ArenaOptions, ArenaSession, RunOutput, Worker};
+use tensor_arena_ort::{ArenaOptions, ArenaSession, RunOutput, SessionWorker, Shrink};
 
-fn run(worker: &mut Worker<'_>, inputs: &[(String, DynValue)]) -> RunOutput {
+fn run(worker: &mut SessionWorker, inputs: &[(String, DynValue)]) -> RunOutput {
     let input: Vec<(&str, &DynValue)> = inputs.iter().map(|(n, v)| (n.as_str(), v)).collect();
     worker.run(&input).unwrap()
 }
 
-fn backing(w: &Worker<'_>) -> u64 {
+/// Memory-layer calls so far: reservations, commits, decommits, releases.
+fn backing(w: &SessionWorker) -> u64 {
     let s = w.stats();
-    s.backing_allocs + s.backing_frees
+    s.backing_allocs + s.backing_frees + s.commits + s.decommits
 }
 
 #[test]
 fn repeated_shapes_make_no_backing_call() {
-    let session =
-        ArenaSession::open(runtime(), model("ppocr_rec.onnx"), ArenaOptions::default()).unwrap();
+    let options = ArenaOptions {
+        shrink: Shrink::KeepLargest,
+        ..ArenaOptions::default()
+    };
+    let session = ArenaSession::open(runtime(), model("ppocr_rec.onnx"), options).unwrap();
     let large = inputs(session.inputs(), &[("x", &[1, 3, 48, 960])], 1);
     let small = inputs(session.inputs(), &[("x", &[1, 3, 48, 160])], 2);
     let mut worker = session.worker().unwrap();
@@ -49,7 +53,7 @@ fn repeated_shapes_make_no_backing_call() {
     // What is held is the largest plan, which is close to the largest run's
     // lower bound (the most bytes live at once).
     let plans = session.plans();
-    let largest = plans.largest().unwrap();
+    let largest = plans.cache().largest().unwrap();
     let lower = largest.lower_bound();
     let stats = worker.stats();
     assert!(lower > 1 << 20, "a real model's tensors: {lower}");
@@ -70,7 +74,7 @@ fn repeated_shapes_make_no_backing_call() {
 fn shrink_policy_follows_small_inputs() {
     let options = ArenaOptions {
         plans: false,
-        shrink_to_plans: false,
+        shrink: Shrink::Never,
         arena: ArenaConfig {
             shrink_policy: ShrinkPolicy::AfterEveryRun,
             ..ArenaConfig::default()
@@ -98,4 +102,43 @@ fn shrink_policy_follows_small_inputs() {
         after_small >= need && after_small <= need + (2 << 20),
         "reserved {after_small} after small runs needing {need} (large needed {big_need})"
     );
+}
+
+#[test]
+fn the_default_follows_a_small_input_down_and_commits_again_in_place() {
+    let session =
+        ArenaSession::open(runtime(), model("ppocr_rec.onnx"), ArenaOptions::default()).unwrap();
+    let large = inputs(session.inputs(), &[("x", &[1, 3, 48, 1600])], 1);
+    let small = inputs(session.inputs(), &[("x", &[1, 3, 48, 100])], 2);
+    let mut worker = session.worker().unwrap();
+    let first = run(&mut worker, &large).report;
+    let after_large = worker.stats().reserved;
+    drop(run(&mut worker, &small));
+    let small_plan = session
+        .plans()
+        .cache()
+        .get(&[4usize, 1, 3, 48, 100][..])
+        .expect("the small shape was planned");
+    let after_small = worker.stats().reserved;
+    assert!(
+        after_small <= small_plan.size() + (2 << 20) && after_small * 4 < after_large,
+        "reserved {after_small} after the small run (its plan {}), {after_large} after the large one",
+        small_plan.size()
+    );
+    // The large shape again: served from its plan, committed again in
+    // place (no new reservation), with no more commits than its first run.
+    let again = run(&mut worker, &large).report;
+    assert!(again.planned && !again.deviated, "{again:?}");
+    assert_eq!(again.backing_allocs, 0, "a new reservation: {again:?}");
+    assert!(
+        again.commits >= 1 && again.commits <= first.commits.max(1),
+        "commits: first {} again {}",
+        first.commits,
+        again.commits
+    );
+    // Nothing was given back since: the next one makes no memory-layer call.
+    let before = backing(&worker);
+    let third = run(&mut worker, &large).report;
+    assert!(third.planned);
+    assert_eq!(backing(&worker), before, "{third:?}");
 }

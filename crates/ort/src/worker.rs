@@ -1,0 +1,349 @@
+//! A thread's arena for ONNX Runtime runs: owned, `Send`, any number of
+//! models, wrapped around the caller's own `session.run(...)`.
+
+use crate::follow::{Follow, Shrink};
+use crate::key::RunKey;
+use crate::slot::{self, Slot};
+use crate::OrtArenaError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tensor_arena::{ArenaConfig, Plan, PlanCache, PlanStats, RunReport, Stats};
+
+/// The plans of one model: what each input shape's run allocates, and
+/// where. One per model (session), shared by every worker that runs it
+/// (`&Plans` is `Sync`; put it beside the session, or in an `Arc`).
+///
+/// Plans are validated when they are made and checked when they are
+/// served, so handing a worker another model's plans, or keys that do not
+/// describe the run, is harmless: the run deviates from the plan, goes on
+/// dynamically, and the key is planned again.
+pub struct Plans {
+    id: u64,
+    cache: PlanCache<Box<[usize]>>,
+}
+
+static NEXT_PLANS: AtomicU64 = AtomicU64::new(1);
+
+impl Plans {
+    /// Plans for up to `capacity` shapes (least recently used out; at least
+    /// 1).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            id: NEXT_PLANS.fetch_add(1, Ordering::Relaxed),
+            cache: PlanCache::new(capacity.max(1)),
+        }
+    }
+
+    /// The plan cache (hits, misses, plans held: [`PlanCache::stats`]).
+    pub fn cache(&self) -> &PlanCache<Box<[usize]>> {
+        &self.cache
+    }
+
+    /// The cache's counters.
+    pub fn stats(&self) -> PlanStats {
+        self.cache.stats()
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Default for Plans {
+    /// Room for 64 shapes.
+    fn default() -> Self {
+        Self::new(64)
+    }
+}
+
+impl std::fmt::Debug for Plans {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plans")
+            .field("id", &self.id)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// How a [`Worker`] manages its arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerOptions {
+    /// The arena (cap, growth). Its own `shrink_policy` applies too; leave
+    /// it `Manual` (the default) and let [`WorkerOptions::shrink`] decide.
+    pub arena: ArenaConfig,
+    /// Whether runs are planned by their keys (default: yes).
+    pub plans: bool,
+    /// When cached memory is given back (default:
+    /// [`Shrink::FollowInput`] after 1 run).
+    pub shrink: Shrink,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        Self {
+            arena: ArenaConfig::default(),
+            plans: true,
+            shrink: Shrink::default(),
+        }
+    }
+}
+
+/// What the last [`Worker::run`] did.
+#[derive(Clone, Debug, Default)]
+pub struct RunInfo {
+    /// The arena's report of the run.
+    pub report: RunReport,
+    /// `Alloc` calls made on the worker's thread during the run.
+    pub alloc_calls: u64,
+    /// Of those, requests the arena refused (over its cap, over a budget),
+    /// served by the system allocator instead.
+    pub refused_allocs: u64,
+    /// Requests nothing could serve, refused to ONNX Runtime with
+    /// `std::bad_alloc` (the run then failed: its error names the
+    /// exception).
+    pub failed_allocs: u64,
+    /// Whether the closure returned `Ok`.
+    pub succeeded: bool,
+    /// Whether this run taught its key a plan.
+    pub learned: bool,
+    /// Bytes given back after the run by the shrink policy.
+    pub released: usize,
+    /// The run's key.
+    pub key: RunKey,
+}
+
+impl RunInfo {
+    /// Whether the run failed because memory ran out.
+    pub fn out_of_memory(&self) -> bool {
+        !self.succeeded && self.failed_allocs > 0
+    }
+}
+
+/// One thread's arena for ONNX Runtime. While [`Worker::run`] calls the
+/// closure, every tensor ONNX Runtime allocates on this thread through the
+/// registered allocator (see [`register`](crate::register) and
+/// [`SessionBuilderExt`](crate::SessionBuilderExt)) is a block of this
+/// arena, taken with no lock, planned by the run's key.
+///
+/// Owned and `Send`: keep one per thread (a `thread_local!`, a pool's
+/// per-thread state), move it into `spawn_blocking`, or check it out of a
+/// pool per request. One worker runs any number of models, one at a time:
+/// each model keeps its [`Plans`], and the arena holds the largest model's
+/// need, not the sum. Outputs are blocks of the arena; they may outlive
+/// the run, the worker and the session, and may be dropped on any thread.
+/// Dropping the worker gives back its cached memory.
+pub struct Worker {
+    slot: Arc<Slot>,
+    options: WorkerOptions,
+    follow: Follow,
+    runs: u64,
+    last: Option<RunInfo>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("id", &self.slot.id)
+            .field("runs", &self.runs)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The one place a recording becomes a plan. The arena's own recordings
+/// always validate; were one not to, the key simply stays unplanned.
+fn plan_from(recording: &tensor_arena::Recording) -> Option<Plan> {
+    Plan::from_recording(recording).ok()
+}
+
+impl Worker {
+    /// A worker with an empty arena (nothing is reserved until its first
+    /// run).
+    ///
+    /// # Errors
+    /// [`OrtArenaError::Arena`] if `options.arena` is invalid.
+    pub fn new(options: WorkerOptions) -> Result<Self, OrtArenaError> {
+        options.arena.validate()?;
+        Ok(Self {
+            slot: Slot::new(options.arena)?,
+            follow: Follow::new(options.shrink),
+            options,
+            runs: 0,
+            last: None,
+        })
+    }
+
+    /// Runs `f` (the caller's own `session.run(...)`) with this worker's
+    /// arena serving the tensors ONNX Runtime allocates on this thread,
+    /// keyed by `key` in `plans` (the model's). Returns what `f` returned.
+    ///
+    /// The first run of a key is recorded; if it succeeds it becomes a plan,
+    /// and later runs of the key get every tensor at its planned offset in
+    /// one block. After the run the shrink policy gives cached memory back
+    /// ([`WorkerOptions::shrink`]). A failed run (`Err`) teaches no plan.
+    /// [`Worker::last_run`] tells what the run did.
+    ///
+    /// `f` runs on this thread. Calling another worker's `run` inside it is
+    /// allowed (the inner worker serves until it returns); a panic in `f`
+    /// propagates after the arena is restored.
+    pub fn run<T, E>(
+        &mut self,
+        plans: &Plans,
+        key: &RunKey,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let plan = if self.options.plans {
+            plans.cache.get(key.as_slice())
+        } else {
+            None
+        };
+        let planned_size = plan.as_ref().map(|p| p.size());
+        let slot = Arc::clone(&self.slot);
+        let mut core = slot.lock();
+        core.begin_run(plan);
+        let calls_before = crate::raw::thread_alloc_calls();
+        let failed_before = crate::raw::thread_failed_allocs();
+        let result = {
+            let _entered = slot::enter(&slot, &mut core);
+            f()
+        };
+        let calls = crate::raw::thread_alloc_calls();
+        let failed_allocs = crate::raw::thread_failed_allocs() - failed_before;
+        let (report, recording) = core.finish_run().unwrap_or_default();
+        let succeeded = result.is_ok();
+        let mut learned = false;
+        // What this model needs for this key: its plan's block, or what the
+        // run reached.
+        let mut need = planned_size.unwrap_or(report.high_water);
+        if self.options.plans && succeeded {
+            let fresh = planned_size.is_none() || report.deviated;
+            if fresh && !recording.is_empty() {
+                if let Some(plan) = plan_from(&recording) {
+                    need = plan.size();
+                    plans
+                        .cache
+                        .insert(key.as_slice().to_vec().into(), Arc::new(plan));
+                    learned = true;
+                }
+            }
+        }
+        let target = if succeeded {
+            self.follow.after_run(plans.id(), need)
+        } else {
+            // A failed run (memory ran short, say): give back what it left
+            // cached, down to what the models need.
+            self.follow.held()
+        };
+        let released = match target {
+            Some(bytes) if core.arena_stats().reserved > bytes => core.shrink_to(bytes),
+            _ => 0,
+        };
+        self.runs += 1;
+        slot.publish(&core);
+        drop(core);
+        self.last = Some(RunInfo {
+            report,
+            alloc_calls: calls.0 - calls_before.0,
+            refused_allocs: calls.1 - calls_before.1,
+            failed_allocs,
+            succeeded,
+            learned,
+            released,
+            key: key.clone(),
+        });
+        result
+    }
+
+    /// What the last run did (`None` before the first).
+    pub fn last_run(&self) -> Option<&RunInfo> {
+        self.last.as_ref()
+    }
+
+    /// Gives cached memory back down to what the recent runs of each model
+    /// need (as the shrink policy counts them), or all of it with
+    /// `everything`; returns the bytes released. Live outputs keep their
+    /// blocks.
+    pub fn shrink(&mut self, everything: bool) -> usize {
+        let mut core = self.slot.lock();
+        let target = if everything {
+            0
+        } else {
+            self.follow.held().unwrap_or(0)
+        };
+        let released = core.shrink_to(target);
+        self.slot.publish(&core);
+        released
+    }
+
+    /// This worker's arena stats (also counting blocks freed from other
+    /// threads so far).
+    pub fn stats(&self) -> Stats {
+        let core = self.slot.lock();
+        self.slot.publish(&core);
+        core.arena_stats()
+    }
+
+    /// Runs made.
+    pub fn runs(&self) -> u64 {
+        self.runs
+    }
+
+    /// The options the worker was made with.
+    pub fn options(&self) -> &WorkerOptions {
+        &self.options
+    }
+
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
+        &self.slot
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.slot.retire();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>() {}
+    fn assert_sync<T: Sync>() {}
+
+    #[test]
+    fn workers_move_between_threads_and_plans_are_shared() {
+        assert_send::<Worker>();
+        assert_sync::<Plans>();
+        assert_send::<Plans>();
+    }
+
+    #[test]
+    fn a_run_with_no_allocation_learns_nothing() {
+        let mut w = Worker::new(WorkerOptions::default()).unwrap();
+        let plans = Plans::default();
+        let key = RunKey::from_shapes([[1i64, 2]]);
+        let out: Result<u32, ()> = w.run(&plans, &key, || Ok(7));
+        assert_eq!(out, Ok(7));
+        let info = w.last_run().unwrap();
+        assert!(info.succeeded && !info.learned);
+        assert_eq!(info.alloc_calls, 0);
+        assert_eq!(plans.stats().plans, 0);
+        let err: Result<(), &str> = w.run(&plans, &key, || Err("no"));
+        assert_eq!(err, Err("no"));
+        assert!(!w.last_run().unwrap().succeeded);
+        assert_eq!(w.runs(), 2);
+    }
+
+    #[test]
+    fn an_invalid_arena_config_is_an_error() {
+        let options = WorkerOptions {
+            arena: ArenaConfig {
+                alignment: 3,
+                ..ArenaConfig::default()
+            },
+            ..WorkerOptions::default()
+        };
+        assert!(matches!(Worker::new(options), Err(OrtArenaError::Arena(_))));
+    }
+}
