@@ -2,7 +2,6 @@
 //! [`Plans`] for callers without an `ort` setup of their own), and running
 //! any `ort` session from `&Session`.
 
-use crate::adopt::SessionBuilderExt;
 use crate::key::RunKey;
 use crate::slot::{self, Slot};
 use crate::tensors::InputSpec;
@@ -10,7 +9,6 @@ use crate::worker::{Plans, Worker, WorkerOptions};
 use crate::{OrtArenaError, Shrink};
 use ort::value::{DynValue, ValueType};
 use std::ffi::CString;
-use std::path::Path;
 use std::sync::Arc;
 use tensor_arena::{ArenaConfig, RunReport, Stats};
 
@@ -55,13 +53,14 @@ impl Default for SessionOptions {
 #[cfg(feature = "load-dynamic")]
 pub fn open_session(
     runtime: &crate::Runtime,
-    model: impl AsRef<Path>,
+    model: impl AsRef<std::path::Path>,
     options: SessionOptions,
 ) -> Result<ort::session::Session, OrtArenaError> {
     let model = model.as_ref();
     if !model.is_file() {
         return Err(OrtArenaError::ModelNotFound { path: model.into() });
     }
+    use crate::adopt::SessionBuilderExt;
     let mut b = ort::session::Session::builder(runtime.environment())?;
     if options.intra_threads > 0 {
         b = b.with_intra_threads(options.intra_threads)?;
@@ -229,7 +228,7 @@ impl ArenaSession {
     #[cfg(feature = "load-dynamic")]
     pub fn open(
         runtime: &crate::Runtime,
-        model: impl AsRef<Path>,
+        model: impl AsRef<std::path::Path>,
         options: ArenaOptions,
     ) -> Result<Self, OrtArenaError> {
         options.arena.validate()?;
