@@ -83,11 +83,11 @@ pub(crate) fn thread_alloc_calls() -> (u64, u64) {
     )
 }
 
-/// The safe body of `Alloc`. Null only when even the system allocator
-/// cannot serve the request: ONNX Runtime does not check every `Alloc` for
-/// null (a null from a custom allocator can crash it), so a request the
-/// worker's arena refuses (over its `max_reserved` cap) is served by the
-/// system allocator instead, and counted.
+/// The safe body of `Alloc`. A request the worker's arena refuses (over
+/// its `max_reserved` cap, out of memory) is served by the system allocator
+/// instead, and counted. `None` (refused to ONNX Runtime with
+/// `std::bad_alloc` by the caller) when the worker's budget refuses it, or
+/// when even the system allocator cannot serve it.
 fn alloc(size: usize) -> Option<NonNull<u8>> {
     ALLOC_CALLS.fetch_add(1, Ordering::Relaxed);
     ALLOC_BYTES.fetch_add(size, Ordering::Relaxed);
@@ -95,6 +95,11 @@ fn alloc(size: usize) -> Option<NonNull<u8>> {
     match slot::alloc_current(size) {
         slot::Served::Arena(ptr) => Some(ptr),
         slot::Served::NoWorker => system_alloc(size),
+        slot::Served::OverBudget => {
+            REFUSED_ALLOCS.fetch_add(1, Ordering::Relaxed);
+            THREAD_REFUSED_ALLOCS.with(|c| c.set(c.get() + 1));
+            None
+        }
         slot::Served::Failed => {
             REFUSED_ALLOCS.fetch_add(1, Ordering::Relaxed);
             THREAD_REFUSED_ALLOCS.with(|c| c.set(c.get() + 1));
@@ -394,7 +399,7 @@ mod tests {
         let (alloc, _, this) = fns();
         // SAFETY: as ONNX Runtime would call it.
         assert!(unsafe { alloc(this, usize::MAX) }.is_null());
-        let slot = Slot::new(ArenaConfig::default()).unwrap();
+        let slot = Slot::new(ArenaConfig::default(), None).unwrap();
         let mut core = slot.lock();
         let _in = slot::enter(&slot, &mut core);
         // SAFETY: as above.
@@ -404,7 +409,7 @@ mod tests {
     #[test]
     fn blocks_come_from_the_entered_arena_and_go_back() {
         let (alloc, free, this) = fns();
-        let slot = Slot::new(ArenaConfig::default()).unwrap();
+        let slot = Slot::new(ArenaConfig::default(), None).unwrap();
         let mut core = slot.lock();
         core.begin_run(None);
         let ptrs: Vec<*mut c_void> = {
@@ -438,7 +443,7 @@ mod tests {
     #[test]
     fn a_block_freed_on_another_thread_finds_its_arena() {
         let (alloc, free, this) = fns();
-        let slot = Slot::new(ArenaConfig::default()).unwrap();
+        let slot = Slot::new(ArenaConfig::default(), None).unwrap();
         let weak = Arc::downgrade(&slot);
         let mut core = slot.lock();
         let (a, b) = {

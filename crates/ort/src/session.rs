@@ -149,7 +149,7 @@ pub fn run_shared(
 }
 
 /// How an [`ArenaSession`] manages memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ArenaOptions {
     /// Each worker's arena (cap, growth).
     pub arena: ArenaConfig,
@@ -163,6 +163,9 @@ pub struct ArenaOptions {
     /// Threads of ONNX Runtime's intra-op pool; 0 (the default) leaves ONNX
     /// Runtime's own default. Used by [`ArenaSession::open`] only.
     pub intra_threads: usize,
+    /// A budget every worker's arena commits under (see
+    /// [`WorkerOptions::budget`]). Default: none.
+    pub budget: Option<Arc<tensor_arena::Budget>>,
 }
 
 impl Default for ArenaOptions {
@@ -173,6 +176,7 @@ impl Default for ArenaOptions {
             plan_capacity: 64,
             shrink: Shrink::default(),
             intra_threads: 0,
+            budget: None,
         }
     }
 }
@@ -183,6 +187,7 @@ impl ArenaOptions {
             arena: self.arena,
             plans: self.plans,
             shrink: self.shrink,
+            budget: self.budget.clone(),
         }
     }
 }

@@ -16,7 +16,10 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use tensor_arena::{Arena, ArenaConfig, Block, Plan, Recording, RunReport, Stats};
+use tensor_arena::memory::ErrorCode;
+use tensor_arena::{
+    Arena, ArenaConfig, ArenaError, Block, Budget, Plan, Reclaim, Recording, RunReport, Stats,
+};
 
 /// One worker's arena and the blocks it has handed to ONNX Runtime.
 pub(crate) struct Slot {
@@ -39,15 +42,19 @@ struct Pending {
     ptrs: Vec<(usize, Arc<Slot>)>,
 }
 
+/// A worker's memory: pages, commits charged to a budget.
+type WorkerMemory = tensor_arena::memory::Budgeted<tensor_arena::DefaultMemory>;
+type WorkerArena = Arena<WorkerMemory>;
+
 /// The arena, the open run and the live blocks. The run and the blocks
 /// borrow the arena, which lives in a box of its own (its address never
 /// changes) and is dropped after them (see `Drop`).
 pub(crate) struct Core {
-    run: Option<tensor_arena::Run<'static>>,
+    run: Option<tensor_arena::Run<'static, WorkerMemory>>,
     /// Live blocks by the address handed to ONNX Runtime.
-    blocks: HashMap<usize, Block<'static>>,
+    blocks: HashMap<usize, Block<'static, WorkerMemory>>,
     /// Owned (from `Box::into_raw`); freed in `Drop` after `run` and `blocks`.
-    arena: NonNull<Arena>,
+    arena: NonNull<WorkerArena>,
 }
 
 // SAFETY: `Core` owns its arena and every borrow of it (`run`, `blocks`); no
@@ -58,8 +65,18 @@ pub(crate) struct Core {
 unsafe impl Send for Core {}
 
 impl Core {
-    fn new(config: ArenaConfig) -> Result<Self, tensor_arena::ArenaError> {
-        let arena = Box::new(Arena::try_new(config)?);
+    fn new(config: ArenaConfig, budget: Option<&Arc<Budget>>) -> Result<Self, ArenaError> {
+        // Without a budget of the caller's, an unlimited one of its own: one
+        // arena type, and a charge (one atomic operation) per commit only.
+        let own;
+        let budget = match budget {
+            Some(b) => b,
+            None => {
+                own = Budget::new(usize::MAX);
+                &own
+            }
+        };
+        let arena = Box::new(Arena::with_budget(config, budget)?);
         Ok(Self {
             run: None,
             blocks: HashMap::new(),
@@ -68,16 +85,25 @@ impl Core {
     }
 
     /// The arena, for as long as the core lives.
-    fn arena(&self) -> &'static Arena {
+    fn arena(&self) -> &'static WorkerArena {
         // SAFETY: `arena` points to a live boxed arena, freed only in `Drop`
         // after every `Block` and `Run` made from this reference (they are
         // stored in `self.blocks`/`self.run` and nowhere else) is dropped.
         unsafe { self.arena.as_ref() }
     }
 
-    fn alloc(&mut self, owner: &Arc<Slot>, size: usize) -> Option<NonNull<u8>> {
-        let total = size.checked_add(HEADER)?;
-        let mut block = self.arena().try_alloc_aligned(total, ALIGN).ok()?;
+    fn alloc(&mut self, owner: &Arc<Slot>, size: usize) -> Served {
+        let Some(total) = size.checked_add(HEADER) else {
+            return Served::Failed;
+        };
+        let mut block = match self.arena().try_alloc_aligned(total, ALIGN) {
+            Ok(b) => b,
+            Err(ArenaError::CommitFailed {
+                code: Some(ErrorCode::OverBudget { .. }),
+                ..
+            }) => return Served::OverBudget,
+            Err(_) => return Served::Failed,
+        };
         let header = Header {
             owner: Arc::into_raw(Arc::clone(owner)) as usize,
             size: total,
@@ -86,7 +112,10 @@ impl Core {
         block[..header.len()].copy_from_slice(&header);
         let user = block.as_mut_ptr().wrapping_add(HEADER);
         self.blocks.insert(user as usize, block);
-        NonNull::new(user)
+        match NonNull::new(user) {
+            Some(p) => Served::Arena(p),
+            None => Served::Failed,
+        }
     }
 
     fn free(&mut self, user: usize) {
@@ -116,16 +145,25 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 static REGISTRY: Mutex<Vec<Weak<Slot>>> = Mutex::new(Vec::new());
 
 impl Slot {
-    pub(crate) fn new(config: ArenaConfig) -> Result<Arc<Self>, tensor_arena::ArenaError> {
+    /// A slot whose arena commits under `budget`, if any (and is then one
+    /// of its members: it gives its cache back when idle).
+    pub(crate) fn new(
+        config: ArenaConfig,
+        budget: Option<&Arc<Budget>>,
+    ) -> Result<Arc<Self>, ArenaError> {
         let slot = Arc::new(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            core: Mutex::new(Core::new(config)?),
+            core: Mutex::new(Core::new(config, budget)?),
             pending: Mutex::new(Pending {
                 alive: true,
                 ptrs: Vec::new(),
             }),
             published: Mutex::new(Stats::default()),
         });
+        if let Some(b) = budget {
+            let member: Arc<dyn Reclaim> = slot.clone();
+            b.register(Arc::downgrade(&member));
+        }
         let mut reg = REGISTRY.lock();
         reg.retain(|w| w.strong_count() > 0);
         reg.push(Arc::downgrade(&slot));
@@ -177,15 +215,35 @@ impl Slot {
     }
 }
 
+impl Reclaim for Slot {
+    /// An idle worker (its core not locked: no run open) gives back all its
+    /// cached memory; live outputs keep their blocks. A running worker is
+    /// never waited for and never touched: its thread allocates without a
+    /// lock during the run.
+    fn try_reclaim(&self, _idle_only: bool) -> usize {
+        match self.core.try_lock() {
+            Some(core) => {
+                let released = core.arena().shrink_to(0);
+                self.publish(&core);
+                released
+            }
+            None => 0,
+        }
+    }
+}
+
 /// What `Alloc` on this thread got.
 pub(crate) enum Served {
     /// A block of the running worker's arena.
     Arena(NonNull<u8>),
     /// No worker runs on this thread: use the system allocator.
     NoWorker,
-    /// The arena refused (over its cap, or the size overflowed): the
-    /// caller serves it elsewhere.
+    /// The arena refused (over its cap, out of memory, or the size
+    /// overflowed): the caller serves it elsewhere.
     Failed,
+    /// The arena's budget refused: the request fails (the budget is a
+    /// limit on the process, which the system allocator must not bypass).
+    OverBudget,
 }
 
 /// The worker running on this thread, if any.
@@ -239,10 +297,7 @@ pub(crate) fn alloc_current(size: usize) -> Served {
     // SAFETY: as above, the slot is kept alive by the caller of `enter`;
     // `ManuallyDrop` keeps this borrowed reference from being released.
     let slot = std::mem::ManuallyDrop::new(unsafe { Arc::from_raw(cur.slot) });
-    match core.alloc(&slot, size) {
-        Some(p) => Served::Arena(p),
-        None => Served::Failed,
-    }
+    core.alloc(&slot, size)
 }
 
 /// `Free` of the block at `user`, owned by `owner` (the block's reference,

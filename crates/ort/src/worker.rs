@@ -7,7 +7,7 @@ use crate::slot::{self, Slot};
 use crate::OrtArenaError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tensor_arena::{ArenaConfig, Plan, PlanCache, PlanStats, RunReport, Stats};
+use tensor_arena::{ArenaConfig, Budget, Plan, PlanCache, PlanStats, RunReport, Stats};
 
 /// The plans of one model: what each input shape's run allocates, and
 /// where. One per model (session), shared by every worker that runs it
@@ -66,7 +66,7 @@ impl std::fmt::Debug for Plans {
 }
 
 /// How a [`Worker`] manages its arena.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct WorkerOptions {
     /// The arena (cap, growth). Its own `shrink_policy` applies too; leave
     /// it `Manual` (the default) and let [`WorkerOptions::shrink`] decide.
@@ -76,6 +76,13 @@ pub struct WorkerOptions {
     /// When cached memory is given back (default:
     /// [`Shrink::FollowInput`] after 1 run).
     pub shrink: Shrink,
+    /// A budget shared with other arenas of the process (other workers,
+    /// sessions, shared arenas): the worker's commits are charged to it,
+    /// and when a commit would pass the limit, idle members give their
+    /// cached memory back first. A request the budget still refuses fails
+    /// the run (ONNX Runtime is refused it with `std::bad_alloc`:
+    /// [`RunInfo::out_of_memory`]); the worker stays usable. Default: none.
+    pub budget: Option<Arc<Budget>>,
 }
 
 impl Default for WorkerOptions {
@@ -84,6 +91,7 @@ impl Default for WorkerOptions {
             arena: ArenaConfig::default(),
             plans: true,
             shrink: Shrink::default(),
+            budget: None,
         }
     }
 }
@@ -165,7 +173,7 @@ impl Worker {
     pub fn new(options: WorkerOptions) -> Result<Self, OrtArenaError> {
         options.arena.validate()?;
         Ok(Self {
-            slot: Slot::new(options.arena)?,
+            slot: Slot::new(options.arena, options.budget.as_ref())?,
             follow: Follow::new(options.shrink),
             options,
             runs: 0,

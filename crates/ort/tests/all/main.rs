@@ -2,6 +2,7 @@
 //! models are fetched from PyPI by `tools/fetch-ort-assets.sh` when missing;
 //! without them the tests fail.
 
+mod budget;
 mod common;
 mod errors;
 mod outputs;
