@@ -404,6 +404,16 @@ impl Core {
         self.arena().shrink_to(bytes)
     }
 
+    /// Starts or stops recording runs as a trace.
+    pub(crate) fn record_trace(&mut self, on: bool) {
+        self.arena().record_trace(on);
+    }
+
+    /// The runs recorded so far.
+    pub(crate) fn take_trace(&mut self) -> tensor_arena::trace::Trace {
+        self.arena().take_trace()
+    }
+
     /// The arena's stats now.
     pub(crate) fn arena_stats(&self) -> Stats {
         self.stats()

@@ -296,6 +296,19 @@ impl Worker {
         self.runs
     }
 
+    /// Starts (or stops) recording this worker's runs as an allocation
+    /// trace: ONNX Runtime's own allocation and free order, to replay
+    /// elsewhere (`tensor-arena replay`). See
+    /// [`Arena::record_trace`](tensor_arena::Arena::record_trace).
+    pub fn record_trace(&mut self, on: bool) {
+        self.slot.lock().record_trace(on);
+    }
+
+    /// The runs recorded since recording started or the last call.
+    pub fn take_trace(&mut self) -> tensor_arena::trace::Trace {
+        self.slot.lock().take_trace()
+    }
+
     /// The options the worker was made with.
     pub fn options(&self) -> &WorkerOptions {
         &self.options
