@@ -139,8 +139,8 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
         Target::Arena(s) => (s.inputs().to_vec(), s.session().outputs()),
     };
     // Check every run's inputs, the values and the outputs before running.
-    checks::outputs(outputs)?;
     let resolved = checks::inputs(&args.inputs, &runs, &specs, &given)?;
+    checks::outputs(outputs)?;
     let barriers = Barriers {
         ready: Barrier::new(args.threads as usize + 1),
         start: Barrier::new(args.threads as usize + 1),
@@ -175,11 +175,15 @@ fn run_all(args: &OrtArgs, strategy: OrtStrategy, job: &Job<'_>) -> Result<Strat
     let b = job.barriers;
     let mut rows = Vec::new();
     let mut peak_error = None;
+    let mut process_peak = 0;
     let session_rss = std::thread::scope(|scope| -> Result<u64, String> {
         let handles: Vec<_> = (0..threads).map(|_| scope.spawn(|| worker(job))).collect();
         // The session is open and the workers are created: nothing runs yet.
         b.ready.wait();
-        let session_rss = rss::read().0;
+        let (session_rss, session_peak) = rss::read();
+        // Resetting the peak resets the process's own (`ru_maxrss` too):
+        // its peak is the largest of the peaks read before each reset.
+        process_peak = session_peak;
         eprintln!(
             "[{name}] session open ({:.1} MiB RSS); {total} run(s) on {threads} thread(s)",
             session_rss as f64 / (1024.0 * 1024.0)
@@ -200,6 +204,7 @@ fn run_all(args: &OrtArgs, strategy: OrtStrategy, job: &Job<'_>) -> Result<Strat
             // The workers are parked again (at the next `start`, or at
             // `release`), holding their arenas.
             let (rss_now, peak) = rss::read();
+            process_peak = process_peak.max(peak);
             let outcome = if b.failed.swap(false, Ordering::Relaxed) {
                 "FAILED after"
             } else {
@@ -242,7 +247,7 @@ fn run_all(args: &OrtArgs, strategy: OrtStrategy, job: &Job<'_>) -> Result<Strat
         session_rss_bytes: session_rss,
         peak_rss_per_run: peak_error.is_none(),
         peak_rss_note: peak_error,
-        process_peak_rss_bytes: None,
+        process_peak_rss_bytes: Some(process_peak).filter(|&p| p > 0),
         runs: rows,
     })
 }

@@ -178,9 +178,8 @@ fn parent(args: &OrtArgs) -> Result<ExitCode, String> {
             crashed = true;
             continue;
         }
-        let mut report: StrategyReport = serde_json::from_slice(&out.stdout)
+        let report: StrategyReport = serde_json::from_slice(&out.stdout)
             .map_err(|e| format!("strategy {}: bad report from child: {e}", strategy.name()))?;
-        report.process_peak_rss_bytes = out.peak_rss_bytes;
         reports.push(report);
     }
     let comparison = Comparison::of(&reports);

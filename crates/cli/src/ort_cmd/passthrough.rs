@@ -14,8 +14,6 @@ pub struct ChildOutput {
     pub status: ExitStatus,
     /// All it wrote on stdout.
     pub stdout: Vec<u8>,
-    /// Its peak RSS over its life (`ru_maxrss` from `wait4`), if known.
-    pub peak_rss_bytes: Option<u64>,
 }
 
 /// Runs `cmd` to its end, passing its stderr through.
@@ -50,7 +48,6 @@ pub fn run(mut cmd: Command) -> Result<ChildOutput, String> {
     Ok(ChildOutput {
         status: exit.status,
         stdout,
-        peak_rss_bytes: exit.peak_rss_bytes,
     })
 }
 

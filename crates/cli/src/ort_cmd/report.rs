@@ -50,8 +50,9 @@ pub struct StrategyReport {
     /// Why the peak could not be reset, if it could not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_note: Option<String>,
-    /// Peak RSS of the strategy's child process over its whole life,
-    /// session creation included (`ru_maxrss` from `wait4`), if known.
+    /// Peak RSS of the strategy's child process from its start to its
+    /// last run, session creation included (the largest `VmHWM` read before
+    /// each reset and after each run), if known.
     #[serde(default)]
     pub process_peak_rss_bytes: Option<u64>,
     /// The runs in order.
