@@ -364,6 +364,7 @@ fn unsupported_types_are_named_plainly() {
         ],
         &["Tensor {", "input \"y\"", "FAILED"],
     );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Defects 7 and 8: a run ONNX Runtime fails (PP-OCR det on an image its

@@ -8,6 +8,11 @@
 //! document for all. Each child's stderr (its progress, one line per run,
 //! and its errors) passes through the parent once, as it comes, without
 //! terminal escape codes when the parent's stderr is not a terminal.
+//!
+//! ONNX Runtime's own log is kept to fatal messages: the errors it logs it
+//! also returns, and they are reported here (`FAILED: ...` or the error
+//! that ends the command). `ORT_LOG=warning` (or `info`, `verbose`) shows
+//! its log as it is, colours removed where stderr is not a terminal.
 
 mod checks;
 mod child;
@@ -106,7 +111,9 @@ pub struct OrtArgs {
 }
 
 /// Runs `tensor-arena ort`. Exit codes: 0 success; 1 the strategies'
-/// outputs differ or a child failed while running; 2 bad input.
+/// outputs differ, a run failed or a child failed while running; 2 bad
+/// input (library, model, shapes, `--value`s, types the command cannot
+/// fill or hash).
 pub fn main(args: &OrtArgs) -> ExitCode {
     let code = match args.child {
         Some(strategy) => child::main(args, strategy),
