@@ -1,31 +1,36 @@
 //! One strategy, run in this (child) process: load ONNX Runtime, open the
 //! session, run the sequence on `--threads` workers, print a JSON report.
+//!
+//! The main thread and the workers move in step through barriers: before
+//! each run the workers are parked (at `start`) while the main thread
+//! resets the peak RSS; after it they are parked again (at the next
+//! `start`, or at `release` after the last run) while the main thread reads
+//! the RSS and its peak, so every row is measured with the workers holding
+//! their arenas. Only after the last row is measured are the workers
+//! released to drop them. Progress goes to stderr, one line per run.
 
+use super::checks::{self, Resolved};
 use super::report::{RunRow, StrategyReport};
-use super::shapes;
+use super::values::{self, ValueSpec};
+use super::{rss, shapes};
 use super::{OrtArgs, OrtStrategy};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tensor_arena_ort::ort::logging::LogLevel;
 use tensor_arena_ort::ort::session::RunOptions;
 use tensor_arena_ort::ort::value::DynValue;
 use tensor_arena_ort::{
-    make_input, open_session, run_shared, ArenaOptions, ArenaSession, InputSpec, Memory, Runtime,
-    SessionOptions,
+    make_input, open_session, run_shared, ArenaOptions, ArenaSession, InputSpec, Memory,
+    OrtArenaError, Runtime, SessionOptions,
 };
 
-/// Resident and peak resident bytes of this process (`VmRSS`, `VmHWM` of
-/// `/proc/self/status`; `VmHWM` is what `getrusage` reports as `ru_maxrss`).
-fn rss() -> (u64, u64) {
-    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kib| kib * 1024)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
+/// Test hook: milliseconds the main thread waits after each run before it
+/// measures the RSS, so that tests can check that the workers still hold
+/// their arenas then (they are parked until it has measured). Nothing else
+/// reads it.
+pub const MEASURE_DELAY_HOOK: &str = "TENSOR_ARENA_TEST_ORT_MEASURE_DELAY_MS";
 
 /// What one worker did in one run.
 #[derive(Clone, Default)]
@@ -34,7 +39,9 @@ struct Step {
     hash: u64,
     peak_in_use: usize,
     reserved: usize,
-    backing_calls: u64,
+    /// Memory-layer calls of the worker's arena during the run:
+    /// reservations, releases, commits and decommits.
+    memory_calls: u64,
     /// Why the run failed (out of memory, say); the worker goes on with the
     /// next run.
     error: Option<String>,
@@ -49,12 +56,39 @@ enum Target {
     Arena(Box<ArenaSession>),
 }
 
+/// The barriers the main thread and the workers meet at.
+struct Barriers {
+    ready: Barrier,
+    start: Barrier,
+    end: Barrier,
+    release: Barrier,
+    /// Set by a worker whose run failed; read and cleared by the main
+    /// thread after the run, for the progress line.
+    failed: AtomicBool,
+}
+
+/// What every worker needs to run the sequence.
+struct Job<'a> {
+    target: &'a Target,
+    specs: &'a [InputSpec],
+    runs: &'a [Resolved],
+    values: &'a [ValueSpec],
+    barriers: &'a Barriers,
+}
+
 pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
     let runtime = match &args.lib {
         Some(lib) => Runtime::load(lib),
         None => Runtime::from_env(),
     }
     .map_err(|e| e.to_string())?;
+    // ONNX Runtime's own log repeats, in colour, every error it also
+    // returns (and this command reports); keep it to fatal messages unless
+    // the user asked for more with ORT_LOG.
+    if std::env::var_os("ORT_LOG").is_none() {
+        runtime.environment().set_log_level(LogLevel::Fatal);
+    }
+    let given = values::parse_all(&args.values)?;
     let runs: Vec<shapes::RunInputs> = args
         .inputs
         .iter()
@@ -99,48 +133,87 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
             ))
         }
     };
-    let specs = match &target {
-        Target::Ort { session, .. } => InputSpec::of(session),
-        Target::Arena(s) => s.inputs().to_vec(),
+    let (specs, outputs) = match &target {
+        Target::Ort { session, .. } => (InputSpec::of(session), session.outputs()),
+        Target::Arena(s) => (s.inputs().to_vec(), s.session().outputs()),
     };
-    // Check every run's inputs before running any.
-    let mut resolved = Vec::new();
-    for run in &runs {
-        let r = shapes::resolve(run, &specs)?;
-        for (name, dims) in &r {
-            match specs.iter().find(|s| s.name == *name) {
-                Some(spec) => spec.check(dims).map_err(|e| e.to_string())?,
-                None => {
-                    return Err(tensor_arena_ort::OrtArenaError::UnknownInput {
-                        name: name.clone(),
-                        known: specs.iter().map(|s| s.name.clone()).collect(),
-                    }
-                    .to_string())
-                }
-            }
-        }
-        resolved.push(r);
-    }
+    // Check every run's inputs, the values and the outputs before running.
+    let resolved = checks::inputs(&args.inputs, &runs, &specs, &given)?;
+    checks::outputs(outputs)?;
+    let barriers = Barriers {
+        ready: Barrier::new(args.threads as usize + 1),
+        start: Barrier::new(args.threads as usize + 1),
+        end: Barrier::new(args.threads as usize + 1),
+        release: Barrier::new(args.threads as usize + 1),
+        failed: AtomicBool::new(false),
+    };
+    let job = Job {
+        target: &target,
+        specs: &specs,
+        runs: &resolved,
+        values: &given,
+        barriers: &barriers,
+    };
+    let report = run_all(args, strategy, &job)?;
+    println!(
+        "{}",
+        serde_json::to_string(&report).map_err(|e| e.to_string())?
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the sequence on `--threads` workers and measures every run.
+fn run_all(args: &OrtArgs, strategy: OrtStrategy, job: &Job<'_>) -> Result<StrategyReport, String> {
+    let name = strategy.name();
     let threads = args.threads as usize;
-    let ready = Barrier::new(threads + 1);
-    let start = Barrier::new(threads + 1);
-    let end = Barrier::new(threads + 1);
+    let total = args.inputs.len();
+    let delay = std::env::var(MEASURE_DELAY_HOOK)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis);
+    let b = job.barriers;
     let mut rows = Vec::new();
+    let mut peak_error = None;
+    let mut process_peak = 0;
     let session_rss = std::thread::scope(|scope| -> Result<u64, String> {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                let barriers = (&ready, &start, &end);
-                let (target, specs, resolved) = (&target, &specs, &resolved);
-                scope.spawn(move || worker(target, specs, resolved, barriers))
-            })
-            .collect();
+        let handles: Vec<_> = (0..threads).map(|_| scope.spawn(|| worker(job))).collect();
         // The session is open and the workers are created: nothing runs yet.
-        ready.wait();
-        let session_rss = rss().0;
-        for label in &args.inputs {
-            start.wait();
-            end.wait();
-            let (rss_now, peak) = rss();
+        b.ready.wait();
+        let (session_rss, session_peak) = rss::read();
+        // Resetting the peak resets the process's own (`ru_maxrss` too):
+        // its peak is the largest of the peaks read before each reset.
+        process_peak = session_peak;
+        eprintln!(
+            "[{name}] session open ({:.1} MiB RSS); {total} run(s) on {threads} thread(s)",
+            session_rss as f64 / (1024.0 * 1024.0)
+        );
+        for (i, label) in args.inputs.iter().enumerate() {
+            // The workers are parked at `start`: this run's peak starts from
+            // here.
+            if let Err(e) = rss::reset_peak() {
+                peak_error.get_or_insert(e);
+            }
+            let t = Instant::now();
+            b.start.wait();
+            b.end.wait();
+            let wall = t.elapsed();
+            if let Some(d) = delay {
+                std::thread::sleep(d);
+            }
+            // The workers are parked again (at the next `start`, or at
+            // `release`), holding their arenas.
+            let (rss_now, peak) = rss::read();
+            process_peak = process_peak.max(peak);
+            let outcome = if b.failed.swap(false, Ordering::Relaxed) {
+                "FAILED after"
+            } else {
+                "done in"
+            };
+            eprintln!(
+                "[{name}] run {}/{total} ({label}) {outcome} {:.1} ms",
+                i + 1,
+                wall.as_secs_f64() * 1e3
+            );
             rows.push(RunRow {
                 label: label.clone(),
                 rss_bytes: rss_now,
@@ -153,6 +226,8 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
                 error: None,
             });
         }
+        // Every row is measured: the workers may drop their arenas now.
+        b.release.wait();
         let mut per_worker = Vec::new();
         for h in handles {
             per_worker.push(
@@ -161,102 +236,118 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
             );
         }
         for (i, row) in rows.iter_mut().enumerate() {
-            let steps: Vec<Step> = per_worker
-                .iter()
-                .map(|w: &Vec<Step>| w[i].clone())
-                .collect();
-            if let Some(e) = steps.iter().find_map(|s| s.error.clone()) {
-                row.error = Some(e);
-                continue;
-            }
-            if steps.iter().any(|s| s.hash != steps[0].hash) {
-                return Err(format!(
-                    "run {}: workers disagree on the outputs",
-                    row.label
-                ));
-            }
-            row.nanos = steps.iter().map(|s| s.nanos).max().unwrap_or(0);
-            row.output_hash = format!("{:016x}", steps[0].hash);
-            if strategy.is_arena() {
-                row.peak_in_use = Some(steps.iter().map(|s| s.peak_in_use as u64).sum());
-                row.reserved = Some(steps.iter().map(|s| s.reserved as u64).sum());
-                row.backing_calls = Some(steps.iter().map(|s| s.backing_calls).sum());
-            }
+            let steps: Vec<&Step> = per_worker.iter().map(|w: &Vec<Step>| &w[i]).collect();
+            fill_row(row, &steps, strategy);
         }
         Ok(session_rss)
     })?;
-    let report = StrategyReport {
-        strategy: strategy.name().to_string(),
+    Ok(StrategyReport {
+        strategy: name.to_string(),
         session_rss_bytes: session_rss,
+        peak_rss_per_run: peak_error.is_none(),
+        peak_rss_note: peak_error,
+        process_peak_rss_bytes: Some(process_peak).filter(|&p| p > 0),
         runs: rows,
-    };
-    println!(
-        "{}",
-        serde_json::to_string(&report).map_err(|e| e.to_string())?
-    );
-    Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// Puts the workers' results of one run into its row.
+fn fill_row(row: &mut RunRow, steps: &[&Step], strategy: OrtStrategy) {
+    if let Some(e) = steps.iter().find_map(|s| s.error.clone()) {
+        row.error = Some(e);
+        return;
+    }
+    if steps.iter().any(|s| s.hash != steps[0].hash) {
+        row.error = Some("the workers' outputs differ".into());
+        return;
+    }
+    row.nanos = steps.iter().map(|s| s.nanos).max().unwrap_or(0);
+    row.output_hash = format!("{:016x}", steps[0].hash);
+    if strategy.is_arena() {
+        row.peak_in_use = Some(steps.iter().map(|s| s.peak_in_use as u64).sum());
+        row.reserved = Some(steps.iter().map(|s| s.reserved as u64).sum());
+        row.backing_calls = Some(steps.iter().map(|s| s.memory_calls).sum());
+    }
 }
 
 /// One worker thread: every run of the sequence, in step with the others.
-/// On an error it still takes part in every barrier, so nobody waits forever.
-fn worker(
-    target: &Target,
-    specs: &[InputSpec],
-    runs: &[Vec<(String, Vec<usize>)>],
-    (ready, start, end): (&Barrier, &Barrier, &Barrier),
-) -> Result<Vec<Step>, String> {
-    let mut arena_worker = match target {
+/// On an error it still takes part in every barrier, so nobody waits
+/// forever; it drops its arena only once released, after the last row is
+/// measured.
+fn worker(job: &Job<'_>) -> Result<Vec<Step>, String> {
+    let b = job.barriers;
+    let mut arena_worker = match job.target {
         Target::Arena(s) => Some(s.worker().map_err(|e| e.to_string())),
         Target::Ort { .. } => None,
     }
     .transpose();
-    ready.wait();
+    b.ready.wait();
     let mut steps = Vec::new();
-    let mut error = None;
-    for (i, run) in runs.iter().enumerate() {
-        start.wait();
-        if error.is_none() {
-            match (&mut arena_worker, target) {
-                (Err(e), _) => error = Some(e.clone()),
-                (Ok(w), _) => match one_run(target, w.as_mut(), specs, run, i as u64) {
-                    Ok(step) => steps.push(step),
-                    // A failed run (out of memory, say) is reported as that
-                    // run's result; the worker and the session go on.
-                    Err(e) => steps.push(Step {
-                        error: Some(e),
-                        ..Step::default()
-                    }),
-                },
-            }
+    for (i, run) in job.runs.iter().enumerate() {
+        b.start.wait();
+        if let Ok(w) = &mut arena_worker {
+            let step = one_run(job, w.as_mut(), run, i as u64).unwrap_or_else(|e| {
+                b.failed.store(true, Ordering::Relaxed);
+                // A failed run (out of memory, say) is reported as that
+                // run's result; the worker and the session go on.
+                Step {
+                    error: Some(e.trim_end().to_string()),
+                    ..Step::default()
+                }
+            });
+            steps.push(step);
         }
-        end.wait();
+        b.end.wait();
     }
-    match error {
-        Some(e) => Err(e),
-        None => Ok(steps),
+    b.release.wait();
+    arena_worker.map(|_| steps)
+}
+
+/// The inputs of one run: `--value`s where given, `make_input`'s defaults
+/// elsewhere.
+fn inputs(
+    job: &Job<'_>,
+    run: &[(String, Vec<usize>)],
+    seed: u64,
+) -> Result<Vec<(String, DynValue)>, String> {
+    let mut values = Vec::new();
+    for (k, (name, dims)) in run.iter().enumerate() {
+        let spec = job
+            .specs
+            .iter()
+            .find(|s| s.name == *name)
+            .ok_or_else(|| format!("no input {name}"))?;
+        let seed = seed.wrapping_mul(1000).wrapping_add(k as u64);
+        let v = match job.values.iter().find(|v| v.name == *name) {
+            Some(v) => values::make(spec, dims, v, seed)?,
+            None => make_input(spec, dims, seed).map_err(|e| e.to_string())?,
+        };
+        values.push((name.clone(), v));
+    }
+    Ok(values)
+}
+
+/// Says what went wrong hashing the outputs (the crate calls every value
+/// it cannot hash an input).
+fn hash_error(e: OrtArenaError) -> String {
+    match e {
+        OrtArenaError::UnsupportedInput { name, .. } => {
+            format!("output {name:?} cannot be hashed: not a tensor of a supported type")
+        }
+        e => e.to_string(),
     }
 }
 
 fn one_run(
-    target: &Target,
+    job: &Job<'_>,
     worker: Option<&mut tensor_arena_ort::SessionWorker>,
-    specs: &[InputSpec],
     run: &[(String, Vec<usize>)],
     seed: u64,
 ) -> Result<Step, String> {
-    let mut values: Vec<(String, DynValue)> = Vec::new();
-    for (k, (name, dims)) in run.iter().enumerate() {
-        let spec = specs
-            .iter()
-            .find(|s| s.name == *name)
-            .ok_or_else(|| format!("no input {name}"))?;
-        let v = make_input(spec, dims, seed.wrapping_mul(1000).wrapping_add(k as u64))
-            .map_err(|e| e.to_string())?;
-        values.push((name.clone(), v));
-    }
+    let values = inputs(job, run, seed)?;
     let inputs: Vec<(&str, &DynValue)> = values.iter().map(|(n, v)| (n.as_str(), v)).collect();
     let mut step = Step::default();
-    match (target, worker) {
+    match (job.target, worker) {
         (Target::Ort { session, options }, _) => {
             let t = Instant::now();
             let outputs = run_shared(session, &inputs, options.as_ref()).map_err(|e| {
@@ -272,20 +363,19 @@ fn one_run(
             step.nanos = t.elapsed().as_nanos() as u64;
             step.hash =
                 tensor_arena_ort::hash_outputs(outputs.iter().map(|(n, v)| (n.as_str(), v)))
-                    .map_err(|e| e.to_string())?;
+                    .map_err(hash_error)?;
         }
         (Target::Arena(_), Some(w)) => {
             let before = w.stats();
             let t = Instant::now();
             let out = w.run(&inputs).map_err(|e| e.to_string())?;
             step.nanos = t.elapsed().as_nanos() as u64;
-            step.hash = out.hash().map_err(|e| e.to_string())?;
+            step.hash = out.hash().map_err(hash_error)?;
             step.peak_in_use = out.report.peak_in_use;
             drop(out);
             let after = w.stats();
             step.reserved = after.reserved;
-            step.backing_calls = (after.backing_allocs + after.backing_frees)
-                - (before.backing_allocs + before.backing_frees);
+            step.memory_calls = after.memory_calls() - before.memory_calls();
         }
         (Target::Arena(_), None) => return Err("no worker".into()),
     }

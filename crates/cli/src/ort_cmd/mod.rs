@@ -5,17 +5,29 @@
 //! per strategy with the hidden `--child STRATEGY` option, reads one JSON
 //! document from each child's stdout, checks that every strategy produced
 //! the same outputs, and prints a table per strategy or (`--json`) one
-//! document for all.
+//! document for all. Each child's stderr (its progress, one line per run,
+//! and its errors) passes through the parent once, as it comes, without
+//! terminal escape codes when the parent's stderr is not a terminal.
+//!
+//! ONNX Runtime's own log is kept to fatal messages: the errors it logs it
+//! also returns, and they are reported here (`FAILED: ...` or the error
+//! that ends the command). `ORT_LOG=warning` (or `info`, `verbose`) shows
+//! its log as it is, colours removed where stderr is not a terminal.
 
+mod checks;
 mod child;
+mod passthrough;
 mod report;
+mod rss;
 mod shapes;
+mod values;
 
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
-use report::StrategyReport;
+use report::{Comparison, StrategyReport};
 
 /// A memory strategy for ONNX Runtime's CPU tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -81,6 +93,14 @@ pub struct OrtArgs {
     #[arg(long, value_name = "FILE")]
     pub lib: Option<PathBuf>,
 
+    /// The values of an input, instead of the defaults (floats uniform in
+    /// [-1, 1), integers 0 to 3): `NAME=V` (every element V) or
+    /// `NAME=LOW:HIGH` (floats uniform in [LOW, HIGH), integers uniform in
+    /// LOW..=HIGH). Repeat for several inputs, e.g. `--value speed=1.0
+    /// --value x=-1:1`.
+    #[arg(long = "value", value_name = "NAME=V|NAME=LOW:HIGH")]
+    pub values: Vec<String>,
+
     /// Print one JSON document instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -91,7 +111,9 @@ pub struct OrtArgs {
 }
 
 /// Runs `tensor-arena ort`. Exit codes: 0 success; 1 the strategies'
-/// outputs differ or a child failed while running; 2 bad input.
+/// outputs differ, a run failed or a child failed while running; 2 bad
+/// input (library, model, shapes, `--value`s, types the command cannot
+/// fill or hash).
 pub fn main(args: &OrtArgs) -> ExitCode {
     let code = match args.child {
         Some(strategy) => child::main(args, strategy),
@@ -113,13 +135,16 @@ fn parent(args: &OrtArgs) -> Result<ExitCode, String> {
     for s in &args.inputs {
         shapes::parse_run(s)?;
     }
+    values::parse_all(&args.values)?;
     if args.strategies.is_empty() {
         return Err("no strategy given".into());
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let clock = Instant::now();
     let mut reports = Vec::new();
     let mut crashed = false;
-    for &strategy in &args.strategies {
+    let n = args.strategies.len();
+    for (k, &strategy) in args.strategies.iter().enumerate() {
         let mut cmd = std::process::Command::new(&exe);
         cmd.arg("ort")
             .arg("--model")
@@ -129,22 +154,25 @@ fn parent(args: &OrtArgs) -> Result<ExitCode, String> {
             .arg("--intra-threads")
             .arg(args.intra_threads.to_string())
             .arg("--child")
-            .arg(strategy.name())
-            .arg("--inputs")
-            .args(&args.inputs);
+            .arg(strategy.name());
+        for v in &args.values {
+            cmd.arg(format!("--value={v}"));
+        }
+        cmd.arg("--inputs").args(&args.inputs);
         if let Some(lib) = &args.lib {
             cmd.arg("--lib").arg(lib);
         }
-        let out = cmd
-            .stderr(std::process::Stdio::piped())
-            .output()
-            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        eprintln!(
+            "[{}] strategy {}/{n} started ({:.1} s)",
+            strategy.name(),
+            k + 1,
+            clock.elapsed().as_secs_f64()
+        );
+        let out = passthrough::run(cmd)?;
         if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            eprint!("{stderr}");
             if out.status.code() == Some(2) {
-                // Bad input (library, model, shapes): every strategy would
-                // fail the same way.
+                // Bad input (library, model, shapes, values): every strategy
+                // would fail the same way. The child said why on stderr.
                 return Ok(ExitCode::from(2));
             }
             // A strategy that failed while running: reported, and the
@@ -152,7 +180,7 @@ fn parent(args: &OrtArgs) -> Result<ExitCode, String> {
             eprintln!(
                 "tensor-arena ort: strategy {} failed ({})",
                 strategy.name(),
-                out.status
+                crate::child::describe_failure(out.status)
             );
             crashed = true;
             continue;
@@ -161,9 +189,9 @@ fn parent(args: &OrtArgs) -> Result<ExitCode, String> {
             .map_err(|e| format!("strategy {}: bad report from child: {e}", strategy.name()))?;
         reports.push(report);
     }
-    let same = report::hashes_agree(&reports);
+    let comparison = Comparison::of(&reports);
     if args.json {
-        println!("{}", report::to_json(&reports));
+        println!("{}", report::to_json(args, &reports));
     } else {
         print!("{}", report::tables(args, &reports));
     }
@@ -171,10 +199,10 @@ fn parent(args: &OrtArgs) -> Result<ExitCode, String> {
     for (strategy, i, label, error) in &failed {
         eprintln!("FAILED: {strategy} run {i} ({label}): {error}");
     }
-    if !same {
+    if comparison.outputs_identical() == Some(false) {
         eprintln!("tensor-arena ort: the strategies' output hashes differ");
     }
-    if same && failed.is_empty() && !crashed {
+    if comparison.outputs_identical() != Some(false) && failed.is_empty() && !crashed {
         Ok(ExitCode::SUCCESS)
     } else {
         Ok(ExitCode::from(1))

@@ -10,9 +10,12 @@ use std::fmt::Write as _;
 pub struct RunRow {
     /// The `--inputs` argument of the run.
     pub label: String,
-    /// Process RSS after the run (outputs dropped).
+    /// Process RSS after the run: outputs dropped, the workers (parked)
+    /// still holding their arenas.
     pub rss_bytes: u64,
-    /// Peak process RSS so far (`VmHWM`, as `getrusage`'s `ru_maxrss`).
+    /// Peak process RSS during the run (`VmHWM`, reset before the run), or
+    /// the process's peak so far where it cannot be reset (see
+    /// [`StrategyReport::peak_rss_per_run`]).
     pub peak_rss_bytes: u64,
     /// Time of the run call (the slowest worker's).
     pub nanos: u64,
@@ -21,8 +24,9 @@ pub struct RunRow {
     pub peak_in_use: Option<u64>,
     /// Bytes the arenas hold after the run (arena strategies).
     pub reserved: Option<u64>,
-    /// Backing allocations and frees the arenas made for the run (arena
-    /// strategies).
+    /// Calls the arenas made to their memory layer for the run:
+    /// reservations, releases, commits and decommits (arena strategies;
+    /// `Stats::memory_calls`, as `replay` counts them).
     pub backing_calls: Option<u64>,
     /// Hash of the outputs (16 hex digits); empty for a failed run.
     pub output_hash: String,
@@ -39,21 +43,96 @@ pub struct StrategyReport {
     pub strategy: String,
     /// Process RSS once the session (and the workers) are created.
     pub session_rss_bytes: u64,
+    /// Whether each run's `peak_rss_bytes` is that run's own peak (the
+    /// peak was reset before every run); `false`: the process's peak so
+    /// far, and `peak_rss_note` says why.
+    pub peak_rss_per_run: bool,
+    /// Why the peak could not be reset, if it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_note: Option<String>,
+    /// Peak RSS of the strategy's child process from its start to its
+    /// last run, session creation included (the largest `VmHWM` read before
+    /// each reset and after each run), if known.
+    #[serde(default)]
+    pub process_peak_rss_bytes: Option<u64>,
     /// The runs in order.
     pub runs: Vec<RunRow>,
 }
 
-/// Whether every strategy's run `i` has the same output hash.
-pub fn hashes_agree(reports: &[StrategyReport]) -> bool {
-    let Some(first) = reports.first() else {
-        return true;
-    };
-    reports.iter().all(|r| {
-        r.runs.len() == first.runs.len()
-            && r.runs.iter().zip(&first.runs).all(|(a, b)| {
-                a.error.is_some() || b.error.is_some() || a.output_hash == b.output_hash
-            })
-    })
+/// How the strategies' outputs compare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Comparison {
+    /// Strategies that reported.
+    pub strategies: usize,
+    /// Runs that succeeded under at least two strategies (those compared).
+    pub compared: usize,
+    /// Runs in the sequence.
+    pub runs: usize,
+    /// Whether every compared run has the same hash everywhere it succeeded.
+    pub identical: bool,
+}
+
+impl Comparison {
+    /// Compares run by run, leaving failed runs out.
+    pub fn of(reports: &[StrategyReport]) -> Self {
+        let runs = reports.iter().map(|r| r.runs.len()).max().unwrap_or(0);
+        let mut compared = 0;
+        let mut identical = true;
+        for i in 0..runs {
+            let hashes: Vec<&str> = reports
+                .iter()
+                .filter_map(|r| r.runs.get(i))
+                .filter(|x| x.error.is_none())
+                .map(|x| x.output_hash.as_str())
+                .collect();
+            if hashes.len() >= 2 {
+                compared += 1;
+                identical &= hashes.iter().all(|h| *h == hashes[0]);
+            }
+        }
+        Self {
+            strategies: reports.len(),
+            compared,
+            runs,
+            identical,
+        }
+    }
+
+    /// `Some(identical)` when at least one run was compared, `None` when
+    /// there was nothing to compare (one strategy, or no run succeeded
+    /// under two).
+    pub fn outputs_identical(&self) -> Option<bool> {
+        (self.compared > 0).then_some(self.identical)
+    }
+
+    /// One line saying what was compared and how it came out.
+    pub fn line(&self, reports: &[StrategyReport]) -> String {
+        match (self.strategies, self.outputs_identical()) {
+            (0, _) => "output hashes: no strategy reported".into(),
+            (1, _) => format!(
+                "output hashes: one strategy ran ({}): nothing to compare",
+                reports[0].strategy
+            ),
+            (_, None) => {
+                "output hashes: nothing to compare (no run succeeded under two strategies)".into()
+            }
+            (n, Some(same)) => {
+                let runs = if self.compared == self.runs {
+                    format!("every run compared across {n} strategies")
+                } else {
+                    format!(
+                        "{} of {} runs compared across {n} strategies; failed runs left out",
+                        self.compared, self.runs
+                    )
+                };
+                if same {
+                    format!("output hashes: identical across strategies ({runs})")
+                } else {
+                    format!("output hashes: DIFFER between strategies ({runs})")
+                }
+            }
+        }
+    }
 }
 
 /// Every failed run: `(strategy, run index, label, error)`.
@@ -70,9 +149,19 @@ pub fn failures(reports: &[StrategyReport]) -> Vec<(&str, usize, &str, &str)> {
         .collect()
 }
 
-/// `{"strategies": [...]}`.
-pub fn to_json(reports: &[StrategyReport]) -> String {
-    serde_json::json!({ "strategies": reports }).to_string()
+/// The whole document: the model, the settings, whether the outputs agree
+/// (`null`: nothing compared) and the strategies.
+pub fn to_json(args: &OrtArgs, reports: &[StrategyReport]) -> String {
+    serde_json::json!({
+        "model": args.model.display().to_string(),
+        "inputs": args.inputs,
+        "values": args.values,
+        "threads": args.threads,
+        "intra_threads": args.intra_threads,
+        "outputs_identical": Comparison::of(reports).outputs_identical(),
+        "strategies": reports,
+    })
+    .to_string()
 }
 
 fn mib(b: u64) -> String {
@@ -94,13 +183,24 @@ pub fn tables(args: &OrtArgs, reports: &[StrategyReport]) -> String {
         args.threads,
         args.intra_threads
     );
+    if !args.values.is_empty() {
+        let _ = writeln!(out, "values {}", args.values.join("  "));
+    }
     for r in reports {
+        let process_peak = r
+            .process_peak_rss_bytes
+            .map_or_else(String::new, |p| format!(", process peak {} MiB", mib(p)));
         let _ = writeln!(
             out,
-            "\n{}  (RSS after session creation {} MiB)",
+            "\n{}  (RSS after session creation {} MiB{process_peak})",
             r.strategy,
             mib(r.session_rss_bytes)
         );
+        let peak_head = if r.peak_rss_per_run {
+            "run peak"
+        } else {
+            "peak*"
+        };
         let w = r
             .runs
             .iter()
@@ -110,20 +210,20 @@ pub fn tables(args: &OrtArgs, reports: &[StrategyReport]) -> String {
             .max(5);
         let _ = writeln!(
             out,
-            "  {:<w$}  {:>9}  {:>9}  {:>9}  {:>11}  {:>12}  {:>7}  {:>16}",
+            "  {:<w$}  {:>9}  {:>9}  {:>9}  {:>11}  {:>12}  {:>12}  {:>16}",
             "run",
             "RSS MiB",
-            "peak MiB",
+            peak_head,
             "ms",
             "in-use MiB",
             "reserved MiB",
-            "backing",
+            "memory calls",
             "output hash"
         );
         for x in &r.runs {
             let _ = writeln!(
                 out,
-                "  {:<w$}  {:>9}  {:>9}  {:>9.2}  {:>11}  {:>12}  {:>7}  {:>16}",
+                "  {:<w$}  {:>9}  {:>9}  {:>9.2}  {:>11}  {:>12}  {:>12}  {:>16}",
                 x.label,
                 mib(x.rss_bytes),
                 mib(x.peak_rss_bytes),
@@ -139,15 +239,16 @@ pub fn tables(args: &OrtArgs, reports: &[StrategyReport]) -> String {
                 }
             );
         }
-    }
-    let _ = writeln!(
-        out,
-        "\noutput hashes: {}",
-        if hashes_agree(reports) {
-            "identical across strategies"
-        } else {
-            "DIFFER between strategies"
+        if !r.peak_rss_per_run {
+            let _ = writeln!(
+                out,
+                "  * the process's peak so far, not the run's: {}",
+                r.peak_rss_note
+                    .as_deref()
+                    .unwrap_or("the peak could not be reset")
+            );
         }
-    );
+    }
+    let _ = writeln!(out, "\n{}", Comparison::of(reports).line(reports));
     out
 }
