@@ -31,7 +31,7 @@ def per_strategy(name):
         runs = s["runs"]
         sess.append(s["session_rss_bytes"])
         maxrss.append(max(r["rss_bytes"] for r in runs[2:]))
-        peak.append(runs[-1]["peak_rss_bytes"])
+        peak.append(s.get("process_peak_rss_bytes", runs[-1]["peak_rss_bytes"]))
         labels = []
         for r in runs:
             if r["label"] not in labels:

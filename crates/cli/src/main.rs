@@ -71,7 +71,7 @@ enum Command {
     /// process, and compare memory, time and outputs run by run.
     #[command(
         after_help = "Exit status: 0 success; 1 the strategies' outputs differ or a strategy failed \
-                      while running; 2 bad input (library, model, shapes)."
+                      while running; 2 bad input (library, model, shapes, --value, input or output types)."
     )]
     Ort(ort_cmd::OrtArgs),
 }

@@ -97,7 +97,7 @@ fn json_document_has_the_documented_schema_and_equal_hashes() {
     );
     assert_eq!(doc["model"].as_str(), Some(cls.as_str()));
     assert_eq!(doc["threads"].as_u64(), Some(1));
-    assert_eq!(doc["intra_threads"].as_u64(), Some(1));
+    assert_eq!(doc["intra_threads"].as_u64(), Some(0));
     assert_eq!(doc["outputs_identical"].as_bool(), Some(true));
     assert_eq!(doc["inputs"].as_array().unwrap().len(), 4);
     let strategies = doc["strategies"].as_array().unwrap();
@@ -172,8 +172,11 @@ fn json_document_has_the_documented_schema_and_equal_hashes() {
             }
         }
         if s["strategy"] == "planned" {
-            // Shapes seen before: no backing call.
-            assert_eq!(runs[3]["backing_calls"].as_u64(), Some(0));
+            // A shape seen before, after a smaller one: memory followed the
+            // smaller run down and is committed again, with no more calls
+            // than the shape's first run made.
+            let calls = |i: usize| runs[i]["backing_calls"].as_u64().unwrap();
+            assert!(calls(3) <= calls(1), "{} then {}", calls(1), calls(3));
             assert!(runs[1]["peak_in_use"].as_u64().unwrap() > 0);
         }
     }

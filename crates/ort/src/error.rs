@@ -71,6 +71,14 @@ pub enum OrtArenaError {
         /// Its type as ONNX Runtime describes it.
         dtype: String,
     },
+    /// An output whose element type [`crate::hash_outputs`] does not hash
+    /// (only tensors of f32, f64, i64, i32, u8, i8, bool).
+    UnsupportedOutput {
+        /// The output's name.
+        name: String,
+        /// Its type as ONNX Runtime describes it.
+        dtype: String,
+    },
     /// An error from ONNX Runtime while creating a session or running.
     Ort(String),
     /// A run failed because memory ran out: neither the worker's arena nor
@@ -123,9 +131,14 @@ impl fmt::Display for OrtArenaError {
                 "input {name:?} has shape {got:?} but the model expects rank {} with dims {expected:?} (-1 = any)",
                 expected.len()
             ),
-            Self::UnsupportedInput { name, dtype } => {
-                write!(f, "input {name:?} has unsupported type {dtype}")
-            }
+            Self::UnsupportedInput { name, dtype } => write!(
+                f,
+                "input {name:?} is {dtype}: only tensors of f32, f64, i64, i32, u8, i8 and bool can be generated"
+            ),
+            Self::UnsupportedOutput { name, dtype } => write!(
+                f,
+                "output {name:?} is {dtype}: only tensors of f32, f64, i64, i32, u8, i8 and bool can be hashed"
+            ),
             Self::Ort(message) => write!(f, "ONNX Runtime: {message}"),
             Self::OutOfMemory(message) => write!(f, "out of memory: {message}"),
             Self::Arena(e) => write!(f, "arena: {e}"),

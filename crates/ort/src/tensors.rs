@@ -103,7 +103,9 @@ pub fn make_input(spec: &InputSpec, shape: &[usize], seed: u64) -> Result<DynVal
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     let unsupported = || OrtArenaError::UnsupportedInput {
         name: spec.name.clone(),
-        dtype: format!("{:?}", spec.elem),
+        dtype: spec
+            .elem
+            .map_or_else(|| "not a tensor".into(), |t| format!("a tensor of {t}")),
     };
     let value = match spec.elem.ok_or_else(unsupported)? {
         TensorElementType::Float32 => {
@@ -169,8 +171,8 @@ impl Fnv {
 /// Equal outputs give equal hashes; the order of `outputs` matters.
 ///
 /// # Errors
-/// [`OrtArenaError::UnsupportedInput`] for an output that is not a tensor of
-/// a type [`make_input`] supports.
+/// [`OrtArenaError::UnsupportedOutput`] for an output that is not a tensor
+/// of a type [`make_input`] supports.
 pub fn hash_outputs<'a>(
     outputs: impl IntoIterator<Item = (&'a str, &'a DynValue)>,
 ) -> Result<u64, OrtArenaError> {
@@ -178,9 +180,9 @@ pub fn hash_outputs<'a>(
     for (name, value) in outputs {
         h.write(name.as_bytes());
         h.write(&[0]);
-        let bad = || OrtArenaError::UnsupportedInput {
+        let bad = || OrtArenaError::UnsupportedOutput {
             name: name.to_string(),
-            dtype: format!("{:?}", value.dtype()),
+            dtype: value.dtype().to_string(),
         };
         let ValueType::Tensor { ty, .. } = value.dtype() else {
             return Err(bad());

@@ -22,8 +22,8 @@ use tensor_arena_ort::ort::logging::LogLevel;
 use tensor_arena_ort::ort::session::RunOptions;
 use tensor_arena_ort::ort::value::DynValue;
 use tensor_arena_ort::{
-    make_input, open_session, run_shared, ArenaOptions, ArenaSession, InputSpec, Memory,
-    OrtArenaError, Runtime, SessionOptions,
+    make_input, open_session, run_shared, ArenaOptions, ArenaSession, InputSpec, Memory, Runtime,
+    SessionOptions,
 };
 
 /// Test hook: milliseconds the main thread waits after each run before it
@@ -121,11 +121,15 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
             };
             Target::Ort { session, options }
         }
-        OrtStrategy::Arena | OrtStrategy::Planned => {
-            let planned = strategy == OrtStrategy::Planned;
+        OrtStrategy::Arena | OrtStrategy::Planned | OrtStrategy::PlannedKeep => {
             let options = ArenaOptions {
-                plans: planned,
+                plans: strategy != OrtStrategy::Arena,
                 intra_threads: intra,
+                shrink: if strategy == OrtStrategy::PlannedKeep {
+                    tensor_arena_ort::Shrink::KeepLargest
+                } else {
+                    tensor_arena_ort::Shrink::default()
+                },
                 ..ArenaOptions::default()
             };
             Target::Arena(Box::new(
@@ -327,17 +331,6 @@ fn inputs(
     Ok(values)
 }
 
-/// Says what went wrong hashing the outputs (the crate calls every value
-/// it cannot hash an input).
-fn hash_error(e: OrtArenaError) -> String {
-    match e {
-        OrtArenaError::UnsupportedInput { name, .. } => {
-            format!("output {name:?} cannot be hashed: not a tensor of a supported type")
-        }
-        e => e.to_string(),
-    }
-}
-
 fn one_run(
     job: &Job<'_>,
     worker: Option<&mut tensor_arena_ort::SessionWorker>,
@@ -363,14 +356,14 @@ fn one_run(
             step.nanos = t.elapsed().as_nanos() as u64;
             step.hash =
                 tensor_arena_ort::hash_outputs(outputs.iter().map(|(n, v)| (n.as_str(), v)))
-                    .map_err(hash_error)?;
+                    .map_err(|e| e.to_string())?;
         }
         (Target::Arena(_), Some(w)) => {
             let before = w.stats();
             let t = Instant::now();
             let out = w.run(&inputs).map_err(|e| e.to_string())?;
             step.nanos = t.elapsed().as_nanos() as u64;
-            step.hash = out.hash().map_err(hash_error)?;
+            step.hash = out.hash().map_err(|e| e.to_string())?;
             step.peak_in_use = out.report.peak_in_use;
             drop(out);
             let after = w.stats();

@@ -40,8 +40,13 @@ pub enum OrtStrategy {
     OrtNoArena,
     /// tensor-arena, dynamic (no plans).
     Arena,
-    /// tensor-arena with shape-keyed plans.
+    /// tensor-arena with shape-keyed plans, memory following the input
+    /// down (the default of `tensor-arena-ort`).
     Planned,
+    /// tensor-arena with plans, holding the largest need seen
+    /// (`Shrink::KeepLargest`, the behaviour before memory followed the
+    /// input).
+    PlannedKeep,
 }
 
 impl OrtStrategy {
@@ -53,12 +58,13 @@ impl OrtStrategy {
             Self::OrtNoArena => "ort-no-arena",
             Self::Arena => "arena",
             Self::Planned => "planned",
+            Self::PlannedKeep => "planned-keep",
         }
     }
 
     /// Whether the strategy's memory is tensor-arena's.
     pub fn is_arena(self) -> bool {
-        matches!(self, Self::Arena | Self::Planned)
+        matches!(self, Self::Arena | Self::Planned | Self::PlannedKeep)
     }
 }
 
@@ -85,8 +91,9 @@ pub struct OrtArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: u32,
 
-    /// Threads of ONNX Runtime's intra-op pool, per session.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    /// Threads of ONNX Runtime's intra-op pool, per session; 0 (the
+    /// default) leaves ONNX Runtime's own default (one per physical core).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=256))]
     pub intra_threads: u32,
 
     /// The ONNX Runtime library (1.31 or later); default: `ORT_DYLIB_PATH`.

@@ -181,7 +181,11 @@ pub fn tables(args: &OrtArgs, reports: &[StrategyReport]) -> String {
         args.model.display(),
         args.inputs.len(),
         args.threads,
-        args.intra_threads
+        if args.intra_threads == 0 {
+            "ONNX Runtime's default".to_string()
+        } else {
+            args.intra_threads.to_string()
+        }
     );
     if !args.values.is_empty() {
         let _ = writeln!(out, "values {}", args.values.join("  "));
