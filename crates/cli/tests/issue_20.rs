@@ -15,35 +15,11 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tensor-arena");
+#[allow(dead_code)]
+#[path = "support/ort_assets.rs"]
+mod ort_assets;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn assets() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::var_os("TENSOR_ARENA_ORT_ASSETS")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root().join("target/ort-assets"));
-        let status = Command::new("bash")
-            .arg(root().join("tools/fetch-ort-assets.sh"))
-            .arg(&dir)
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("cannot run tools/fetch-ort-assets.sh");
-        assert!(
-            status.success(),
-            "tools/fetch-ort-assets.sh failed: these tests need ONNX Runtime and the models"
-        );
-        dir
-    })
-}
-
-fn asset(name: &str) -> String {
-    assets().join(name).to_string_lossy().into_owned()
-}
+use ort_assets::{asset, assets, root, BIN};
 
 /// Runs `tensor-arena ort` with the fetched library and extra variables.
 fn ort_env(args: &[&str], env: &[(&str, &str)]) -> Output {

@@ -4,38 +4,15 @@
 //! `tools/fetch-ort-assets.sh` (run here when missing; without them the
 //! tests fail).
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tensor-arena");
+#[allow(dead_code)]
+#[path = "support/ort_assets.rs"]
+mod ort_assets;
 
-fn assets() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let dir = std::env::var_os("TENSOR_ARENA_ORT_ASSETS")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join("target/ort-assets"));
-        let status = Command::new("bash")
-            .arg(root.join("tools/fetch-ort-assets.sh"))
-            .arg(&dir)
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("cannot run tools/fetch-ort-assets.sh");
-        assert!(
-            status.success(),
-            "tools/fetch-ort-assets.sh failed: these tests need ONNX Runtime and the models"
-        );
-        dir
-    })
-}
-
-fn asset(name: &str) -> String {
-    assets().join(name).to_string_lossy().into_owned()
-}
+use ort_assets::{asset, BIN};
 
 /// Runs `tensor-arena ort` with the fetched library.
 fn ort(args: &[&str]) -> Output {
