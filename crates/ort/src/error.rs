@@ -71,6 +71,14 @@ pub enum OrtArenaError {
         /// Its type as ONNX Runtime describes it.
         dtype: String,
     },
+    /// Values asked for an input that it cannot hold, or that are no range
+    /// ([`crate::make_input_in`]).
+    BadValues {
+        /// The input's name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
     /// An output whose element type [`crate::hash_outputs`] does not hash
     /// (only tensors of f32, f64, i64, i32, u8, i8, bool).
     UnsupportedOutput {
@@ -135,6 +143,7 @@ impl fmt::Display for OrtArenaError {
                 f,
                 "input {name:?} is {dtype}: only tensors of f32, f64, i64, i32, u8, i8 and bool can be generated"
             ),
+            Self::BadValues { name, message } => write!(f, "values for input {name:?}: {message}"),
             Self::UnsupportedOutput { name, dtype } => write!(
                 f,
                 "output {name:?} is {dtype}: only tensors of f32, f64, i64, i32, u8, i8 and bool can be hashed"

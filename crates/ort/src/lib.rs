@@ -28,7 +28,7 @@ pub use session::open_session;
 pub use session::{
     run_shared, ArenaOptions, ArenaSession, Memory, RunOutput, SessionOptions, SessionWorker,
 };
-pub use tensors::{hash_outputs, make_input, InputSpec};
+pub use tensors::{hash_outputs, make_input, make_input_in, InputSpec};
 pub use worker::{Plans, RunInfo, Worker, WorkerOptions};
 
 /// Counters of the registered allocator since the process started, over all

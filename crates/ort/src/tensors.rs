@@ -75,6 +75,51 @@ impl SplitMix {
     fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
     }
+
+    /// Uniform in [0, 1).
+    fn unit01(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `low..=high` (`low <= high`).
+    fn int(&mut self, low: i64, high: i64) -> i64 {
+        let span = (i128::from(high) - i128::from(low) + 1) as u128;
+        let r = u128::from(self.next()) % span;
+        (i128::from(low) + r as i128) as i64
+    }
+}
+
+/// Where the values of an input come from.
+enum Values {
+    /// [`make_input`]'s: floats uniform in [-1, 1), integers 0..4, bytes
+    /// and booleans at random.
+    Default(SplitMix),
+    /// [`make_input_in`]'s: floats uniform in `[low, high)` (`low` when
+    /// equal), integers uniform in `lo..=hi`.
+    Range {
+        rng: SplitMix,
+        low: f64,
+        high: f64,
+        lo: i64,
+        hi: i64,
+    },
+}
+
+impl Values {
+    fn float(&mut self) -> f64 {
+        match self {
+            Values::Default(rng) => rng.unit(),
+            Values::Range { rng, low, high, .. } => *low + (*high - *low) * rng.unit01(),
+        }
+    }
+
+    /// An integer: the range's, or `default` of the next random word.
+    fn int(&mut self, default: impl FnOnce(u64) -> i64) -> i64 {
+        match self {
+            Values::Default(rng) => default(rng.next()),
+            Values::Range { rng, lo, hi, .. } => rng.int(*lo, *hi),
+        }
+    }
 }
 
 /// A tensor for `spec` of shape `shape`, filled with pseudo-random values
@@ -88,6 +133,76 @@ impl SplitMix {
 /// values cannot be allocated, and [`OrtArenaError::Ort`] if ONNX Runtime
 /// refuses to create the tensor (or the size overflows).
 pub fn make_input(spec: &InputSpec, shape: &[usize], seed: u64) -> Result<DynValue, OrtArenaError> {
+    fill(
+        spec,
+        shape,
+        Values::Default(SplitMix(seed ^ 0x5EED_0000_0000_0000)),
+    )
+}
+
+/// [`make_input`] with values in a range: floats uniform in `[low, high)`
+/// (`low` everywhere when the two are equal), integers uniform in
+/// `low..=high`, booleans from `0..=1`. The same arguments give the same
+/// bytes.
+///
+/// # Errors
+/// As [`make_input`], and [`OrtArenaError::BadValues`] if `low` or `high`
+/// is not finite, `low > high`, or, for an integer or boolean input, either
+/// is not a whole number the element type holds.
+pub fn make_input_in(
+    spec: &InputSpec,
+    shape: &[usize],
+    seed: u64,
+    low: f64,
+    high: f64,
+) -> Result<DynValue, OrtArenaError> {
+    let bad = |message: String| OrtArenaError::BadValues {
+        name: spec.name.clone(),
+        message,
+    };
+    if !low.is_finite() || !high.is_finite() || low > high {
+        return Err(bad(format!("{low} to {high} is not a range")));
+    }
+    if let Some((min, max)) = spec.elem.and_then(int_range) {
+        for x in [low, high] {
+            if x.fract() != 0.0 || x < min as f64 || x > max as f64 {
+                return Err(bad(format!(
+                    "it holds integers from {min} to {max}; {x} is not one"
+                )));
+            }
+        }
+    }
+    let rng = SplitMix(seed ^ 0x7A1E_0000_0000_0000);
+    let (lo, hi) = (low as i64, high as i64);
+    fill(
+        spec,
+        shape,
+        Values::Range {
+            rng,
+            low,
+            high,
+            lo,
+            hi,
+        },
+    )
+}
+
+/// The integer range of an element type, `None` for floats and types
+/// [`make_input`] does not fill.
+fn int_range(ty: TensorElementType) -> Option<(i64, i64)> {
+    use TensorElementType as T;
+    match ty {
+        T::Int64 => Some((i64::MIN, i64::MAX)),
+        T::Int32 => Some((i32::MIN.into(), i32::MAX.into())),
+        T::Uint8 => Some((0, u8::MAX.into())),
+        T::Int8 => Some((i8::MIN.into(), i8::MAX.into())),
+        T::Bool => Some((0, 1)),
+        _ => None,
+    }
+}
+
+/// A tensor for `spec` of shape `shape` holding values from `values`.
+fn fill(spec: &InputSpec, shape: &[usize], mut values: Values) -> Result<DynValue, OrtArenaError> {
     spec.check(shape)?;
     let n = shape
         .iter()
@@ -99,7 +214,6 @@ pub fn make_input(spec: &InputSpec, shape: &[usize], seed: u64) -> Result<DynVal
                 spec.name
             ))
         })?;
-    let mut rng = SplitMix(seed ^ 0x5EED_0000_0000_0000);
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     let unsupported = || OrtArenaError::UnsupportedInput {
         name: spec.name.clone(),
@@ -107,34 +221,33 @@ pub fn make_input(spec: &InputSpec, shape: &[usize], seed: u64) -> Result<DynVal
             .elem
             .map_or_else(|| "not a tensor".into(), |t| format!("a tensor of {t}")),
     };
+    let v = &mut values;
+    let name = spec.name.as_str();
     let value = match spec.elem.ok_or_else(unsupported)? {
         TensorElementType::Float32 => {
-            let v: Vec<f32> = filled(&spec.name, n, || rng.unit() as f32)?;
-            Tensor::from_array((dims, v))?.into_dyn()
+            Tensor::from_array((dims, filled(name, n, || v.float() as f32)?))?.into_dyn()
         }
         TensorElementType::Float64 => {
-            let v: Vec<f64> = filled(&spec.name, n, || rng.unit())?;
-            Tensor::from_array((dims, v))?.into_dyn()
+            Tensor::from_array((dims, filled(name, n, || v.float())?))?.into_dyn()
         }
         TensorElementType::Int64 => {
-            let v: Vec<i64> = filled(&spec.name, n, || (rng.next() % 4) as i64)?;
-            Tensor::from_array((dims, v))?.into_dyn()
+            Tensor::from_array((dims, filled(name, n, || v.int(|x| (x % 4) as i64))?))?.into_dyn()
         }
         TensorElementType::Int32 => {
-            let v: Vec<i32> = filled(&spec.name, n, || (rng.next() % 4) as i32)?;
-            Tensor::from_array((dims, v))?.into_dyn()
+            let f = || v.int(|x| (x % 4) as i64) as i32;
+            Tensor::from_array((dims, filled(name, n, f)?))?.into_dyn()
         }
         TensorElementType::Uint8 => {
-            let v: Vec<u8> = filled(&spec.name, n, || rng.next() as u8)?;
-            Tensor::from_array((dims, v))?.into_dyn()
+            let f = || v.int(|x| i64::from(x as u8)) as u8;
+            Tensor::from_array((dims, filled(name, n, f)?))?.into_dyn()
         }
         TensorElementType::Int8 => {
-            let v: Vec<i8> = filled(&spec.name, n, || rng.next() as i8)?;
-            Tensor::from_array((dims, v))?.into_dyn()
+            let f = || v.int(|x| i64::from(x as i8)) as i8;
+            Tensor::from_array((dims, filled(name, n, f)?))?.into_dyn()
         }
         TensorElementType::Bool => {
-            let v: Vec<bool> = filled(&spec.name, n, || rng.next() & 1 == 1)?;
-            Tensor::from_array((dims, v))?.into_dyn()
+            let f = || v.int(|x| (x & 1) as i64) == 1;
+            Tensor::from_array((dims, filled(name, n, f)?))?.into_dyn()
         }
         _ => return Err(unsupported()),
     };
@@ -219,4 +332,27 @@ pub fn hash_outputs<'a>(
         }
     }
     Ok(h.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_stay_in_range_and_cover_it() {
+        let mut rng = SplitMix(7);
+        let mut seen = [false; 5];
+        for _ in 0..1000 {
+            let x = rng.int(-2, 2);
+            assert!((-2..=2).contains(&x));
+            seen[(x + 2) as usize] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+        // The whole of i64: no overflow.
+        let _ = rng.int(i64::MIN, i64::MAX);
+        for _ in 0..1000 {
+            let u = rng.unit01();
+            assert!((0.0..1.0).contains(&u));
+        }
+    }
 }

@@ -5,12 +5,11 @@
 //! A float input gets `V` everywhere, or values uniform in `[LOW, HIGH)`
 //! (`LOW` everywhere when the two are equal); an integer input gets `V`, or
 //! values uniform in `LOW..=HIGH`, both integers within the element type; a
-//! bool input 0, 1 or `0:1`. The values come from the same kind of
-//! deterministic generator as `make_input`'s, seeded by the run, so every
-//! strategy gets the same bytes.
+//! bool input 0, 1 or `0:1`. The values come from `make_input_in`,
+//! seeded by the run, so every strategy gets the same bytes.
 
-use tensor_arena_ort::ort::value::{DynValue, Tensor, TensorElementType};
-use tensor_arena_ort::InputSpec;
+use tensor_arena_ort::ort::value::{DynValue, TensorElementType};
+use tensor_arena_ort::{make_input_in, InputSpec};
 
 /// The values asked for one input.
 #[derive(Clone, Debug, PartialEq)]
@@ -138,45 +137,6 @@ pub fn check(v: &ValueSpec, specs: &[InputSpec]) -> Result<(), String> {
     Ok(())
 }
 
-/// A small deterministic generator (SplitMix64), as `make_input`'s.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `low..=high`.
-    fn int(&mut self, low: i64, high: i64) -> i64 {
-        let span = (i128::from(high) - i128::from(low) + 1) as u128;
-        let r = u128::from(self.next()) % span;
-        (i128::from(low) + r as i128) as i64
-    }
-}
-
-/// `n` values from `f`, or an out-of-memory message (an error, not an
-/// abort).
-fn filled<T>(name: &str, n: usize, mut f: impl FnMut() -> T) -> Result<Vec<T>, String> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| {
-        format!(
-            "out of memory: input {name:?}: {} bytes for its values could not be allocated",
-            n.saturating_mul(size_of::<T>())
-        )
-    })?;
-    v.extend((0..n).map(|_| f()));
-    Ok(v)
-}
-
 /// A tensor for `spec` of shape `shape` holding the values `v` asks for,
 /// from `seed`; `v` has passed [`check`].
 pub fn make(
@@ -185,51 +145,7 @@ pub fn make(
     v: &ValueSpec,
     seed: u64,
 ) -> Result<DynValue, String> {
-    spec.check(shape).map_err(|e| e.to_string())?;
-    let n = shape
-        .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .filter(|&n| n <= (1 << 34))
-        .ok_or_else(|| format!("input {:?}: shape {shape:?} is too large", spec.name))?;
-    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    let mut rng = SplitMix(seed ^ 0x7A1E_0000_0000_0000);
-    let (low, high) = (v.low, v.high);
-    let mut float = || low + (high - low) * rng.unit();
-    let name = spec.name.as_str();
-    let ort = |e: tensor_arena_ort::ort::Error| format!("input {name:?}: {e}");
-    use TensorElementType as T;
-    let value = match spec.elem {
-        Some(T::Float32) => Tensor::from_array((dims, filled(name, n, || float() as f32)?))
-            .map_err(ort)?
-            .into_dyn(),
-        Some(T::Float64) => Tensor::from_array((dims, filled(name, n, float)?))
-            .map_err(ort)?
-            .into_dyn(),
-        Some(ty) => {
-            let (lo, hi) = (low as i64, high as i64);
-            let mut int = || rng.int(lo, hi);
-            match ty {
-                T::Int64 => Tensor::from_array((dims, filled(name, n, int)?))
-                    .map_err(ort)?
-                    .into_dyn(),
-                T::Int32 => Tensor::from_array((dims, filled(name, n, || int() as i32)?))
-                    .map_err(ort)?
-                    .into_dyn(),
-                T::Uint8 => Tensor::from_array((dims, filled(name, n, || int() as u8)?))
-                    .map_err(ort)?
-                    .into_dyn(),
-                T::Int8 => Tensor::from_array((dims, filled(name, n, || int() as i8)?))
-                    .map_err(ort)?
-                    .into_dyn(),
-                T::Bool => Tensor::from_array((dims, filled(name, n, || int() == 1)?))
-                    .map_err(ort)?
-                    .into_dyn(),
-                _ => return Err(format!("input {name:?}: no values for a tensor of {ty}")),
-            }
-        }
-        None => return Err(format!("input {name:?} is not a tensor")),
-    };
-    Ok(value)
+    make_input_in(spec, shape, seed, v.low, v.high).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -277,23 +193,5 @@ mod tests {
         );
         let e = check(&parse("s=1").unwrap(), &specs).unwrap_err();
         assert!(e.contains("tensor of String"), "{e}");
-    }
-
-    #[test]
-    fn integers_stay_in_range_and_cover_it() {
-        let mut rng = SplitMix(7);
-        let mut seen = [false; 5];
-        for _ in 0..1000 {
-            let x = rng.int(-2, 2);
-            assert!((-2..=2).contains(&x));
-            seen[(x + 2) as usize] = true;
-        }
-        assert!(seen.iter().all(|&s| s));
-        // The whole of i64: no overflow.
-        let _ = rng.int(i64::MIN, i64::MAX);
-        for _ in 0..1000 {
-            let u = rng.unit();
-            assert!((0.0..1.0).contains(&u));
-        }
     }
 }
