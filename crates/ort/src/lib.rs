@@ -1,5 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
+// `Runtime`, `open_session` and `ArenaSession::open` exist with the
+// `load-dynamic` feature only; the docs link them either way.
+#![cfg_attr(not(feature = "load-dynamic"), allow(rustdoc::broken_intra_doc_links))]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod adopt;
