@@ -62,6 +62,10 @@ pub struct Budget {
     reclaimed: AtomicU64,
     reclaims: AtomicU64,
     refusals: AtomicU64,
+    /// Times memory ran short: a commit had to reclaim, or `relieve()` was
+    /// called. Members that cannot give while busy read it at their next
+    /// run boundary and give back what they hold for other work.
+    pressure: AtomicU64,
     /// Members that can give memory back; only locked to register one and
     /// to reclaim (over the limit), never on a commit that fits.
     members: Mutex<Vec<Weak<dyn Reclaim>>>,
@@ -85,6 +89,7 @@ impl Budget {
             reclaimed: AtomicU64::new(0),
             reclaims: AtomicU64::new(0),
             refusals: AtomicU64::new(0),
+            pressure: AtomicU64::new(0),
             members: Mutex::new(Vec::new()),
         })
     }
@@ -119,6 +124,15 @@ impl Budget {
         members.push(member);
     }
 
+    /// How many times memory has run short so far: each commit that had to
+    /// reclaim from the members, and each [`Budget::relieve`]. A member
+    /// that was busy then (it could give nothing at once) compares it with
+    /// the value it saw last, at its next run boundary, and gives back the
+    /// cache it holds beyond that run's need. Monotonic.
+    pub fn pressure(&self) -> u64 {
+        self.pressure.load(Ordering::Relaxed)
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> BudgetStats {
         BudgetStats {
@@ -141,6 +155,7 @@ impl Budget {
     /// now: for a caller that knows memory is short (a pressure signal).
     /// Busy members are left alone. Returns the bytes given back.
     pub fn relieve(&self) -> usize {
+        self.pressure.fetch_add(1, Ordering::Relaxed);
         self.reclaim(usize::MAX, &[true])
     }
 
@@ -151,6 +166,7 @@ impl Budget {
             return true;
         }
         self.reclaims.fetch_add(1, Ordering::Relaxed);
+        self.pressure.fetch_add(1, Ordering::Relaxed);
         let need = self
             .committed()
             .saturating_add(bytes)
