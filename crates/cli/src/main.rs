@@ -23,6 +23,7 @@ mod baselines;
 mod child;
 mod model;
 mod ort_cmd;
+mod ort_pool;
 mod os;
 mod replay;
 mod report;
@@ -74,6 +75,16 @@ enum Command {
                       while running; 2 bad input (library, model, shapes, --value, input or output types)."
     )]
     Ort(ort_cmd::OrtArgs),
+    /// Serve an OCR pipeline (RapidOCR's det, cls and rec) from a pool of
+    /// worker threads, one request stream, under ONNX Runtime's memory and
+    /// tensor-arena's (an arena per model, one per worker, one budget), each
+    /// in its own process: RSS, throughput, latency, failures.
+    #[command(
+        name = "ort-pool",
+        after_help = "Exit status: 0 success; 1 a request failed, the configurations' outputs differ \
+                      or a configuration's process failed; 2 bad input (library, models, stream, budget)."
+    )]
+    OrtPool(ort_pool::PoolArgs),
 }
 
 /// Options of `tensor-arena replay`.
@@ -269,6 +280,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Ort(args) => ort_cmd::main(&args),
+        Command::OrtPool(args) => ort_pool::main(&args),
     }
 }
 

@@ -261,6 +261,30 @@ pub(crate) fn register(env: &ort::environment::Environment) -> Result<(), String
     status_result(status)
 }
 
+/// Registers ONNX Runtime's *own* CPU arena allocator on `env`, shared by
+/// every session built with `session.use_env_allocators` (ONNX Runtime's
+/// shared allocators, `CreateAndRegisterAllocator` with its default arena
+/// settings). A baseline to compare with: a process does this instead of
+/// [`register`], not beside it (one CPU allocator per environment).
+pub(crate) fn register_ort_arena(env: &ort::environment::Environment) -> Result<(), String> {
+    let info = ort::memory::MemoryInfo::new(
+        ort::memory::AllocationDevice::CPU,
+        0,
+        ort::memory::AllocatorType::Arena,
+        ort::memory::MemoryType::Default,
+    )
+    .map_err(|e| e.message().to_string())?;
+    let api = ort::api();
+    // SAFETY: 1. `env.ptr()` is a live environment (borrowed for the call);
+    // 2. `info` is a live memory info, which ONNX Runtime copies into the
+    // allocator it creates; 3. a null arena configuration asks for the
+    // default one.
+    let status = unsafe {
+        (api.CreateAndRegisterAllocator)(env.ptr().cast_mut(), info.ptr(), std::ptr::null())
+    };
+    status_result(status)
+}
+
 /// Turns ONNX Runtime's CPU memory arena off in a session builder's
 /// options (what `ort`'s CPU execution provider does with
 /// `with_arena_allocator(false)`, without registering a provider).

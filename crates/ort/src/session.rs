@@ -20,6 +20,12 @@ pub enum Memory {
     /// ONNX Runtime with its CPU arena and memory pattern off: every tensor
     /// from the system allocator.
     OrtNoArena,
+    /// ONNX Runtime's own CPU arena, one for the whole environment, shared
+    /// by every session opened with it (ONNX Runtime's shared allocators:
+    /// `CreateAndRegisterAllocator` and `session.use_env_allocators`).
+    /// The first such session registers it on the environment; a process
+    /// uses this or [`Memory::TensorArena`], not both.
+    OrtSharedArena,
     /// tensor-arena: the environment's allocator (this crate's), ONNX
     /// Runtime's CPU arena and memory pattern off.
     TensorArena,
@@ -72,6 +78,17 @@ pub fn open_session(
                 .with_arena_allocator(false)
                 .build()])?
             .with_memory_pattern(false)?,
+        Memory::OrtSharedArena => {
+            // Registered once (the runtime's environment is the process's
+            // one); a refusal is returned and tried again next time.
+            static REGISTERED: parking_lot::Mutex<bool> = parking_lot::Mutex::new(false);
+            let mut registered = REGISTERED.lock();
+            if !*registered {
+                crate::raw::register_ort_arena(runtime.environment()).map_err(OrtArenaError::Ort)?;
+                *registered = true;
+            }
+            b.with_env_allocators()?
+        }
         Memory::TensorArena => b.with_tensor_arena()?,
     };
     b.commit_from_file(model).map_err(|e| OrtArenaError::Model {

@@ -146,6 +146,8 @@ pub struct Worker {
     follow: Follow,
     runs: u64,
     last: Option<RunInfo>,
+    /// The budget's [`Budget::pressure`] when this worker last looked.
+    pressure_seen: u64,
 }
 
 impl std::fmt::Debug for Worker {
@@ -175,6 +177,7 @@ impl Worker {
         Ok(Self {
             slot: Slot::new(options.arena, options.budget.as_ref())?,
             follow: Follow::new(options.shrink),
+            pressure_seen: options.budget.as_ref().map_or(0, |b| b.pressure()),
             options,
             runs: 0,
             last: None,
@@ -241,6 +244,17 @@ impl Worker {
             // A failed run (memory ran short, say): give back what it left
             // cached, down to what the models need.
             self.follow.held()
+        };
+        // Memory ran short under the budget since the last run (another
+        // member's commit had to reclaim, or `relieve` was called) while
+        // this worker was busy and could give nothing: give back what it
+        // holds for its other models now, down to this run's need.
+        let target = match &self.options.budget {
+            Some(b) if b.pressure() != self.pressure_seen => {
+                self.pressure_seen = b.pressure();
+                Some(target.map_or(need, |t| t.min(need)))
+            }
+            _ => target,
         };
         let released = match target {
             Some(bytes) if core.arena_stats().reserved > bytes => core.shrink_to(bytes),

@@ -16,10 +16,10 @@
 
 mod checks;
 mod child;
-mod passthrough;
+pub(crate) mod passthrough;
 mod report;
-mod rss;
-mod shapes;
+pub(crate) mod rss;
+pub(crate) mod shapes;
 mod values;
 
 use clap::{Args, ValueEnum};

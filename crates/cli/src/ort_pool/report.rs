@@ -1,0 +1,175 @@
+//! What each configuration's child reports, and the table and JSON the
+//! parent prints.
+
+use super::PoolArgs;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+/// The budget's counters at the end of serving.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct BudgetReport {
+    /// The limit in bytes.
+    pub limit: u64,
+    /// The most the workers had committed at once.
+    pub peak_committed: u64,
+    /// Bytes workers gave back because another's commit needed room.
+    pub reclaimed: u64,
+    /// Times a commit asked the others for memory.
+    pub reclaims: u64,
+    /// Commits refused over the limit (each fails its request).
+    pub refusals: u64,
+}
+
+/// One configuration's results.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ConfigReport {
+    /// The configuration's name.
+    pub config: String,
+    /// Worker threads.
+    pub workers: u32,
+    /// ONNX Runtime's intra-op threads per session (0: its default).
+    pub intra_threads: u32,
+    /// Requests served (failed ones included).
+    pub requests: u64,
+    /// Requests that failed (a model run returned an error).
+    pub failed: u64,
+    /// The first failure's message.
+    pub first_error: Option<String>,
+    /// Model runs made (det, cls and rec batches).
+    pub model_runs: u64,
+    /// Seconds from the first request taken to the last finished.
+    pub seconds: f64,
+    /// Requests per second over that time.
+    pub requests_per_second: f64,
+    /// Median latency of a successful request (its model runs, from det's
+    /// start to rec's end; making the inputs is not counted), ms.
+    pub latency_p50_ms: f64,
+    /// 99th percentile of the same, ms.
+    pub latency_p99_ms: f64,
+    /// RSS once the three sessions are open and the workers made, before
+    /// the first request.
+    pub baseline_rss_bytes: u64,
+    /// Peak RSS while serving (the high-water mark is reset at the
+    /// baseline; `peak_rss_note` says when it could not be).
+    pub peak_rss_bytes: u64,
+    /// Why the peak is the process's since it started, if it is.
+    pub peak_rss_note: Option<String>,
+    /// RSS after the last request, the workers still holding their memory.
+    pub end_rss_bytes: u64,
+    /// tensor-arena: the most the workers' arenas had committed at once
+    /// (exact: every arena commits through one budget, unlimited but for
+    /// the budget configuration).
+    pub peak_reserved_bytes: Option<u64>,
+    /// tensor-arena: what they had committed after the last request.
+    pub end_reserved_bytes: Option<u64>,
+    /// The budget configuration's counters.
+    pub budget: Option<BudgetReport>,
+    /// A hash of every output of every request, in request order; `None`
+    /// when a request failed.
+    pub outputs_hash: Option<String>,
+}
+
+/// Whether the configurations that served every request produced the same
+/// outputs (`None` with fewer than two to compare).
+pub fn outputs_identical(reports: &[ConfigReport]) -> Option<bool> {
+    let hashes: Vec<&str> = reports
+        .iter()
+        .filter_map(|r| r.outputs_hash.as_deref())
+        .collect();
+    (hashes.len() >= 2).then(|| hashes.iter().all(|h| *h == hashes[0]))
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1}", b as f64 / (1024.0 * 1024.0))
+}
+
+/// The JSON document of the whole comparison.
+pub fn to_json(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>) -> String {
+    let doc = serde_json::json!({
+        "models": {
+            "det": args.det.display().to_string(),
+            "cls": args.cls.display().to_string(),
+            "rec": args.rec.display().to_string(),
+        },
+        "stream": args.stream.as_ref().map_or("built-in".to_string(), |p| p.display().to_string()),
+        "workers": args.workers,
+        "intra_threads": args.intra_threads,
+        "outputs_identical": identical,
+        "configs": reports,
+    });
+    doc.to_string()
+}
+
+/// The table of the whole comparison.
+pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "OCR pool: {} workers, {} intra-op thread(s) per session, stream {}",
+        args.workers,
+        args.intra_threads,
+        args.stream
+            .as_ref()
+            .map_or("built-in".to_string(), |p| p.display().to_string())
+    );
+    let _ = writeln!(
+        s,
+        "{:<17} {:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9}",
+        "config",
+        "requests",
+        "failed",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "base MiB",
+        "peak MiB",
+        "end MiB",
+        "reserved",
+        "reclaimed",
+        "refusals"
+    );
+    for r in reports {
+        let (reclaimed, refusals) = match &r.budget {
+            Some(b) => (mib(b.reclaimed), b.refusals.to_string()),
+            None => ("-".into(), "-".into()),
+        };
+        let _ = writeln!(
+            s,
+            "{:<17} {:>8} {:>7} {:>8.2} {:>8.1} {:>8.1} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9}",
+            r.config,
+            r.requests,
+            r.failed,
+            r.requests_per_second,
+            r.latency_p50_ms,
+            r.latency_p99_ms,
+            mib(r.baseline_rss_bytes),
+            mib(r.peak_rss_bytes),
+            mib(r.end_rss_bytes),
+            r.peak_reserved_bytes.map_or("-".into(), mib),
+            reclaimed,
+            refusals
+        );
+    }
+    if let Some(b) = reports.iter().find_map(|r| r.budget.as_ref()) {
+        let _ = writeln!(
+            s,
+            "budget: limit {} MiB, peak committed {} MiB",
+            mib(b.limit),
+            mib(b.peak_committed)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "reserved: the arenas' largest committed total (MiB); peak: RSS high-water while serving"
+    );
+    let _ = writeln!(
+        s,
+        "outputs: {}",
+        match identical {
+            Some(true) => "identical across the configurations that served every request",
+            Some(false) => "DIFFER between configurations",
+            None => "not compared (fewer than two configurations served every request)",
+        }
+    );
+    s
+}
