@@ -90,7 +90,10 @@ fn every_configuration_serves_the_stream_with_identical_outputs() {
         // Each request runs det, then its cls and rec batches: requests
         // 1, 2, 3, 1, 2 of the stream make 5 + 3 + 3 + 5 + 3 runs.
         assert_eq!(c["model_runs"], 19, "{name}");
-        assert_eq!(c["peak_reserved_bytes"].is_u64(), name.starts_with("arena") || name == "budget");
+        assert_eq!(
+            c["peak_reserved_bytes"].is_u64(),
+            name.starts_with("arena") || name == "budget"
+        );
     }
     // The progress of each configuration went to stderr.
     let err = String::from_utf8_lossy(&out.stderr);
@@ -131,7 +134,12 @@ fn a_budget_too_small_fails_the_large_request_only() {
             "--json",
         ],
     );
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc = doc(&out);
     let c = config(&doc, "budget");
     assert_eq!(c["requests"], 4);
@@ -155,7 +163,10 @@ fn bad_input_is_exit_2_with_a_reason() {
     let out = pool("det 1x3x64\n", &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("stream line 1") && err.contains("rank-4"), "{err}");
+    assert!(
+        err.contains("stream line 1") && err.contains("rank-4"),
+        "{err}"
+    );
 
     let out = pool(STREAM, &["--configs", "budget"]);
     assert_eq!(out.status.code(), Some(2));
@@ -168,7 +179,15 @@ fn bad_input_is_exit_2_with_a_reason() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("request 1 (det)"));
 
     let out = Command::new(BIN)
-        .args(["ort-pool", "--det", "/nonexistent.onnx", "--cls", "x", "--rec", "y"])
+        .args([
+            "ort-pool",
+            "--det",
+            "/nonexistent.onnx",
+            "--cls",
+            "x",
+            "--rec",
+            "y",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));

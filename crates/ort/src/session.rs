@@ -84,7 +84,8 @@ pub fn open_session(
             static REGISTERED: parking_lot::Mutex<bool> = parking_lot::Mutex::new(false);
             let mut registered = REGISTERED.lock();
             if !*registered {
-                crate::raw::register_ort_arena(runtime.environment()).map_err(OrtArenaError::Ort)?;
+                crate::raw::register_ort_arena(runtime.environment())
+                    .map_err(OrtArenaError::Ort)?;
                 *registered = true;
             }
             b.with_env_allocators()?

@@ -81,7 +81,10 @@ pub struct WorkerOptions {
     /// and when a commit would pass the limit, idle members give their
     /// cached memory back first. A request the budget still refuses fails
     /// the run (ONNX Runtime is refused it with `std::bad_alloc`:
-    /// [`RunInfo::out_of_memory`]); the worker stays usable. Default: none.
+    /// [`RunInfo::out_of_memory`]); the worker stays usable. A worker that
+    /// was running when memory ran short (it could give nothing then) gives
+    /// back, at its run's end, what it holds for its other models: down to
+    /// that run's need ([`Budget::pressure`]). Default: none.
     pub budget: Option<Arc<Budget>>,
 }
 

@@ -158,7 +158,9 @@ fn make_memories(config: PoolConfig, budget: Option<&Arc<Budget>>) -> Result<Mem
     };
     Ok(match config {
         PoolConfig::OrtDefault | PoolConfig::OrtShared => Memories::Ort,
-        PoolConfig::ArenaPerModel => Memories::PerModel(Box::new([worker()?, worker()?, worker()?])),
+        PoolConfig::ArenaPerModel => {
+            Memories::PerModel(Box::new([worker()?, worker()?, worker()?]))
+        }
         PoolConfig::ArenaPerWorker | PoolConfig::Budget => Memories::PerWorker(Box::new(worker()?)),
     })
 }
@@ -220,7 +222,10 @@ fn serve(
         end_reserved = budget.map(|b| b.committed() as u64);
         shared.release.wait();
         for h in handles {
-            served.extend(h.join().map_err(|_| "a worker thread panicked".to_string())?);
+            served.extend(
+                h.join()
+                    .map_err(|_| "a worker thread panicked".to_string())?,
+            );
         }
         Ok(())
     })?;

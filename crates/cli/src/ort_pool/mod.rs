@@ -241,8 +241,12 @@ fn parent(args: &PoolArgs) -> Result<ExitCode, String> {
             crashed = true;
             continue;
         }
-        let report: ConfigReport = serde_json::from_slice(&out.stdout)
-            .map_err(|e| format!("configuration {}: bad report from child: {e}", config.name()))?;
+        let report: ConfigReport = serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "configuration {}: bad report from child: {e}",
+                config.name()
+            )
+        })?;
         reports.push(report);
     }
     let identical = report::outputs_identical(&reports);

@@ -120,3 +120,52 @@ fn idle_workers_give_way_under_a_budget_and_a_refused_run_fails_cleanly() {
     // The other workers were not affected.
     assert_eq!(run_on(&mut a, &det, &large).unwrap(), expected[0]);
 }
+
+#[test]
+fn a_worker_busy_when_memory_ran_short_gives_back_its_other_models_at_the_run_end() {
+    let det = open("ppocr_det.onnx");
+    let cls = open("ppocr_cls.onnx");
+    let det_in = inputs(det.inputs(), &[("x", &[1, 3, 640, 640])], 1);
+    let cls_in = inputs(cls.inputs(), &[("x", &[2, 3, 48, 192])], 2);
+    let cls_x: Vec<(&str, &DynValue)> = cls_in.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    let budget = Budget::new(usize::MAX);
+    let options = || WorkerOptions {
+        budget: Some(budget.clone()),
+        ..WorkerOptions::default()
+    };
+    // Two workers, det then cls: each holds det's need for det's sake.
+    let mut calm = Worker::new(options()).unwrap();
+    let mut pressed = Worker::new(options()).unwrap();
+    for w in [&mut calm, &mut pressed] {
+        run_on(w, &det, &det_in).unwrap();
+    }
+    let det_need = det.plans().cache().largest().unwrap().size();
+    run_on(&mut calm, &cls, &cls_in).unwrap();
+    assert!(calm.stats().reserved >= det_need, "cls keeps det's share");
+    // Memory runs short while `pressed` runs cls: it is busy, so relieve
+    // takes nothing from it then (the idle `calm` gives everything) ...
+    let key = RunKey::of(cls_x.as_slice());
+    let before = budget.pressure();
+    pressed
+        .run(cls.plans(), &key, || {
+            budget.relieve();
+            run_shared(cls.session(), &cls_x, None)
+        })
+        .unwrap();
+    assert_eq!(budget.pressure(), before + 1);
+    assert_eq!(calm.stats().reserved, 0, "the idle worker gave everything");
+    // ... and at the run's end it gives back det's share, holding cls's
+    // need alone.
+    let cls_need = cls.plans().cache().largest().unwrap().size();
+    let info = pressed.last_run().unwrap();
+    assert!(info.released > 0, "{info:?}");
+    let reserved = pressed.stats().reserved;
+    assert!(
+        reserved <= cls_need + (2 << 20) && reserved < det_need,
+        "reserved {reserved}, cls needs {cls_need}, det {det_need}"
+    );
+    // No pressure since: the next runs follow the usual policy again.
+    run_on(&mut pressed, &det, &det_in).unwrap();
+    run_on(&mut pressed, &cls, &cls_in).unwrap();
+    assert!(pressed.stats().reserved >= det_need);
+}
