@@ -11,12 +11,16 @@
 //! members ([`Reclaim`]) to give back cached memory (committed but free):
 //! idle arenas (no run open) first, then busy ones down to what they use.
 //! Each member is only ever tried, never waited for (a member whose lock is
-//! held gives nothing), so no arena blocks on another. Only then is the
-//! commit refused: an [`ArenaError::CommitFailed`](crate::ArenaError) whose
+//! held gives nothing), so no arena blocks on another. A budget made with
+//! [`Budget::with_wait`] then waits a bounded time for busy members to
+//! reach a run boundary, where they give back what they hold beyond their
+//! run's need ([`Budget::pressure`]) or, idle, everything: it polls, and
+//! never takes a member's lock. Only then is the commit refused: an [`ArenaError::CommitFailed`](crate::ArenaError) whose
 //! code is [`ErrorCode::OverBudget`](crate::memory::ErrorCode::OverBudget).
 //! Whatever is reclaimed is free memory, never a live block.
 
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::time::Duration;
 use parking_lot::Mutex;
 use std::path::Path;
 use std::sync::{Arc, Weak};
@@ -48,6 +52,9 @@ pub struct BudgetStats {
     pub reclaims: u64,
     /// Commits refused (over the limit after reclaiming).
     pub refusals: u64,
+    /// Commits that waited for busy members ([`Budget::with_wait`]) and
+    /// then fitted.
+    pub waited: u64,
     /// Members registered for reclaim and still alive.
     pub members: usize,
 }
@@ -57,6 +64,10 @@ pub struct BudgetStats {
 #[derive(Debug)]
 pub struct Budget {
     limit: usize,
+    /// How long a commit over the limit waits for busy members to give
+    /// memory back at their run boundaries (zero: not at all).
+    wait: Duration,
+    waited: AtomicU64,
     committed: AtomicUsize,
     peak: AtomicUsize,
     reclaimed: AtomicU64,
@@ -80,10 +91,26 @@ pub fn default_headroom(limit: usize) -> usize {
 }
 
 impl Budget {
-    /// A budget of `limit` bytes.
+    /// A budget of `limit` bytes. A commit over it that reclaiming from
+    /// the members cannot fit is refused at once.
     pub fn new(limit: usize) -> Arc<Self> {
+        Self::with_wait(limit, Duration::ZERO)
+    }
+
+    /// A budget of `limit` bytes whose commits, when reclaiming at once
+    /// cannot make room, wait up to `wait` for busy members to give memory
+    /// back at their run boundaries (a worker pool's members end a run
+    /// every few milliseconds to a second): it polls every half
+    /// millisecond, asking the members again each time, and takes no
+    /// member's lock, so two members waiting for each other only wait out
+    /// the bound. Only then is the commit refused. The wait is the price
+    /// of a limit that holds the pool's live need rather than the sum of
+    /// its caches.
+    pub fn with_wait(limit: usize, wait: Duration) -> Arc<Self> {
         Arc::new(Self {
             limit,
+            wait,
+            waited: AtomicU64::new(0),
             committed: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
             reclaimed: AtomicU64::new(0),
@@ -142,6 +169,7 @@ impl Budget {
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
             reclaims: self.reclaims.load(Ordering::Relaxed),
             refusals: self.refusals.load(Ordering::Relaxed),
+            waited: self.waited.load(Ordering::Relaxed),
             members: self
                 .members
                 .lock()
@@ -167,13 +195,27 @@ impl Budget {
         }
         self.reclaims.fetch_add(1, Ordering::Relaxed);
         self.pressure.fetch_add(1, Ordering::Relaxed);
-        let need = self
-            .committed()
-            .saturating_add(bytes)
-            .saturating_sub(self.limit);
-        self.reclaim(need, &[true, false]);
-        if self.try_charge(bytes) {
-            return true;
+        let deadline = (!self.wait.is_zero()).then(|| std::time::Instant::now() + self.wait);
+        let mut polls = 0u64;
+        loop {
+            let need = self
+                .committed()
+                .saturating_add(bytes)
+                .saturating_sub(self.limit);
+            self.reclaim(need, &[true, false]);
+            if self.try_charge(bytes) {
+                if polls > 0 {
+                    self.waited.fetch_add(1, Ordering::Relaxed);
+                }
+                return true;
+            }
+            match deadline {
+                Some(d) if std::time::Instant::now() < d => {
+                    polls += 1;
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+                _ => break,
+            }
         }
         self.refusals.fetch_add(1, Ordering::Relaxed);
         false

@@ -114,6 +114,50 @@ fn a_busy_member_is_never_waited_for() {
     a.try_alloc(24 * MIB).expect("b's cache reclaimed");
 }
 
+/// A budget with a wait: a commit over the limit waits (bounded) for a
+/// busy member to come free and give its cache back, then fits; with
+/// nothing to wait for it is refused once the bound has passed.
+#[test]
+fn a_budget_with_a_wait_waits_for_a_busy_member_then_fits() {
+    let budget = Budget::with_wait(32 * MIB, Duration::from_secs(10));
+    let a = SharedArena::with_budget(ArenaConfig::default(), &budget).unwrap();
+    let b = SharedArena::with_budget(ArenaConfig::default(), &budget).unwrap();
+    drop(b.try_alloc(24 * MIB).unwrap());
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let holder = {
+        let b = Arc::clone(&b);
+        std::thread::spawn(move || {
+            let _guard = b.lock();
+            locked_tx.send(()).unwrap();
+            // Busy for a while (a run), then free.
+            std::thread::sleep(Duration::from_millis(60));
+        })
+    };
+    locked_rx.recv().unwrap();
+    let t = std::time::Instant::now();
+    let mut big = a.try_alloc(24 * MIB).expect("fits once b is free");
+    big.fill(7);
+    assert!(
+        t.elapsed() >= Duration::from_millis(30),
+        "{:?}",
+        t.elapsed()
+    );
+    holder.join().unwrap();
+    let s = budget.stats();
+    assert_eq!((s.waited, s.refusals), (1, 0), "{s:?}");
+    assert!(s.peak_committed <= s.limit);
+    // Nothing to give: refused after the bound (short here), unchanged.
+    let short = Budget::with_wait(8 * MIB, Duration::from_millis(20));
+    let c = SharedArena::with_budget(ArenaConfig::default(), &short).unwrap();
+    let keep = c.try_alloc(4 * MIB).unwrap();
+    let t = std::time::Instant::now();
+    assert!(over_budget(&c.try_alloc(8 * MIB).unwrap_err()));
+    assert!(t.elapsed() >= Duration::from_millis(20));
+    assert_eq!(short.stats().refusals, 1);
+    assert_eq!(short.committed(), c.stats().reserved);
+    drop(keep);
+}
+
 /// `relieve` takes idle members' cache only.
 #[test]
 fn relieve_gives_back_idle_caches() {

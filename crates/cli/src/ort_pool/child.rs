@@ -120,7 +120,9 @@ pub fn main(args: &PoolArgs, config: PoolConfig) -> Result<ExitCode, String> {
     // tensor-arena's workers commit through one budget: the configuration's
     // limit, or an unlimited one that only counts (its peak is exact).
     let budget = config.is_arena().then(|| match (config, args.budget) {
-        (PoolConfig::Budget, Some(limit)) => Budget::new(limit),
+        (PoolConfig::Budget, Some(limit)) => {
+            Budget::with_wait(limit, Duration::from_millis(args.budget_wait))
+        }
         _ => Budget::new(usize::MAX),
     });
     if config == PoolConfig::Budget && args.budget.is_none() {
@@ -287,6 +289,8 @@ fn serve(
                 reclaimed: s.reclaimed,
                 reclaims: s.reclaims,
                 refusals: s.refusals,
+                waited: s.waited,
+                wait_ms: args.budget_wait,
             }
         }),
         outputs_hash,

@@ -107,6 +107,12 @@ pub struct PoolArgs {
     #[arg(long, value_name = "BYTES", value_parser = crate::parse_bytes)]
     pub budget: Option<usize>,
 
+    /// How long a commit over the budget waits for busy workers to give
+    /// memory back at their run boundaries before it is refused, in
+    /// milliseconds (0: refused at once).
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub budget_wait: u64,
+
     /// The ONNX Runtime library (1.31 or later); default: `ORT_DYLIB_PATH`.
     #[arg(long, value_name = "FILE")]
     pub lib: Option<PathBuf>,
@@ -216,7 +222,10 @@ fn parent(args: &PoolArgs) -> Result<ExitCode, String> {
             cmd.arg("--requests").arg(r.to_string());
         }
         if let Some(b) = budget {
-            cmd.arg("--budget").arg(b.to_string());
+            cmd.arg("--budget")
+                .arg(b.to_string())
+                .arg("--budget-wait")
+                .arg(args.budget_wait.to_string());
         }
         if let Some(lib) = &args.lib {
             cmd.arg("--lib").arg(lib);

@@ -18,6 +18,10 @@ pub struct BudgetReport {
     pub reclaims: u64,
     /// Commits refused over the limit (each fails its request).
     pub refusals: u64,
+    /// Commits that waited for busy workers to give memory back, then fitted.
+    pub waited: u64,
+    /// The longest a commit waits (`--budget-wait`), ms.
+    pub wait_ms: u64,
 }
 
 /// One configuration's results.
@@ -153,9 +157,12 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
     if let Some(b) = reports.iter().find_map(|r| r.budget.as_ref()) {
         let _ = writeln!(
             s,
-            "budget: limit {} MiB, peak committed {} MiB",
+            "budget: limit {} MiB, peak committed {} MiB, {} reclaim(s), {} commit(s) waited (up to {} ms each)",
             mib(b.limit),
-            mib(b.peak_committed)
+            mib(b.peak_committed),
+            b.reclaims,
+            b.waited,
+            b.wait_ms
         );
     }
     let _ = writeln!(
