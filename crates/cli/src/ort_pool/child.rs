@@ -3,8 +3,8 @@
 //! thread sampling progress; then one JSON report on stdout.
 //!
 //! The main thread and the workers meet at barriers: `ready` once the
-//! workers are made (the main thread reads the baseline RSS and resets the
-//! peak), `finished` after the last request (the main thread reads the RSS
+//! workers are made (the main thread then reads the baseline RSS and resets
+//! the peak), `start` to take the first requests, `finished` after the last request (the main thread reads the RSS
 //! with the workers still holding their memory), `release` to let them go.
 
 use super::report::{BudgetReport, ConfigReport};
@@ -58,6 +58,7 @@ struct Shared<'a> {
     done: AtomicUsize,
     failed: AtomicU64,
     ready: Barrier,
+    start: Barrier,
     finished: Barrier,
     release: Barrier,
 }
@@ -139,6 +140,7 @@ pub fn main(args: &PoolArgs, config: PoolConfig) -> Result<ExitCode, String> {
         done: AtomicUsize::new(0),
         failed: AtomicU64::new(0),
         ready: Barrier::new(args.workers as usize + 1),
+        start: Barrier::new(args.workers as usize + 1),
         finished: Barrier::new(args.workers as usize + 1),
         release: Barrier::new(args.workers as usize + 1),
     };
@@ -198,9 +200,9 @@ fn serve(
             shared.total,
             args.workers
         );
+        shared.start.wait();
         let t = Instant::now();
         let mut last_note = Instant::now();
-        // The workers started at `ready`; wait for the last request.
         while shared.done.load(Ordering::Acquire) < shared.total {
             std::thread::sleep(Duration::from_millis(20));
             if last_note.elapsed() >= Duration::from_secs(2) {
@@ -212,10 +214,6 @@ fn serve(
                     shared.failed.load(Ordering::Relaxed),
                     t.elapsed().as_secs_f64()
                 );
-            }
-            if handles.iter().any(|h| h.is_finished()) {
-                // A worker ended early (it panicked): nobody waits forever.
-                break;
             }
         }
         seconds = t.elapsed().as_secs_f64();
@@ -306,6 +304,7 @@ fn mix(h: u64, x: u64) -> u64 {
 /// holds its memory until released.
 fn worker(shared: &Shared<'_>, mut memories: Memories) -> Vec<Served> {
     shared.ready.wait();
+    shared.start.wait();
     let mut served = Vec::new();
     loop {
         let index = shared.next.fetch_add(1, Ordering::Relaxed);
@@ -313,7 +312,17 @@ fn worker(shared: &Shared<'_>, mut memories: Memories) -> Vec<Served> {
             break;
         }
         let request = &shared.requests[index % shared.requests.len()];
-        let one = serve_one(shared.models, &mut memories, request, index);
+        // A panic serving one request fails that request: the worker goes
+        // on, and meets the main thread at every barrier.
+        let one = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            serve_one(shared.models, &mut memories, request, index)
+        }))
+        .unwrap_or_else(|_| Served {
+            index,
+            nanos: 0,
+            model_runs: 0,
+            outcome: Err("the worker panicked serving it".into()),
+        });
         if one.outcome.is_err() {
             shared.failed.fetch_add(1, Ordering::Relaxed);
         }
