@@ -9,8 +9,10 @@
 //! shrunk after every run), `follow1`, `follow2` (`Shrink::FollowInput`
 //! with 1 or 2 runs), `keep` (`Shrink::KeepLargest`). LARGE and SMALL are
 //! shapes like `1x3x1280x1280`. Prints one line per run: `i label millis
-//! rss_after peak_in_use input_bytes high_water` (the last two 0 for ONNX
-//! Runtime's strategies) and first `session rss`. RSS is read
+//! rss_after peak_in_use input_bytes high_water sys_millis minor_faults`
+//! (peak and high water 0 for ONNX Runtime's strategies; system CPU time
+//! and minor page faults of the whole process during the run, which tell
+//! the kernel's part of a run apart) and first `session rss`. RSS is read
 //! after the run's outputs are dropped.
 
 use std::time::Instant;
@@ -27,6 +29,19 @@ fn rss() -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |k| k * 1024)
+}
+
+/// System CPU time (ms) and minor page faults of this process so far.
+fn kernel() -> (f64, i64) {
+    // SAFETY: `getrusage` writes the struct it is given; a zeroed `rusage`
+    // is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a live, writable `rusage`; RUSAGE_SELF is valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return (0.0, 0);
+    }
+    let sys = ru.ru_stime.tv_sec as f64 * 1e3 + ru.ru_stime.tv_usec as f64 / 1e3;
+    (sys, ru.ru_minflt)
 }
 
 fn dims(s: &str) -> Result<Vec<usize>, std::num::ParseIntError> {
@@ -96,6 +111,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (&xs, &a[5], bytes(&small))
         };
         let inputs: [(&str, &DynValue); 1] = [(spec.name.as_str(), x)];
+        let k0 = kernel();
         let t = Instant::now();
         let (peak, high_water) = match &mut target {
             Target::Ort(s, o) => {
@@ -110,9 +126,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         };
         let millis = t.elapsed().as_secs_f64() * 1e3;
+        let k1 = kernel();
         println!(
-            "{i} {label} {millis:.2} {} {peak} {input_bytes} {high_water}",
-            rss()
+            "{i} {label} {millis:.2} {} {peak} {input_bytes} {high_water} {:.2} {}",
+            rss(),
+            k1.0 - k0.0,
+            k1.1 - k0.1
         );
     }
     Ok(())
