@@ -7,11 +7,12 @@ use crate::streams::{StreamStats, Streams};
 use crate::CudaError;
 use hashbrown::HashMap;
 use std::sync::Arc;
-use tensor_arena::Memory;
+use tensor_arena::memory::{Budgeted, ErrorCode};
 use tensor_arena::{
     ArenaConfig, ArenaError, Handle, Plan, PlanCache, PlanStats, RawArena, RunReport, ShrinkPolicy,
     Stats,
 };
+use tensor_arena::{Budget, Memory};
 
 /// Alignment of every device block: 512 bytes, as PyTorch's caching
 /// allocator rounds (more than the 256 bytes `cudaMalloc` promises).
@@ -87,7 +88,9 @@ pub struct DeviceStats {
 ///
 /// Not `Sync`: the C ABI keeps each device's arena behind a mutex.
 pub struct DeviceArena {
-    raw: RawArena<DeviceMemory>,
+    /// The core over device memory, its mappings charged to a budget (the
+    /// caller's, or an unlimited one of its own).
+    raw: RawArena<Budgeted<DeviceMemory>>,
     driver: Arc<dyn Driver>,
     live: HashMap<u64, Live>,
     streams: Streams,
@@ -135,7 +138,27 @@ impl DeviceArena {
     /// [`CudaError::Driver`] when the driver cannot say its granularity;
     /// [`CudaError::Arena`] for an inconsistent configuration.
     pub fn new(driver: Arc<dyn Driver>, config: DeviceConfig) -> Result<Self, CudaError> {
-        let memory = DeviceMemory::new(Arc::clone(&driver), config.reservation)?;
+        Self::with_budget(driver, config, &Budget::new(usize::MAX))
+    }
+
+    /// An arena over `driver` whose mapped device memory is charged to
+    /// `budget`, a budget of device memory (give device arenas their own,
+    /// apart from the host's): a mapping that would pass its limit is
+    /// refused with [`ErrorCode::OverBudget`] once this arena has given its
+    /// own cached memory back, and fails the allocation
+    /// ([`CudaError::Arena`]); unmapping credits it.
+    ///
+    /// # Errors
+    /// As [`DeviceArena::new`].
+    pub fn with_budget(
+        driver: Arc<dyn Driver>,
+        config: DeviceConfig,
+        budget: &Arc<Budget>,
+    ) -> Result<Self, CudaError> {
+        let memory = Budgeted::new(
+            DeviceMemory::new(Arc::clone(&driver), config.reservation)?,
+            Arc::clone(budget),
+        );
         let core_config = ArenaConfig {
             shrink_policy: ShrinkPolicy::Manual,
             ..config.arena
@@ -164,6 +187,11 @@ impl DeviceArena {
             last_run: None,
             last_run_peak_mapped: 0,
         })
+    }
+
+    /// The budget its mappings are charged to.
+    pub fn budget(&self) -> &Arc<Budget> {
+        self.raw.memory().budget()
     }
 
     /// The driver.
@@ -195,9 +223,19 @@ impl DeviceArena {
         };
         let got = match got {
             Ok(got) => got,
+            Err(
+                e @ ArenaError::CommitFailed {
+                    code: Some(ErrorCode::OverBudget { .. }),
+                    ..
+                },
+            ) => {
+                // The budget refused: the driver was not asked.
+                self.out_of_memory += 1;
+                return Err(e.into());
+            }
             Err(e @ (ArenaError::CommitFailed { .. } | ArenaError::ReserveFailed { .. })) => {
                 self.out_of_memory += 1;
-                return Err(match self.raw.memory().last_error() {
+                return Err(match self.raw.memory().inner().last_error() {
                     Some(driver) => CudaError::DeviceMemory {
                         requested: len,
                         driver: driver.clone(),
@@ -266,7 +304,7 @@ impl DeviceArena {
         if self.raw.in_run() {
             return Err(ArenaError::RunAlreadyOpen.into());
         }
-        self.raw.memory().reset_peak();
+        self.raw.memory().inner().reset_peak();
         let plan = self.plans.get(key);
         let own = plan.is_some();
         let id = match self.raw.begin_run(plan) {
@@ -289,7 +327,7 @@ impl DeviceArena {
             return Err(CudaError::NoRun);
         };
         let (mut report, recording) = self.raw.finish_run();
-        self.last_run_peak_mapped = self.raw.memory().peak();
+        self.last_run_peak_mapped = self.raw.memory().inner().peak();
         if report.deviated {
             self.plans.note_deviation();
         }
@@ -392,10 +430,10 @@ impl DeviceArena {
     pub fn stats(&self) -> DeviceStats {
         DeviceStats {
             arena: self.raw.stats(),
-            calls: self.raw.memory().calls(),
+            calls: self.raw.memory().inner().calls(),
             streams: self.streams.stats(),
             plans: self.plans.stats(),
-            mapped: self.raw.memory().mapped(),
+            mapped: self.raw.memory().inner().mapped(),
             last_run_peak_mapped: self.last_run_peak_mapped,
             out_of_memory: self.out_of_memory,
             stranded_blocks: self.stranded,
@@ -404,7 +442,11 @@ impl DeviceArena {
 
     /// The last error the driver gave the memory layer, if any.
     pub fn last_driver_error(&self) -> Option<String> {
-        self.raw.memory().last_error().map(ToString::to_string)
+        self.raw
+            .memory()
+            .inner()
+            .last_error()
+            .map(ToString::to_string)
     }
 
     /// Live blocks: `(address, bytes)`, sorted by address.
@@ -424,7 +466,7 @@ impl DeviceArena {
     pub fn check_invariants(&self) {
         self.streams.check();
         let s = self.raw.stats();
-        assert_eq!(s.reserved, self.raw.memory().mapped());
+        assert_eq!(s.reserved, self.raw.memory().inner().mapped());
         let live: usize = self.live.values().map(|l| l.size).sum();
         assert_eq!(live + self.stranded_bytes, s.in_use);
     }

@@ -337,3 +337,58 @@ fn policies_keep_the_weights_and_repeat_runs_make_no_driver_call() {
         assert_device_clean(&sim);
     }
 }
+
+/// Two arenas on one device under one budget of device memory: their
+/// mappings never pass it; an arena over it first gives its own cache back,
+/// then is refused with the budget's error without asking the driver; a
+/// smaller request still succeeds; dropping both credits everything.
+#[test]
+fn device_arenas_share_a_budget_of_their_own() {
+    use std::sync::Arc;
+    use tensor_arena::memory::ErrorCode;
+    use tensor_arena::{ArenaError, Budget};
+    use tensor_arena_cuda::{DeviceArena, SimDriver};
+    let sim = SimDriver::new(SMALL);
+    let budget = Budget::new(16 * G);
+    let arena =
+        || DeviceArena::with_budget(Arc::new(sim.clone()), DeviceConfig::default(), &budget);
+    let (mut a, mut b) = (arena().unwrap(), arena().unwrap());
+    let pa = a.alloc(10 * G, S).unwrap();
+    let cached = b.alloc(4 * G, S).unwrap();
+    b.free(cached, S).unwrap();
+    assert_eq!(budget.committed(), sim.mapped_bytes());
+    assert_eq!(budget.committed(), 14 * G);
+    // 8 granules more for b: its own 4 cached ones are given back first,
+    // and that is not enough.
+    let created = sim.calls().mem_create;
+    let err = b.alloc(8 * G, S).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CudaError::Arena(ArenaError::CommitFailed {
+                code: Some(ErrorCode::OverBudget { .. }),
+                ..
+            })
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        sim.calls().mem_create,
+        created,
+        "the driver was not asked for memory"
+    );
+    assert_eq!(b.stats().mapped, 0, "b gave its cache back first");
+    assert_eq!(b.stats().out_of_memory, 1);
+    assert!(budget.stats().peak_committed <= 16 * G);
+    assert_eq!(budget.committed(), sim.mapped_bytes());
+    // a's block is intact, and a smaller request fits.
+    sim.write(pa, &[3; 4096]).unwrap();
+    let pb = b.alloc(5 * G, S).unwrap();
+    assert!(sim.read(pa, 4096).unwrap().iter().all(|&x| x == 3));
+    assert_eq!(budget.committed(), 15 * G);
+    a.free(pa, S).unwrap();
+    b.free(pb, S).unwrap();
+    drop((a, b));
+    assert_eq!(budget.committed(), 0);
+    assert_device_clean(&sim);
+}
