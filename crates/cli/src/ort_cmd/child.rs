@@ -76,18 +76,35 @@ struct Job<'a> {
     barriers: &'a Barriers,
 }
 
-pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
-    let runtime = match &args.lib {
+/// Loads ONNX Runtime (`lib`, or `ORT_DYLIB_PATH`) with its log kept to
+/// fatal messages: the log repeats, in colour, every error it also returns
+/// (and the commands report), unless the user asked for more with
+/// `ORT_LOG`.
+pub(crate) fn load_runtime(lib: Option<&std::path::Path>) -> Result<&'static Runtime, String> {
+    let runtime = match lib {
         Some(lib) => Runtime::load(lib),
         None => Runtime::from_env(),
     }
     .map_err(|e| e.to_string())?;
-    // ONNX Runtime's own log repeats, in colour, every error it also
-    // returns (and this command reports); keep it to fatal messages unless
-    // the user asked for more with ORT_LOG.
     if std::env::var_os("ORT_LOG").is_none() {
         runtime.environment().set_log_level(LogLevel::Fatal);
     }
+    Ok(runtime)
+}
+
+/// A failed run's message, said to be out of memory where it is: ONNX
+/// Runtime's own allocators (and tensor-arena's, refused) throw
+/// `std::bad_alloc` or report a failed arena allocation.
+pub(crate) fn run_error(text: String) -> String {
+    if text.contains("bad_alloc") || text.contains("Failed to allocate memory") {
+        format!("out of memory: {text}")
+    } else {
+        text
+    }
+}
+
+pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
+    let runtime = load_runtime(args.lib.as_deref())?;
     let given = values::parse_all(&args.values)?;
     let runs: Vec<shapes::RunInputs> = args
         .inputs
@@ -343,16 +360,8 @@ fn one_run(
     match (job.target, worker) {
         (Target::Ort { session, options }, _) => {
             let t = Instant::now();
-            let outputs = run_shared(session, &inputs, options.as_ref()).map_err(|e| {
-                let text = e.to_string();
-                // ONNX Runtime's own allocators throw `std::bad_alloc` or
-                // report a failed arena allocation.
-                if text.contains("bad_alloc") || text.contains("Failed to allocate memory") {
-                    format!("out of memory: {text}")
-                } else {
-                    text
-                }
-            })?;
+            let outputs = run_shared(session, &inputs, options.as_ref())
+                .map_err(|e| run_error(e.to_string()))?;
             step.nanos = t.elapsed().as_nanos() as u64;
             step.hash =
                 tensor_arena_ort::hash_outputs(outputs.iter().map(|(n, v)| (n.as_str(), v)))

@@ -15,7 +15,7 @@
 //! its log as it is, colours removed where stderr is not a terminal.
 
 mod checks;
-mod child;
+pub(crate) mod child;
 pub(crate) mod passthrough;
 mod report;
 pub(crate) mod rss;

@@ -10,17 +10,17 @@
 use super::report::{BudgetReport, ConfigReport};
 use super::stream::{self, Request, Stage};
 use super::{PoolArgs, PoolConfig};
+use crate::ort_cmd::child::{load_runtime, run_error};
 use crate::ort_cmd::rss;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use tensor_arena::Budget;
-use tensor_arena_ort::ort::logging::LogLevel;
 use tensor_arena_ort::ort::session::Session;
 use tensor_arena_ort::ort::value::DynValue;
 use tensor_arena_ort::{
-    hash_outputs, make_input, open_session, run_shared, InputSpec, Memory, Plans, RunKey, Runtime,
+    hash_outputs, make_input, open_session, run_shared, InputSpec, Memory, Plans, RunKey,
     SessionOptions, Worker, WorkerOptions,
 };
 
@@ -64,14 +64,7 @@ struct Shared<'a> {
 }
 
 pub fn main(args: &PoolArgs, config: PoolConfig) -> Result<ExitCode, String> {
-    let runtime = match &args.lib {
-        Some(lib) => Runtime::load(lib),
-        None => Runtime::from_env(),
-    }
-    .map_err(|e| e.to_string())?;
-    if std::env::var_os("ORT_LOG").is_none() {
-        runtime.environment().set_log_level(LogLevel::Fatal);
-    }
+    let runtime = load_runtime(args.lib.as_deref())?;
     let requests = stream::parse(&super::stream_text(args)?)?;
     let total = args.requests.map_or(requests.len(), |r| r as usize);
     let memory = match config {
@@ -395,13 +388,6 @@ fn run_model(
         Memories::PerModel(w) => w[i].run(&models.plans[i], &key(), run),
         Memories::PerWorker(w) => w.run(&models.plans[i], &key(), run),
     }
-    .map_err(|e| {
-        let text = e.to_string();
-        if text.contains("bad_alloc") || text.contains("Failed to allocate memory") {
-            format!("out of memory: {text}")
-        } else {
-            text
-        }
-    })?;
+    .map_err(|e| run_error(e.to_string()))?;
     hash_outputs(outputs.iter().map(|(n, v)| (n.as_str(), v))).map_err(|e| e.to_string())
 }
