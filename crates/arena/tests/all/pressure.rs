@@ -242,7 +242,8 @@ fn a_signal_relieves_idle_members_only() {
     assert!(matches!(relief.signal, Signal::Psi { .. }));
     let idle_after = idle.stats().reserved;
     assert_eq!(relief.released, idle_before - idle_after);
-    assert!(idle_after < 2 * MIB, "the idle member kept {idle_after}");
+    // The live block stays, in whole commit steps (2 MiB with huge pages).
+    assert!(idle_after <= 4 * MIB, "the idle member kept {idle_after}");
     assert!(live.iter().all(|&b| b == 7), "a live block was touched");
     assert_eq!(budget.pressure(), pressure + 1, "busy members are told");
     drop(release);
