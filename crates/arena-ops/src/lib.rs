@@ -13,10 +13,14 @@
 //!   model after every step (no overlap, alignment, fill patterns survive,
 //!   `in_use` is the sum of live sizes, `in_use <= reserved <= cap`, backing
 //!   calls balanced and nothing outstanding at the end).
+//! - [`run_budget`]: [`BudgetOp`]s on several arenas sharing one
+//!   `Budget`, checked against the budget's arithmetic after every step
+//!   (committed is the sum of the arenas', never over the limit; a refusal
+//!   changes nothing and only happens when no member can give more).
 //! - [`weights_load`]: arbitrary bytes through both `Weights::open` modes.
 //! - [`plans`]: arbitrary recordings and plans (built from bytes or
 //!   deserialized from arbitrary JSON) through planned runs.
-//! - [`fuzz_arena_ops`], [`fuzz_plans`] and [`fuzz_weights_load`]: exactly what the fuzz
+//! - [`fuzz_arena_ops`], [`fuzz_budget`], [`fuzz_plans`] and [`fuzz_weights_load`]: exactly what the fuzz
 //!   targets in `fuzz/` call, so `tests/corpus.rs` replays their corpus as a
 //!   plain test.
 //!
@@ -42,10 +46,11 @@ mod weights;
 
 pub use counting::Counting;
 pub use faulty::{Faulty, Ledger};
-pub use model::{config, run};
+pub use model::{config, run, run_budget, BudgetReport};
 pub use op::{
-    align_from_log2, decode, Op, RawOp, SharedOp, Size, CAP, GRANULE, MAX_ALIGN, MAX_OPS,
-    MAX_PLANS, MAX_REQUEST, MAX_SESSIONS, MAX_SHARED_OPS,
+    align_from_log2, budget_size, decode, decode_budget, BudgetOp, Op, RawOp, SharedOp, Size,
+    BUDGET_ARENAS, BUDGET_LIMIT, BUDGET_MEMBERS, CAP, GRANULE, MAX_ALIGN, MAX_OPS, MAX_PLANS,
+    MAX_REQUEST, MAX_SESSIONS, MAX_SHARED_OPS,
 };
 pub use pages::run_pages;
 pub use plans::plans;
@@ -58,6 +63,12 @@ pub fn fuzz_arena_ops(data: &[u8]) {
     let ops = decode(data);
     run(&ops);
     run_pages(&ops);
+}
+
+/// What the `budget` fuzz target runs: [`decode_budget`], then
+/// [`run_budget`] (several arenas under one budget).
+pub fn fuzz_budget(data: &[u8]) {
+    run_budget(&decode_budget(data));
 }
 
 /// What the `plans` fuzz target runs: [`plans`].

@@ -262,3 +262,74 @@ pub fn decode(data: &[u8]) -> Vec<Op> {
     }
     ops
 }
+
+/// How many arenas a [`run_budget`](crate::run_budget) sequence drives
+/// under its one budget: [`BUDGET_MEMBERS`] shared arenas registered as
+/// members, then one single-threaded arena that is charged but never asked.
+pub const BUDGET_ARENAS: usize = BUDGET_MEMBERS + 1;
+
+/// How many of those arenas are members of the budget (reclaimable).
+pub const BUDGET_MEMBERS: usize = 3;
+
+/// The budget's limit in [`run_budget`](crate::run_budget): under the sum
+/// of the arenas' caps ([`CAP`] each), so commits compete for it.
+pub const BUDGET_LIMIT: usize = 3 << 20;
+
+/// One step of a budget sequence ([`run_budget`](crate::run_budget)):
+/// several arenas under one [`Budget`](tensor_arena::Budget).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Arbitrary)]
+pub enum BudgetOp {
+    /// Allocate [`budget_size`]`(size)` bytes in arena `arena %`
+    /// [`BUDGET_ARENAS`] and fill them with a pattern (nothing if another
+    /// thread holds that arena).
+    Alloc {
+        /// Which arena.
+        arena: u8,
+        /// Encodes the size; see [`budget_size`].
+        size: u16,
+    },
+    /// Drop the live block number `index % live` of arena `arena %`
+    /// [`BUDGET_ARENAS`] (nothing if another thread holds that arena).
+    Free {
+        /// Which arena.
+        arena: u8,
+        /// Which block.
+        index: u8,
+    },
+    /// `shrink()` on arena `arena %` [`BUDGET_ARENAS`].
+    Shrink {
+        /// Which arena.
+        arena: u8,
+    },
+    /// Open a run on the single-threaded (non-member) arena, or finish the
+    /// open one.
+    Run,
+    /// Member `member %` [`BUDGET_MEMBERS`]'s lock: another thread takes
+    /// and holds it (the member is busy: reclaim must skip it, never wait),
+    /// or gives it back.
+    Hold {
+        /// Which member.
+        member: u8,
+    },
+    /// `Budget::relieve`: idle members give back all their cache.
+    Relieve,
+}
+
+/// The bytes a [`BudgetOp::Alloc`]'s `size` stands for: the high 13 bits
+/// shifted left by the low 3 (0 up to almost 1 MiB, most often a few KiB).
+pub fn budget_size(size: u16) -> usize {
+    ((size >> 3) as usize) << (size & 7)
+}
+
+/// Decodes a fuzz input into budget operations, at most [`MAX_OPS`].
+pub fn decode_budget(data: &[u8]) -> Vec<BudgetOp> {
+    let mut u = Unstructured::new(data);
+    let mut ops = Vec::new();
+    while ops.len() < MAX_OPS && !u.is_empty() {
+        match BudgetOp::arbitrary(&mut u) {
+            Ok(op) => ops.push(op),
+            Err(_) => break,
+        }
+    }
+    ops
+}

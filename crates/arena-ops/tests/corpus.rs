@@ -43,6 +43,11 @@ fn arena_ops_corpus() {
 }
 
 #[test]
+fn budget_corpus() {
+    replay("budget", tensor_arena_ops::fuzz_budget);
+}
+
+#[test]
 fn plans_corpus() {
     replay("plans", tensor_arena_ops::fuzz_plans);
 }

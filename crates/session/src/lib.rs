@@ -8,7 +8,9 @@ mod swap;
 mod weights;
 
 pub use pool::{PoolGuard, SessionPool};
-pub use session::{PlanConfig, RunContext, Session, SessionConfig, SessionStats};
+pub use session::{
+    BudgetedMemory, BudgetedSession, PlanConfig, RunContext, Session, SessionConfig, SessionStats,
+};
 pub use swap::ModelHandle;
 pub use tensor_arena;
 
@@ -23,6 +25,8 @@ const _: () = {
     const fn send<T: Send>() {}
     const fn send_sync<T: Send + Sync>() {}
     send::<Session>();
+    send::<BudgetedSession>();
+    send_sync::<SessionPool<BudgetedMemory>>();
     send::<PoolGuard<'static>>();
     send_sync::<SessionPool>();
     send_sync::<ModelHandle>();

@@ -5,6 +5,7 @@ use crate::swap::ModelHandle;
 use parking_lot::{Condvar, Mutex};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+use tensor_arena::{DefaultMemory, HostMemory};
 
 /// Lends clones of one session to worker threads.
 ///
@@ -12,16 +13,21 @@ use std::ops::{Deref, DerefMut};
 /// fewer than `max_sessions` exist, or waits for one to come back. The
 /// guard gives the clone back when dropped. The pool's lock is held only to
 /// take or return a clone, never while a worker runs.
-pub struct SessionPool {
+///
+/// A pool made [`from_session`](SessionPool::from_session) of a
+/// [`BudgetedSession`](crate::BudgetedSession) lends clones that all commit
+/// under the template's budget; idle clones give their cache back when
+/// another member needs room.
+pub struct SessionPool<M: HostMemory + Send + 'static = DefaultMemory> {
     /// Clones are made from this one (it never runs).
-    template: Mutex<Session>,
-    idle: Mutex<Idle>,
+    template: Mutex<Session<M>>,
+    idle: Mutex<Idle<M>>,
     returned: Condvar,
     max_sessions: usize,
 }
 
-struct Idle {
-    sessions: Vec<Session>,
+struct Idle<M: HostMemory + Send + 'static> {
+    sessions: Vec<Session<M>>,
     /// Clones that exist (idle or lent).
     count: usize,
     /// Counters of clones dropped by `trim`, so that pool stats keep them.
@@ -37,10 +43,12 @@ impl SessionPool {
     pub fn new(model: ModelHandle, config: SessionConfig, max_sessions: usize) -> Self {
         Self::from_session(Session::with_model(model, config), max_sessions)
     }
+}
 
+impl<M: HostMemory + Send + 'static> SessionPool<M> {
     /// A pool whose clones are made from `template` (which itself is kept
     /// only to clone from).
-    pub fn from_session(template: Session, max_sessions: usize) -> Self {
+    pub fn from_session(template: Session<M>, max_sessions: usize) -> Self {
         Self {
             template: Mutex::new(template),
             idle: Mutex::new(Idle {
@@ -61,7 +69,7 @@ impl SessionPool {
 
     /// A session for this thread: an idle clone, a new clone if fewer than
     /// the bound exist, or else the next one given back (this waits).
-    pub fn get(&self) -> PoolGuard<'_> {
+    pub fn get(&self) -> PoolGuard<'_, M> {
         let mut idle = self.idle.lock();
         loop {
             if let Some(session) = idle.sessions.pop() {
@@ -78,7 +86,7 @@ impl SessionPool {
     }
 
     /// Like [`SessionPool::get`], but `None` instead of waiting.
-    pub fn try_get(&self) -> Option<PoolGuard<'_>> {
+    pub fn try_get(&self) -> Option<PoolGuard<'_, M>> {
         let mut idle = self.idle.lock();
         if let Some(session) = idle.sessions.pop() {
             return Some(self.guard(session));
@@ -92,14 +100,14 @@ impl SessionPool {
         None
     }
 
-    fn guard(&self, session: Session) -> PoolGuard<'_> {
+    fn guard(&self, session: Session<M>) -> PoolGuard<'_, M> {
         PoolGuard {
             pool: self,
             session: Some(session),
         }
     }
 
-    fn give_back(&self, session: Session) {
+    fn give_back(&self, session: Session<M>) {
         self.idle.lock().sessions.push(session);
         self.returned.notify_one();
     }
@@ -192,7 +200,7 @@ fn add(total: &mut SessionStats, s: &SessionStats, bytes: bool) {
     total.keys = total.keys.max(s.keys);
 }
 
-impl fmt::Debug for SessionPool {
+impl<M: HostMemory + Send + 'static> fmt::Debug for SessionPool<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SessionPool")
             .field("sessions", &self.sessions())
@@ -217,19 +225,20 @@ impl fmt::Debug for SessionPool {
 /// # let w = Arc::new(Weights::from_tensors([("w", Dtype::U8, vec![1], vec![0u8])]).unwrap());
 /// let pool = SessionPool::new(ModelHandle::new(Arc::clone(&w)), SessionConfig::default(), 1);
 /// let mut guard = pool.get();
-/// let block = guard.arena().try_alloc(64).unwrap();
+/// let arena = guard.arena();
+/// let block = arena.try_alloc(64).unwrap();
 /// *guard = Session::new(w, SessionConfig::default()); // the arena `block` lives in would drop
-/// drop(block);
+/// drop((block, arena));
 /// ```
-pub struct PoolGuard<'p> {
-    pool: &'p SessionPool,
-    session: Option<Session>,
+pub struct PoolGuard<'p, M: HostMemory + Send + 'static = DefaultMemory> {
+    pool: &'p SessionPool<M>,
+    session: Option<Session<M>>,
 }
 
-impl PoolGuard<'_> {
+impl<M: HostMemory + Send + 'static> PoolGuard<'_, M> {
     /// Keeps the session out of the pool for good (it no longer counts
     /// against the bound).
-    pub fn detach(mut self) -> Session {
+    pub fn detach(mut self) -> Session<M> {
         let session = self.session.take().expect("guard holds a session");
         self.pool.idle.lock().count -= 1;
         self.pool.returned.notify_one();
@@ -237,20 +246,20 @@ impl PoolGuard<'_> {
     }
 }
 
-impl Deref for PoolGuard<'_> {
-    type Target = Session;
-    fn deref(&self) -> &Session {
+impl<M: HostMemory + Send + 'static> Deref for PoolGuard<'_, M> {
+    type Target = Session<M>;
+    fn deref(&self) -> &Session<M> {
         self.session.as_ref().expect("guard holds a session")
     }
 }
 
-impl DerefMut for PoolGuard<'_> {
-    fn deref_mut(&mut self) -> &mut Session {
+impl<M: HostMemory + Send + 'static> DerefMut for PoolGuard<'_, M> {
+    fn deref_mut(&mut self) -> &mut Session<M> {
         self.session.as_mut().expect("guard holds a session")
     }
 }
 
-impl Drop for PoolGuard<'_> {
+impl<M: HostMemory + Send + 'static> Drop for PoolGuard<'_, M> {
     fn drop(&mut self) {
         if let Some(session) = self.session.take() {
             self.pool.give_back(session);
@@ -258,7 +267,7 @@ impl Drop for PoolGuard<'_> {
     }
 }
 
-impl fmt::Debug for PoolGuard<'_> {
+impl<M: HostMemory + Send + 'static> fmt::Debug for PoolGuard<'_, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("PoolGuard").field(&self.session).finish()
     }

@@ -7,13 +7,22 @@ use bumpalo::Bump;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use tensor_arena::memory::{default_memory, PagesConfig};
+use tensor_arena::memory::{default_memory, Budgeted, PagesConfig};
 use tensor_arena::plan::{Plan, PlanCache, PlanStats};
 use tensor_arena::{
-    Arena, ArenaConfig, ArenaError, Block, LiveBlock, Run, RunReport, Stats, TypedBlock,
+    Arena, ArenaConfig, ArenaError, Block, Budget, DefaultMemory, HostMemory, LiveBlock, Run,
+    RunReport, SharedArena, SharedArenaGuard, Stats, TypedBlock,
 };
+
+/// The memory layer of a session under a [`Budget`]
+/// ([`Session::with_budget`]): the default layer, its commits charged.
+pub type BudgetedMemory = Budgeted<DefaultMemory>;
+
+/// A session whose arena (and every clone's) commits under a [`Budget`].
+pub type BudgetedSession = Session<BudgetedMemory>;
 
 /// Configuration of a [`Session`] and of every clone made from it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -58,15 +67,21 @@ impl Default for PlanConfig {
     }
 }
 
+/// Makes a new clone's memory layer from the family's `PagesConfig`.
+type MakeMemory<M> = dyn Fn(PagesConfig) -> M + Send + Sync;
+
 /// What clones of one session share: the model handle and live counters.
-#[derive(Debug)]
-pub(crate) struct Family {
+pub(crate) struct Family<M> {
     /// Clones alive (including the original).
     pub(crate) alive: AtomicUsize,
     /// Clones ever made (including the original).
     pub(crate) created: AtomicU64,
     /// Plans learned by any clone, used by all.
     pub(crate) plans: PlanCache<Box<[usize]>>,
+    /// Each clone's memory layer.
+    make: Box<MakeMemory<M>>,
+    /// The budget the clones commit under, if any; each is its member.
+    budget: Option<Arc<Budget>>,
 }
 
 /// A model ready to run: shared read-only weights and a private [`Arena`]
@@ -81,17 +96,34 @@ pub(crate) struct Family {
 /// | dropped | `drop` | every byte the arena drew is freed; weights released with their last user |
 ///
 /// A session is `Send` (give each worker thread its own clone) and not
-/// `Sync` (its arena has no lock), both derived by the compiler:
+/// `Sync` (one run at a time), both derived by the compiler:
 ///
 /// ```compile_fail
 /// fn shared<T: Sync>() {}
 /// shared::<tensor_session::Session>();
 /// ```
-pub struct Session {
+///
+/// # Under a budget
+/// [`Session::with_budget`] makes a [`BudgetedSession`]: its arena and its
+/// clones' commit under one [`Budget`] shared with any other arenas, and
+/// each is a member of it. An idle session (no run in progress) gives its
+/// cached memory back when another member's commit needs room; a running
+/// one is never waited for (its lock is only tried) and never loses a live
+/// buffer. A run whose buffer the budget refuses gets
+/// [`ArenaError::CommitFailed`] with the code
+/// [`OverBudget`](tensor_arena::memory::ErrorCode::OverBudget); the session
+/// stays usable, and a smaller run succeeds.
+pub struct Session<M: HostMemory + Send + 'static = DefaultMemory> {
     model: ModelHandle,
     config: SessionConfig,
-    arena: Arena,
-    family: Arc<Family>,
+    /// Locked for each run (once, not per buffer), so that a budget's
+    /// reclaim, which only tries the lock, never touches a running session.
+    arena: Arc<SharedArena<M>>,
+    family: Arc<Family<M>>,
+    /// `Budget::pressure` when this session last gave back for it.
+    pressure_seen: u64,
+    /// Keeps `Session: !Sync` (one run at a time, `&mut self`).
+    _not_sync: PhantomData<Cell<()>>,
     runs: u64,
     last: Option<RunReport>,
     /// Runs per key (input shape).
@@ -117,23 +149,73 @@ impl Session {
     /// # Panics
     /// If `config.arena` is inconsistent ([`ArenaConfig::validate`]).
     pub fn with_model(model: ModelHandle, config: SessionConfig) -> Self {
+        Self::family(model, config, Box::new(default_memory), None)
+    }
+}
+
+impl Session<BudgetedMemory> {
+    /// A session over `weights` whose arena, and every clone's, commits
+    /// under `budget` as one of its members; see "Under a budget" above.
+    ///
+    /// # Panics
+    /// If `config.arena` is inconsistent ([`ArenaConfig::validate`]).
+    pub fn with_budget(weights: Arc<Weights>, config: SessionConfig, budget: &Arc<Budget>) -> Self {
+        Self::with_model_and_budget(ModelHandle::new(weights), config, budget)
+    }
+
+    /// [`Session::with_model`] under `budget`.
+    ///
+    /// # Panics
+    /// If `config.arena` is inconsistent ([`ArenaConfig::validate`]).
+    pub fn with_model_and_budget(
+        model: ModelHandle,
+        config: SessionConfig,
+        budget: &Arc<Budget>,
+    ) -> Self {
+        let b = Arc::clone(budget);
+        let make = move |pages| Budgeted::new(default_memory(pages), Arc::clone(&b));
+        Self::family(model, config, Box::new(make), Some(Arc::clone(budget)))
+    }
+}
+
+impl<M: HostMemory + Send + 'static> Session<M> {
+    fn family(
+        model: ModelHandle,
+        config: SessionConfig,
+        make: Box<MakeMemory<M>>,
+        budget: Option<Arc<Budget>>,
+    ) -> Self {
         let family = Arc::new(Family {
             alive: AtomicUsize::new(0),
             created: AtomicU64::new(0),
             plans: PlanCache::new(config.plans.capacity),
+            make,
+            budget,
         });
         Self::member(model, config, family)
     }
 
-    fn member(model: ModelHandle, config: SessionConfig, family: Arc<Family>) -> Self {
+    fn member(model: ModelHandle, config: SessionConfig, family: Arc<Family<M>>) -> Self {
+        let arena = Arena::with_memory(config.arena, (family.make)(config.memory))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let arena = Arc::new(SharedArena::from_arena(arena));
+        let pressure_seen = match &family.budget {
+            Some(b) => {
+                let member: Arc<dyn tensor_arena::Reclaim> = arena.clone();
+                b.register(Arc::downgrade(&member));
+                b.pressure()
+            }
+            None => 0,
+        };
         family.alive.fetch_add(1, Ordering::Relaxed);
         let id = family.created.fetch_add(1, Ordering::Relaxed);
         Self {
             model,
             config,
-            arena: Arena::with_memory(config.arena, default_memory(config.memory))
-                .unwrap_or_else(|e| panic!("{e}")),
+            arena,
             family,
+            pressure_seen,
+            _not_sync: PhantomData,
             runs: 0,
             last: None,
             keys: HashMap::new(),
@@ -168,7 +250,33 @@ impl Session {
     /// let mut session = Session::new(Arc::new(w), SessionConfig::default());
     /// let escaped = session.run(&[1], |ctx| ctx.alloc(64).unwrap());
     /// ```
-    pub fn run<R>(&mut self, key: &[usize], f: impl FnOnce(&RunContext<'_>) -> R) -> R {
+    pub fn run<R>(&mut self, key: &[usize], f: impl FnOnce(&RunContext<'_, M>) -> R) -> R {
+        let arena = Arc::clone(&self.arena);
+        let guard = arena.lock();
+        let out = self.run_locked(&guard, key, f);
+        self.give_under_pressure(&guard);
+        out
+    }
+
+    /// At a run boundary: if memory ran short since this session last
+    /// looked ([`Budget::pressure`]) while it was busy, gives back what it
+    /// caches beyond its watermark.
+    fn give_under_pressure(&mut self, arena: &Arena<M>) {
+        if let Some(b) = &self.family.budget {
+            let now = b.pressure();
+            if now != self.pressure_seen {
+                self.pressure_seen = now;
+                arena.shrink();
+            }
+        }
+    }
+
+    fn run_locked<R>(
+        &mut self,
+        arena: &Arena<M>,
+        key: &[usize],
+        f: impl FnOnce(&RunContext<'_, M>) -> R,
+    ) -> R {
         let weights = self.model.load();
         let plans = &self.family.plans;
         let cfg = self.config.plans;
@@ -179,13 +287,13 @@ impl Session {
         };
         let planned_size = plan.as_ref().filter(|_| own).map(|p| p.size());
         let run = match plan {
-            Some(p) => match self.arena.begin_planned_run(p) {
+            Some(p) => match arena.begin_planned_run(p) {
                 Ok(run) => run,
-                Err(_) => self.arena.begin_run(),
+                Err(_) => arena.begin_run(),
             },
-            None => self.arena.begin_run(),
+            None => arena.begin_run(),
         };
-        if self.arena.is_recording_trace() {
+        if arena.is_recording_trace() {
             // Label the run by its key, as trace files label runs by shape.
             let label: Vec<String> = key.iter().map(ToString::to_string).collect();
             run.set_label(&label.join("x"));
@@ -223,7 +331,7 @@ impl Session {
                     if cfg.shrink_to_plans {
                         // Later runs of every shape seen are served from their
                         // plan's block: no more than the largest plan is needed.
-                        self.arena.shrink_to(self.largest_plan);
+                        arena.shrink_to(self.largest_plan);
                     }
                 }
                 Err(e) => debug_assert!(false, "the arena recorded an invalid run: {e}"),
@@ -255,7 +363,7 @@ impl Session {
     /// As [`Arena::reserve`].
     pub fn warm(&mut self, key: &[usize]) -> Result<bool, ArenaError> {
         match self.family.plans.get(key) {
-            Some(plan) => self.arena.reserve(plan.size()).map(|()| true),
+            Some(plan) => self.arena.lock().reserve(plan.size()).map(|()| true),
             None => Ok(false),
         }
     }
@@ -290,17 +398,24 @@ impl Session {
     /// Gives the arena's cached memory back down to the recent runs'
     /// watermark; returns the bytes released.
     pub fn shrink(&mut self) -> usize {
-        self.arena.shrink()
+        self.arena.lock().shrink()
     }
 
     /// Gives cached memory back until at most `bytes` stay reserved.
     pub fn shrink_to(&mut self, bytes: usize) -> usize {
-        self.arena.shrink_to(bytes)
+        self.arena.lock().shrink_to(bytes)
     }
 
-    /// The session's arena (for stats, or allocations outside runs).
-    pub fn arena(&self) -> &Arena {
-        &self.arena
+    /// The session's arena (for stats, or allocations outside runs), locked
+    /// while the guard lives: derefs to [`Arena`]. Locked, a session is
+    /// busy for its budget (see "Under a budget").
+    pub fn arena(&self) -> SharedArenaGuard<'_, M> {
+        self.arena.lock()
+    }
+
+    /// The budget this session commits under, if any.
+    pub fn budget(&self) -> Option<&Arc<Budget>> {
+        self.family.budget.as_ref()
     }
 
     /// Counters of this session.
@@ -332,22 +447,22 @@ impl Session {
     /// Blocks still live in the arena (none outside a run, unless a block
     /// was leaked with `mem::forget`).
     pub fn live_blocks(&self) -> Vec<LiveBlock> {
-        self.arena.live_blocks()
+        self.arena.lock().live_blocks()
     }
 }
 
-impl Clone for Session {
+impl<M: HostMemory + Send + 'static> Clone for Session<M> {
     /// Same as [`Session::try_clone`].
     fn clone(&self) -> Self {
         self.try_clone()
     }
 }
 
-impl Drop for Session {
+impl<M: HostMemory + Send + 'static> Drop for Session<M> {
     fn drop(&mut self) {
         self.family.alive.fetch_sub(1, Ordering::Relaxed);
         if cfg!(debug_assertions) {
-            for b in self.arena.live_blocks() {
+            for b in self.arena.lock().live_blocks() {
                 let at = b
                     .location
                     .map_or_else(|| "an unknown place".to_string(), |l| l.to_string());
@@ -360,7 +475,7 @@ impl Drop for Session {
     }
 }
 
-impl fmt::Debug for Session {
+impl<M: HostMemory + Send + 'static> fmt::Debug for Session<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Session")
             .field("runs", &self.runs)
@@ -371,15 +486,15 @@ impl fmt::Debug for Session {
 
 /// What the closure of [`Session::run`] gets: the weights, buffer
 /// allocation from the session's arena, and per-run scratch.
-pub struct RunContext<'r> {
-    run: &'r Run<'r>,
+pub struct RunContext<'r, M: HostMemory = DefaultMemory> {
+    run: &'r Run<'r, M>,
     weights: &'r Arc<Weights>,
     key: &'r [usize],
     /// Whether an allocation of this run was refused.
     refused: Cell<bool>,
 }
 
-impl<'r> RunContext<'r> {
+impl<'r, M: HostMemory> RunContext<'r, M> {
     /// The weights of this run (fixed for the whole run, even if the model
     /// is swapped meanwhile).
     pub fn weights(&self) -> &'r Weights {
@@ -396,7 +511,7 @@ impl<'r> RunContext<'r> {
     /// # Errors
     /// See [`Arena::try_alloc`].
     #[track_caller]
-    pub fn alloc(&self, bytes: usize) -> Result<Block<'r>, ArenaError> {
+    pub fn alloc(&self, bytes: usize) -> Result<Block<'r, M>, ArenaError> {
         self.note(self.run.try_alloc(bytes))
     }
 
@@ -419,7 +534,7 @@ impl<'r> RunContext<'r> {
     pub fn alloc_slice<T: bytemuck::Pod>(
         &self,
         len: usize,
-    ) -> Result<TypedBlock<'r, T>, ArenaError> {
+    ) -> Result<TypedBlock<'r, T, M>, ArenaError> {
         self.note(self.run.try_alloc_slice(len))
     }
 
@@ -431,7 +546,7 @@ impl<'r> RunContext<'r> {
     pub fn alloc_zeroed<T: bytemuck::Pod>(
         &self,
         len: usize,
-    ) -> Result<TypedBlock<'r, T>, ArenaError> {
+    ) -> Result<TypedBlock<'r, T, M>, ArenaError> {
         let mut buf = self.note(self.run.try_alloc_slice(len))?;
         buf.fill(T::zeroed());
         Ok(buf)
@@ -443,7 +558,7 @@ impl<'r> RunContext<'r> {
     }
 
     /// The session's arena.
-    pub fn arena(&self) -> &'r Arena {
+    pub fn arena(&self) -> &'r Arena<M> {
         self.run.arena()
     }
 }

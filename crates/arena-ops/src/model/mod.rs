@@ -8,7 +8,9 @@ use crate::op::{
 };
 use crate::pattern;
 
+mod budget;
 mod shared;
+pub use budget::{run_budget, BudgetReport};
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, OnceLock};

@@ -8,6 +8,7 @@ mod footprint;
 mod model;
 mod planner;
 mod plans;
+mod pressure;
 mod reliability;
 mod review;
 mod shared;
