@@ -266,6 +266,9 @@ pub(crate) fn register(env: &ort::environment::Environment) -> Result<(), String
 /// shared allocators, `CreateAndRegisterAllocator` with its default arena
 /// settings). A baseline to compare with: a process does this instead of
 /// [`register`], not beside it (one CPU allocator per environment).
+/// Used by [`crate::ArenaSession`]'s baseline, which loads ONNX Runtime
+/// dynamically.
+#[cfg(feature = "load-dynamic")]
 pub(crate) fn register_ort_arena(env: &ort::environment::Environment) -> Result<(), String> {
     let info = ort::memory::MemoryInfo::new(
         ort::memory::AllocationDevice::CPU,
