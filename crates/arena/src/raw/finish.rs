@@ -49,7 +49,7 @@ impl<M: Memory> RawArena<M> {
             Some(rid) if !grew && self.pool.single_region().map(|r| r.0) == Some(rid) => {
                 run.max_end
             }
-            _ => simulate_extent(&run.ops),
+            _ => simulate_extent(&run.ops, self.config.fit),
         };
         self.runs += 1;
         self.recent.push_back(high_water);
