@@ -839,6 +839,9 @@ pub(crate) enum RunOp {
         align: usize,
         /// Bytes the caller asked for.
         len: usize,
+        /// Whether the block enters the run's [`Recording`](crate::plan::Recording)
+        /// (not the plan's own block, nor a block outside plans).
+        planable: bool,
     },
     /// The free of the run's allocation number `index`.
     Free {

@@ -162,22 +162,26 @@ fn simulation_matches_a_finite_region() {
             size: 128,
             align: 64,
             len: 100,
+            planable: true,
         },
         RunOp::Alloc {
             size: 64,
             align: 64,
             len: 64,
+            planable: true,
         },
         RunOp::Free { index: 0 },
         RunOp::Alloc {
             size: 64,
             align: 64,
             len: 1,
+            planable: true,
         },
         RunOp::Alloc {
             size: 256,
             align: 64,
             len: 256,
+            planable: true,
         },
     ];
     assert_eq!(simulate_extent(&ops, Fit::Best), 448);
