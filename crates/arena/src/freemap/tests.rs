@@ -202,7 +202,9 @@ fn random_ops_keep_invariants() {
         seed
     };
     for round in 0..200 {
-        let mut m = FreeMap::<u8>::new();
+        // Both fits, alternately.
+        let fit = if round % 2 == 0 { Fit::Good } else { Fit::Best };
+        let mut m = FreeMap::<u8>::with_fit(fit);
         m.add_region(1 << 20);
         let mut live: Vec<SpanId> = Vec::new();
         for step in 0..400 {
