@@ -1,4 +1,5 @@
-//! Offset bookkeeping for a set of regions: best fit, splitting, coalescing.
+//! Offset bookkeeping for a set of regions: good or best fit, splitting,
+//! coalescing.
 //!
 //! Nothing here touches memory. A region is a range of offsets `0..size`;
 //! it is tiled by spans, each free or used, in offset order. The pool (which
@@ -17,7 +18,7 @@
 //! take a region's *top* (the free span that ends at the region's end),
 //! like dlmalloc's top chunk.
 //!
-//! Ahead of best fit sits an **exact-size front**: a freed span is not
+//! Ahead of either fit sits an **exact-size front**: a freed span is not
 //! coalesced at once but kept on a stack for its exact size (a small table
 //! indexed by size), and a request of that size takes the last one freed:
 //! tensors of one shape recur, so most requests are served in a few
