@@ -16,7 +16,7 @@
 //! the bare loop's page-aligned block.
 //!
 //! One module per concept: [`trace`], [`pages`], [`strategy`], [`replay`],
-//! [`pairs`], [`peers`].
+//! [`pairs`](mod@pairs), [`peers`].
 
 pub mod pages;
 pub mod pairs;

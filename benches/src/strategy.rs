@@ -6,14 +6,14 @@ pub const ALIGN: usize = 64;
 /// An allocation strategy under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Strategy {
-    /// [`Arena`] with the default configuration, blocks inside runs.
+    /// [`Arena`](tensor_arena::Arena) with the default configuration, blocks inside runs.
     Arena,
-    /// [`Arena`] with a [`Plan`] per run shape: the first run of a shape is
+    /// [`Arena`](tensor_arena::Arena) with a [`Plan`](tensor_arena::Plan) per run shape: the first run of a shape is
     /// dynamic and recorded; later runs of it are served by the plan. After
     /// learning a plan the arena shrinks to the largest plan, as `Session`
     /// does by default.
     Planned,
-    /// [`SharedArena`], one thread: every allocation and free takes the lock.
+    /// [`SharedArena`](tensor_arena::SharedArena), one thread: every allocation and free takes the lock.
     /// `SharedArena` has no run API, so its blocks are outside runs.
     Shared,
     /// `std::alloc::System` (glibc malloc) through `GlobalAlloc`.
@@ -31,7 +31,7 @@ pub enum Strategy {
     Talc,
     /// Not an allocator: the same page writes into one block that stays
     /// resident, each buffer at the offset the planner gives it. The
-    /// physical limit of a replay ([`bare_replayer`]).
+    /// physical limit of a replay ([`bare_replayer`](crate::bare_replayer)).
     Bare,
 }
 

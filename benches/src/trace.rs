@@ -64,7 +64,7 @@ impl TraceRun {
         })
     }
 
-    /// Page writes a replay of the run does ([`touch_pages`] on each buffer).
+    /// Page writes a replay of the run does ([`touch_pages`](crate::touch_pages) on each buffer).
     pub fn page_touches(&self) -> usize {
         self.allocs().map(|b| b.div_ceil(PAGE)).sum()
     }
