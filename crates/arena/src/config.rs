@@ -54,6 +54,30 @@ pub enum Relayout {
     Never,
 }
 
+/// How the dynamic path picks a free span for a request (after the
+/// exact-size front, which serves a request of a size freed last first).
+///
+/// Both bound the work per allocation by a constant; they differ in how
+/// closely the span found fits, that is in the footprint of a run.
+/// `BENCHMARKS.md` (issue 23) has both on every shared trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Fit {
+    /// TLSF's *good fit*: the request is rounded up to the next size class
+    /// (1/16 of a power of two), so that any span of the first non-empty
+    /// class from there holds it: two bit-scans and the head of one list,
+    /// no list walked. Failing that, the head of the request's own class
+    /// if it fits, then a region's top. The default: on every shared trace
+    /// its high-water marks equal best fit's (`BENCHMARKS.md`, issue 23).
+    #[default]
+    Good,
+    /// Segregated *best fit*: the smallest of the first 8 spans of the
+    /// request's class that holds it, else the first span of the next
+    /// non-empty class, then a region's top. Tighter on some traces, and
+    /// up to 8 spans compared per request.
+    Best,
+}
+
 /// Configuration of an [`Arena`](crate::Arena).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -79,6 +103,9 @@ pub struct ArenaConfig {
     pub shrink_policy: ShrinkPolicy,
     /// Whether regions are laid out again after a run that grew the arena.
     pub relayout: Relayout,
+    /// How the dynamic path picks a free span ([`Fit`]).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub fit: Fit,
 }
 
 impl Default for ArenaConfig {
@@ -94,6 +121,7 @@ impl Default for ArenaConfig {
             watermark_window: 1,
             shrink_policy: ShrinkPolicy::Manual,
             relayout: Relayout::AfterGrowth,
+            fit: Fit::default(),
         }
     }
 }

@@ -1,16 +1,18 @@
 //! The strategies the arena is compared with: a general-purpose allocator
 //! called once per tensor (`std::alloc::System`, `mimalloc::MiMalloc`,
 //! `tikv_jemallocator::Jemalloc`, used explicitly through [`GlobalAlloc`],
-//! not installed as the global allocator), and `bumpalo::Bump` reset after
-//! each run.
+//! not installed as the global allocator), `bumpalo::Bump` reset after
+//! each run, and two constant-time allocators over one pool mapped for the
+//! workload (`rlsf`'s TLSF and `talc`, [`PoolAlloc`]).
 //!
 //! Calling a [`GlobalAlloc`] and writing to the raw memory it returns needs
 //! `unsafe`; this module is the only place in the CLI (with `os.rs`'s two C
-//! calls) that has any. Each backend owns the pointers it hands out, so its
+//! calls) that has any (here also the pools' `mmap` and `munmap`). Each backend owns the pointers it hands out, so its
 //! safe interface cannot free a pointer twice or into the wrong allocator.
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::cell::RefCell;
 use std::ptr::NonNull;
 
 use bumpalo::Bump;
@@ -246,6 +248,170 @@ impl Backend for BumpBackend {
     }
 }
 
+/// An anonymous private mapping of `len` bytes (rounded up to a page),
+/// reserved with `MAP_NORESERVE` and untouched when made, so that its pages
+/// fault in as they are written, as an arena's do; unmapped on drop.
+#[derive(Debug)]
+struct MapPool {
+    /// Start of the mapping: valid for reads and writes of `len` bytes
+    /// until drop.
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl MapPool {
+    fn new(len: usize) -> Result<Self, String> {
+        let len = len.max(1).next_multiple_of(1 << 12);
+        // SAFETY: a fresh anonymous mapping at an address of the kernel's
+        // choosing aliases nothing; the arguments are valid.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(format!("cannot map a pool of {len} bytes"));
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or("mmap returned null")?;
+        Ok(Self { ptr, len })
+    }
+}
+
+impl Drop for MapPool {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once (here); the heap
+        // over it is dropped first (field order of `PoolAlloc`).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A general allocator over one caller-given pool: rlsf's TLSF or talc.
+pub trait PoolHeap {
+    /// A heap over `pool` (valid, unused by anything else, for `len` bytes).
+    ///
+    /// # Safety
+    /// `pool..pool+len` must be valid for reads and writes, used by nothing
+    /// else, and outlive the heap.
+    unsafe fn over(pool: NonNull<u8>, len: usize) -> Self;
+    /// Allocates `layout` (non-zero size), or `None`.
+    fn alloc(&mut self, layout: Layout) -> Option<NonNull<u8>>;
+    /// Frees `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` comes from `alloc(layout)` of this heap and is not freed yet.
+    unsafe fn free(&mut self, ptr: NonNull<u8>, layout: Layout);
+}
+
+/// rlsf's TLSF: blocks up to `32 << 28` bytes (8 GiB), 32 second-level
+/// classes per power of two.
+pub type Tlsf = rlsf::Tlsf<'static, u32, u32, 28, 32>;
+
+impl PoolHeap for Tlsf {
+    unsafe fn over(pool: NonNull<u8>, len: usize) -> Self {
+        let mut tlsf = Tlsf::new();
+        // SAFETY: the caller guarantees the pool is valid, unshared and
+        // outlives the heap.
+        unsafe { tlsf.insert_free_block_ptr(NonNull::slice_from_raw_parts(pool, len)) };
+        tlsf
+    }
+
+    fn alloc(&mut self, layout: Layout) -> Option<NonNull<u8>> {
+        self.allocate(layout)
+    }
+
+    unsafe fn free(&mut self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: the caller's obligations are `deallocate`'s.
+        unsafe { self.deallocate(ptr, layout.align()) };
+    }
+}
+
+/// talc with no source behind it: the pool is claimed whole.
+pub type Talc = talc::base::Talc<talc::source::Manual, talc::DefaultBinning>;
+
+impl PoolHeap for Talc {
+    unsafe fn over(pool: NonNull<u8>, len: usize) -> Self {
+        let mut talc = Talc::new(talc::source::Manual);
+        // SAFETY: the caller guarantees the pool is valid, unshared and
+        // outlives the heap; `Manual` allows manual heap management.
+        unsafe { talc.claim(pool.as_ptr(), len) };
+        talc
+    }
+
+    fn alloc(&mut self, layout: Layout) -> Option<NonNull<u8>> {
+        // SAFETY: `layout_for` sizes every request at one byte or more.
+        unsafe { self.allocate(layout) }
+    }
+
+    unsafe fn free(&mut self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: the caller's obligations are `deallocate`'s.
+        unsafe { self.deallocate(ptr.as_ptr(), layout) };
+    }
+}
+
+/// A [`PoolHeap`] over its own [`MapPool`], as a [`GlobalAlloc`] (one
+/// thread: the heap sits in a `RefCell`), so that [`GlobalAllocBackend`]
+/// does the bookkeeping.
+#[derive(Debug)]
+pub struct PoolAlloc<H> {
+    /// Declared before `pool`, so dropped before the memory it manages.
+    heap: RefCell<H>,
+    /// Held for its drop (the unmapping) only.
+    _pool: MapPool,
+}
+
+impl<H: PoolHeap> PoolAlloc<H> {
+    /// A heap over a fresh pool of `len` bytes.
+    ///
+    /// # Errors
+    /// A message when the pool cannot be mapped.
+    pub fn new(len: usize) -> Result<Self, String> {
+        let pool = MapPool::new(len)?;
+        // SAFETY: the mapping is valid for `pool.len` bytes, used by nothing
+        // else, and outlives the heap (dropped after it, field order).
+        let heap = unsafe { H::over(pool.ptr, pool.len) };
+        Ok(Self {
+            heap: RefCell::new(heap),
+            _pool: pool,
+        })
+    }
+}
+
+// SAFETY: `alloc` returns memory from the pool that the heap hands out once
+// until freed (or null); `dealloc` receives only pointers `alloc` returned
+// with their layout (GlobalAlloc's contract). The `RefCell` makes a
+// reentrant or shared use panic instead of corrupting the heap; the type is
+// not `Sync`, so it is only ever used from one thread.
+unsafe impl<H: PoolHeap> GlobalAlloc for PoolAlloc<H> {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.heap
+            .borrow_mut()
+            .alloc(layout)
+            .map_or(std::ptr::null_mut(), NonNull::as_ptr)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if let Some(ptr) = NonNull::new(ptr) {
+            // SAFETY: GlobalAlloc's caller passes a pointer from `alloc`
+            // with its layout, freed once.
+            unsafe { self.heap.borrow_mut().free(ptr, layout) };
+        }
+    }
+}
+
+/// The pool for a workload whose largest run allocates `naive` bytes in
+/// all over `ids` buffers: room for the run with nothing reused (address
+/// space only; pages fault in as written).
+pub fn pool_len(naive: usize, ids: usize) -> usize {
+    naive
+        .saturating_add(ids.saturating_mul(2 * ALIGN))
+        .saturating_add(64 << 20)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,6 +429,24 @@ mod tests {
         assert_eq!(end.backing_calls, Some(6));
         assert_eq!(end.peak_in_use, 100 + 10_000);
         assert_eq!(b.in_use(), 0);
+    }
+
+    #[test]
+    fn pool_heaps_serve_and_free_everything() {
+        let mut t =
+            GlobalAllocBackend::new(PoolAlloc::<Tlsf>::new(pool_len(20_000, 4)).unwrap(), 4);
+        let mut c =
+            GlobalAllocBackend::new(PoolAlloc::<Talc>::new(pool_len(20_000, 4)).unwrap(), 4);
+        for b in [&mut t as &mut dyn Backend, &mut c] {
+            b.begin_run(3);
+            b.alloc(0, 100, Touch::Full).unwrap();
+            b.alloc(1, 10_000, Touch::Pages).unwrap();
+            b.free(0);
+            b.alloc(2, 5, Touch::Full).unwrap();
+            b.abort_run();
+            assert_eq!(b.end_run(false).backing_calls, Some(6));
+            assert_eq!(b.in_use(), 0);
+        }
     }
 
     #[test]

@@ -172,7 +172,11 @@ enum StrategyArg {
     Jemalloc,
     /// bumpalo, reset after each run.
     Bump,
-    /// All of them, in the order above.
+    /// rlsf (TLSF) over one pool sized from the workload; only when named.
+    Rlsf,
+    /// talc over one pool sized from the workload; only when named.
+    Talc,
+    /// All of the above but rlsf and talc, in that order.
     All,
 }
 
@@ -186,6 +190,8 @@ impl StrategyArg {
             StrategyArg::Mimalloc => &[Strategy::Mimalloc],
             StrategyArg::Jemalloc => &[Strategy::Jemalloc],
             StrategyArg::Bump => &[Strategy::Bump],
+            StrategyArg::Rlsf => &[Strategy::Rlsf],
+            StrategyArg::Talc => &[Strategy::Talc],
             StrategyArg::All => &Strategy::EACH,
         }
     }
@@ -198,7 +204,7 @@ fn model_names() -> clap::builder::PossibleValuesParser {
 
 /// The `--child` choices: one strategy each.
 fn child_names() -> clap::builder::PossibleValuesParser {
-    clap::builder::PossibleValuesParser::new(Strategy::EACH.map(Strategy::name))
+    clap::builder::PossibleValuesParser::new(Strategy::NAMED.map(Strategy::name))
 }
 
 /// The arguments a child process gets to rebuild the same workload and

@@ -4,11 +4,12 @@ use std::sync::Arc;
 use tensor_arena::memory::{default_memory, HugePages, PagesConfig};
 use tensor_arena::{Arena, ArenaConfig, Block, Plan, PlanCache, Run, ShrinkPolicy};
 
-use crate::baselines::{BumpBackend, GlobalAllocBackend};
+use crate::baselines::{pool_len, BumpBackend, GlobalAllocBackend, PoolAlloc, Talc, Tlsf};
 use crate::replay::{
-    replay, touch_slice, Backend, EndOfRun, Progress, ShrinkMode, StrategyResult, Touch,
+    replay, summarize, touch_slice, Backend, EndOfRun, Progress, ShrinkMode, StrategyResult,
+    Timeline, Touch,
 };
-use crate::workload::Workload;
+use crate::workload::{Ev, Workload};
 
 /// An allocation strategy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +26,10 @@ pub enum Strategy {
     Jemalloc,
     /// bumpalo, reset after each run.
     Bump,
+    /// rlsf's TLSF over one pool sized from the workload.
+    Rlsf,
+    /// talc over one pool sized from the workload.
+    Talc,
 }
 
 impl Strategy {
@@ -38,6 +43,20 @@ impl Strategy {
         Strategy::Bump,
     ];
 
+    /// Every strategy that has a name: [`EACH`](Self::EACH), then the
+    /// ones run only when named (`--strategy rlsf,talc`): the constant-time
+    /// general allocators over one pool.
+    pub const NAMED: [Strategy; 8] = [
+        Strategy::Arena,
+        Strategy::Planned,
+        Strategy::System,
+        Strategy::Mimalloc,
+        Strategy::Jemalloc,
+        Strategy::Bump,
+        Strategy::Rlsf,
+        Strategy::Talc,
+    ];
+
     /// Its name in reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -47,19 +66,25 @@ impl Strategy {
             Strategy::Mimalloc => "mimalloc",
             Strategy::Jemalloc => "jemalloc",
             Strategy::Bump => "bump",
+            Strategy::Rlsf => "rlsf",
+            Strategy::Talc => "talc",
         }
     }
 
     /// The strategy named `name` (as [`Strategy::name`] spells it).
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::EACH.into_iter().find(|s| s.name() == name)
+        Self::NAMED.into_iter().find(|s| s.name() == name)
     }
 
     /// What `reserved` means for it.
     pub fn reserved_is(self) -> &'static str {
         match self {
             Strategy::Arena | Strategy::Planned => RESERVED_ARENA,
-            Strategy::System | Strategy::Mimalloc | Strategy::Jemalloc => RESERVED_RSS,
+            Strategy::System
+            | Strategy::Mimalloc
+            | Strategy::Jemalloc
+            | Strategy::Rlsf
+            | Strategy::Talc => RESERVED_RSS,
             Strategy::Bump => RESERVED_BUMP,
         }
     }
@@ -111,6 +136,20 @@ pub fn run_strategy(
             let mut b = GlobalAllocBackend::new(tikv_jemallocator::Jemalloc, max_ids);
             replay_with(s.name(), RESERVED_RSS, &mut b, workload, settings, progress)
         }
+        Strategy::Rlsf => match PoolAlloc::<Tlsf>::new(peer_pool_len(workload)) {
+            Ok(heap) => {
+                let mut b = GlobalAllocBackend::new(heap, max_ids);
+                replay_with(s.name(), RESERVED_RSS, &mut b, workload, settings, progress)
+            }
+            Err(e) => failed_to_start(s, e),
+        },
+        Strategy::Talc => match PoolAlloc::<Talc>::new(peer_pool_len(workload)) {
+            Ok(heap) => {
+                let mut b = GlobalAllocBackend::new(heap, max_ids);
+                replay_with(s.name(), RESERVED_RSS, &mut b, workload, settings, progress)
+            }
+            Err(e) => failed_to_start(s, e),
+        },
         Strategy::Bump => {
             let mut b = BumpBackend::new();
             replay_with(
@@ -122,6 +161,42 @@ pub fn run_strategy(
                 progress,
             )
         }
+    }
+}
+
+/// The pool of [`Strategy::Rlsf`] and [`Strategy::Talc`]: room for the
+/// workload's largest run with nothing reused (address space only).
+fn peer_pool_len(workload: &Workload) -> usize {
+    let (naive, ids) = workload
+        .runs
+        .iter()
+        .map(|r| {
+            let naive: usize = r
+                .events
+                .iter()
+                .map(|e| match *e {
+                    Ev::Alloc { bytes, .. } => bytes,
+                    Ev::Free { .. } => 0,
+                })
+                .sum();
+            (naive, r.allocs())
+        })
+        .fold((0, 0), |(n, i), (rn, ri)| (n.max(rn), i.max(ri)));
+    pool_len(naive, ids)
+}
+
+/// The result of a strategy that could not start (its pool was refused).
+fn failed_to_start(s: Strategy, error: String) -> StrategyResult {
+    StrategyResult {
+        name: s.name().to_owned(),
+        reserved_is: s.reserved_is().to_owned(),
+        note: None,
+        error: Some(error),
+        baseline_rss_bytes: None,
+        peak_rss_bytes: None,
+        runs: Vec::new(),
+        summary: summarize(&[]),
+        timeline: Timeline::default(),
     }
 }
 

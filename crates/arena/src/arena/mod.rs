@@ -440,17 +440,17 @@ impl<M: HostMemory> Arena<M> {
         self.state.borrow_mut().raw.set_label(label);
     }
 
-    /// Closes the open run; gives the scratch allocator back.
-    pub(crate) fn finish_run(&self, mut scratch: Bump) -> (RunReport, Recording) {
+    /// Closes the open run; gives the scratch allocator back. The run's
+    /// recording is made only if `recording` asks for it (else it is empty).
+    pub(crate) fn finish_run(&self, mut scratch: Bump, recording: bool) -> (RunReport, Recording) {
         scratch.reset();
         let mut st = self.state.borrow_mut();
         st.scratch = Some(scratch);
-        st.raw.finish_run()
-    }
-
-    /// Keeps an emptied recording's capacity for the next run.
-    pub(crate) fn recycle_recording(&self, rec: Recording) {
-        self.state.borrow_mut().raw.recycle_recording(rec);
+        if recording {
+            st.raw.finish_run()
+        } else {
+            (st.raw.finish_run_unrecorded(), Recording::new())
+        }
     }
 }
 

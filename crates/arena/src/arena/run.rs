@@ -97,11 +97,7 @@ impl<'a, M: HostMemory> Run<'a, M> {
     fn close(&mut self, keep_recording: bool) -> (RunReport, Recording) {
         self.open = false;
         let scratch = core::mem::take(&mut self.scratch);
-        let (report, mut rec) = self.arena.finish_run(scratch);
-        if !keep_recording {
-            self.arena.recycle_recording(core::mem::take(&mut rec));
-        }
-        (report, rec)
+        self.arena.finish_run(scratch, keep_recording)
     }
 }
 

@@ -1,4 +1,5 @@
-//! Offset bookkeeping for a set of regions: best fit, splitting, coalescing.
+//! Offset bookkeeping for a set of regions: good or best fit, splitting,
+//! coalescing.
 //!
 //! Nothing here touches memory. A region is a range of offsets `0..size`;
 //! it is tiled by spans, each free or used, in offset order. The pool (which
@@ -6,14 +7,18 @@
 //! run reaches into a single region) share this code, so what the simulator
 //! predicts is exactly what the pool does.
 //!
-//! Placement is *segregated best fit, wilderness last*: a request takes the
-//! smallest of the first few free spans of its size class that can hold it,
-//! or else the first span of the next non-empty class (1/16 of a power of
-//! two wide, so within about 6% of the best), and only when none can does it
-//! take a region's *top* (the free span that ends at the region's end), like
-//! dlmalloc's top chunk.
+//! Placement is *segregated fit, wilderness last*, in one of two ways
+//! ([`Fit`]). *Best fit*: a request takes the smallest of the first few
+//! free spans of its size class that can hold it, or else the first span of
+//! the next non-empty class (1/16 of a power of two wide, so within about
+//! 6% of the best). *Good fit* (TLSF's): the request is rounded up to the
+//! next class and takes the head of the first non-empty class from there,
+//! which always holds it (two bit-scans, no list walked), else the head of
+//! its own class if that holds it. Only when no span can does a request
+//! take a region's *top* (the free span that ends at the region's end),
+//! like dlmalloc's top chunk.
 //!
-//! Ahead of best fit sits an **exact-size front**: a freed span is not
+//! Ahead of either fit sits an **exact-size front**: a freed span is not
 //! coalesced at once but kept on a stack for its exact size (a small table
 //! indexed by size), and a request of that size takes the last one freed:
 //! tensors of one shape recur, so most requests are served in a few
@@ -29,6 +34,8 @@
 //! the same whatever the region's size, as long as it is large enough; that is
 //! what makes the watermark of a run well defined and a repeated run free of
 //! backing calls.
+
+pub(crate) use crate::config::Fit;
 
 /// Identifies a region inside a [`FreeMap`]; ids of released regions are reused.
 pub(crate) type RegionId = u32;
@@ -86,6 +93,17 @@ fn class_of(size: usize) -> usize {
     let log = usize::BITS - 1 - size.leading_zeros();
     let sub = (size >> (log - SUB_BITS)) & (SUBS - 1);
     ((log - SUB_BITS + 1) as usize) * SUBS + sub
+}
+
+/// The smallest size of class `class` (the inverse of [`class_of`] on a
+/// class's first size).
+#[inline]
+fn class_min(class: usize) -> usize {
+    if class < SUBS {
+        return class;
+    }
+    let (power, sub) = (class / SUBS, class % SUBS);
+    (SUBS + sub) << (power - 1)
 }
 
 /// One span of a region: a node of the region's address-ordered list and,
@@ -170,11 +188,20 @@ pub(crate) struct FreeMap<T> {
     front_count: usize,
     /// Bit `i` set when front slot `i` holds a span.
     front_map: u64,
+    /// How a request that the front does not serve picks its span.
+    fit: Fit,
 }
 
 impl<T: Copy> FreeMap<T> {
-    /// An empty map with no region; allocates nothing.
+    /// An empty map with no region, best fit; allocates nothing.
+    #[cfg(test)]
     pub(crate) const fn new() -> Self {
+        Self::with_fit(Fit::Best)
+    }
+
+    /// An empty map with no region that places requests by `fit`;
+    /// allocates nothing.
+    pub(crate) const fn with_fit(fit: Fit) -> Self {
         Self {
             spans: Vec::new(),
             vacant: Vec::new(),
@@ -188,6 +215,7 @@ impl<T: Copy> FreeMap<T> {
             front: Vec::new(),
             front_count: 0,
             front_map: 0,
+            fit,
         }
     }
 
@@ -623,21 +651,48 @@ impl<T: Copy> FreeMap<T> {
     /// in the request's own class, else in the next non-empty classes, else
     /// the smallest top that fits (wilderness last).
     fn find_binned(&self, size: usize, align: usize) -> Option<(SpanId, usize)> {
-        if self.power_map != 0 {
-            let mut class = class_of(size);
-            if let Some(found) = self.best_in(class, size, align) {
+        if self.power_map == 0 {
+            return None;
+        }
+        if self.fit == Fit::Good {
+            return self.find_good(size, align);
+        }
+        let mut class = class_of(size);
+        if let Some(found) = self.best_in(class, size, align) {
+            return Some(found);
+        }
+        // Every span of a higher class is larger than the request.
+        loop {
+            class += 1;
+            let next = self.next_class(class)?;
+            if let Some(found) = self.best_in(next, size, align) {
                 return Some(found);
             }
-            // Every span of a higher class is larger than the request.
-            loop {
-                class += 1;
-                let Some(next) = self.next_class(class) else {
-                    break;
-                };
-                if let Some(found) = self.best_in(next, size, align) {
-                    return Some(found);
-                }
-                class = next;
+            class = next;
+        }
+    }
+
+    /// TLSF's good fit: the head of the first non-empty class whose every
+    /// span holds `size` (the request rounded up to the next class), else
+    /// the head of the request's own class if it holds it. Two bit-scans
+    /// and at most two spans looked at.
+    fn find_good(&self, size: usize, align: usize) -> Option<(SpanId, usize)> {
+        let class = class_of(size);
+        let up = if class_min(class) == size {
+            class
+        } else {
+            class + 1
+        };
+        if let Some(next) = self.next_class(up) {
+            let head = self.bins[next];
+            if let Some(start) = self.fit(head, size, align) {
+                return Some((head, start));
+            }
+        }
+        let head = self.bins[class];
+        if up != class && head != NIL {
+            if let Some(start) = self.fit(head, size, align) {
+                return Some((head, start));
             }
         }
         None
@@ -749,8 +804,8 @@ impl<T: Copy> FreeMap<T> {
 /// `ops` are the run's allocations `(size, align)` (sizes already rounded to
 /// the arena's granule) and frees (by allocation index), in order. Frees of
 /// blocks allocated before the run are not in `ops`, so they are ignored.
-pub(crate) fn simulate_extent(ops: &[RunOp]) -> usize {
-    let mut map = FreeMap::<()>::new();
+pub(crate) fn simulate_extent(ops: &[RunOp], fit: Fit) -> usize {
+    let mut map = FreeMap::<()>::with_fit(fit);
     // A region larger than any run can need: the top never runs out.
     map.add_region(MAX_REGION);
     let mut ids: Vec<SpanId> = Vec::new();
@@ -785,6 +840,9 @@ pub(crate) enum RunOp {
         align: usize,
         /// Bytes the caller asked for.
         len: usize,
+        /// Whether the block enters the run's [`Recording`](crate::plan::Recording)
+        /// (not the plan's own block, nor a block outside plans).
+        planable: bool,
     },
     /// The free of the run's allocation number `index`.
     Free {

@@ -162,26 +162,31 @@ fn simulation_matches_a_finite_region() {
             size: 128,
             align: 64,
             len: 100,
+            planable: true,
         },
         RunOp::Alloc {
             size: 64,
             align: 64,
             len: 64,
+            planable: true,
         },
         RunOp::Free { index: 0 },
         RunOp::Alloc {
             size: 64,
             align: 64,
             len: 1,
+            planable: true,
         },
         RunOp::Alloc {
             size: 256,
             align: 64,
             len: 256,
+            planable: true,
         },
     ];
-    assert_eq!(simulate_extent(&ops), 448);
-    assert_eq!(simulate_extent(&[]), 0);
+    assert_eq!(simulate_extent(&ops, Fit::Best), 448);
+    assert_eq!(simulate_extent(&[], Fit::Best), 0);
+    assert_eq!(simulate_extent(&[], Fit::Good), 0);
 }
 
 /// Random allocations, frees and flushes over one region: the map's
@@ -197,7 +202,9 @@ fn random_ops_keep_invariants() {
         seed
     };
     for round in 0..200 {
-        let mut m = FreeMap::<u8>::new();
+        // Both fits, alternately.
+        let fit = if round % 2 == 0 { Fit::Good } else { Fit::Best };
+        let mut m = FreeMap::<u8>::with_fit(fit);
         m.add_region(1 << 20);
         let mut live: Vec<SpanId> = Vec::new();
         for step in 0..400 {
@@ -224,4 +231,37 @@ fn random_ops_keep_invariants() {
             }
         }
     }
+}
+
+#[test]
+fn class_min_inverts_class_of() {
+    for class in 1..=class_of(MAX_REGION) {
+        let min = class_min(class);
+        assert_eq!(class_of(min), class, "{class} {min}");
+        assert_ne!(class_of(min - 1), class, "{class} {min}");
+    }
+}
+
+#[test]
+fn good_fit_rounds_up_then_tries_its_own_class() {
+    let mut map = FreeMap::<u32>::with_fit(Fit::Good);
+    map.add_region(1 << 20);
+    // Free spans of 1080 bytes (class 1024..1088) and 1100 (1088..1152), kept
+    // apart by used ones.
+    let a = map.alloc(1080, 8, 0).unwrap().2;
+    let _k1 = map.alloc(64, 8, 1).unwrap();
+    let c = map.alloc(1100, 8, 2).unwrap().2;
+    let _k2 = map.alloc(64, 8, 3).unwrap();
+    for id in [a, c] {
+        map.free(id).unwrap();
+    }
+    map.flush_front();
+    // 1040 rounds up past its own class: the 1100 span (the next non-empty
+    // class) serves it, though the 1080 one would fit better.
+    let (_, off, _) = map.alloc(1040, 8, 4).unwrap();
+    assert_eq!(off, 1080 + 64);
+    // With no larger class left, its own class's head serves it.
+    let (_, off, _) = map.alloc(1040, 8, 5).unwrap();
+    assert_eq!(off, 0);
+    map.check_invariants();
 }

@@ -9,6 +9,33 @@ use crate::plan::Recording;
 use crate::pool::PLAN_BLOCK;
 use crate::stats::{LiveBlock, RunReport, Stats};
 
+/// Appends to `rec` the recording of a dynamic run whose operation log
+/// is `ops`: its planable blocks, their frees, in order.
+fn derive_recording(ops: &[RunOp], rec: &mut Recording) {
+    // The recording's index of each pool allocation of the run, or `NONE`.
+    const NONE: u32 = u32::MAX;
+    let mut index: Vec<u32> = Vec::with_capacity(ops.len() / 2 + 1);
+    for op in ops {
+        match *op {
+            RunOp::Alloc {
+                size,
+                align,
+                planable,
+                ..
+            } => index.push(if planable {
+                rec.alloc(size, align)
+            } else {
+                NONE
+            }),
+            RunOp::Free { index: i } => {
+                if let Some(&r) = index.get(i as usize).filter(|&&r| r != NONE) {
+                    rec.free(r);
+                }
+            }
+        }
+    }
+}
+
 impl<M: Memory> RawArena<M> {
     pub(super) fn watermark(&self) -> usize {
         self.recent.iter().copied().max().unwrap_or(0)
@@ -16,10 +43,23 @@ impl<M: Memory> RawArena<M> {
 
     /// Closes the open run (if any) and reports it, with its recording.
     pub fn finish_run(&mut self) -> (RunReport, Recording) {
+        self.finish(true)
+    }
+
+    /// Closes the open run (if any) and reports it, without its recording:
+    /// nothing is derived for a plan that no one will learn.
+    pub fn finish_run_unrecorded(&mut self) -> RunReport {
+        self.finish(false).0
+    }
+
+    /// Closes the open run; its recording is derived (a dynamic run's, from
+    /// its operation log) only when `want_recording` or a trace is on.
+    fn finish(&mut self, want_recording: bool) -> (RunReport, Recording) {
         self.check();
         let Some(mut run) = self.run.take() else {
             return (RunReport::default(), Recording::new());
         };
+        let dynamic = run.serve.is_none();
         let mut planned = false;
         let mut deviated = false;
         if let Some(mut serve) = run.serve.take() {
@@ -49,7 +89,7 @@ impl<M: Memory> RawArena<M> {
             Some(rid) if !grew && self.pool.single_region().map(|r| r.0) == Some(rid) => {
                 run.max_end
             }
-            _ => simulate_extent(&run.ops),
+            _ => simulate_extent(&run.ops, self.config.fit),
         };
         self.runs += 1;
         self.recent.push_back(high_water);
@@ -91,6 +131,9 @@ impl<M: Memory> RawArena<M> {
             deviated,
             planned_allocs: run.planned_allocs,
         };
+        if dynamic && (want_recording || self.trace.is_some()) {
+            derive_recording(&run.ops, &mut run.rec);
+        }
         run.ops.clear();
         self.spare_ops = core::mem::take(&mut run.ops);
         if let Some(trace) = &mut self.trace {
@@ -99,7 +142,12 @@ impl<M: Memory> RawArena<M> {
                 label, &run.rec, &run.lens,
             ));
         }
-        (report, run.rec)
+        if want_recording {
+            (report, run.rec)
+        } else {
+            self.recycle_recording(run.rec);
+            (report, Recording::new())
+        }
     }
 
     pub(super) fn apply_policy(&mut self, high_water: usize) -> usize {

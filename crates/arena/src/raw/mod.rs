@@ -89,7 +89,9 @@ struct OpenRun {
     /// then its high-water mark is simply `max_end` in that region.
     clean: Option<RegionId>,
     max_end: usize,
-    /// The run's planable blocks and events (see [`Serve::recording`]).
+    /// The run's planable blocks and events, for a planned run only (see
+    /// [`Serve::recording`]): a dynamic run's are derived from `ops` when
+    /// it ends, if wanted.
     rec: Recording,
     /// Planable blocks allocated so far (the next one's index).
     blocks: u32,
@@ -360,6 +362,7 @@ impl<M: Memory> RawArena<M> {
                 size: raw.size,
                 align: serve.plan.align().max(self.pool.granule()),
                 len: raw.size,
+                planable: false,
             });
             self.planned_runs += 1;
         }
@@ -556,11 +559,17 @@ impl<M: Memory> RawArena<M> {
                 size,
                 align: align.max(granule),
                 len,
+                planable: rec != NOT_PLANNED,
             });
             r.pool_allocs += 1;
             if rec != NOT_PLANNED {
                 r.blocks += 1;
-                r.rec.alloc(size, align.max(granule));
+                // A dynamic run's recording is derived from `ops` when the
+                // run ends, and only if it is wanted (`finish_run`); a
+                // planned run that left its plan records from there on.
+                if r.serve.is_some() {
+                    r.rec.alloc(size, align.max(granule));
+                }
                 if self.trace.is_some() {
                     r.lens.push(len);
                 }

@@ -132,7 +132,8 @@ impl<M: Memory> RawArena<M> {
     /// Records the free of block `index`, following it in the serving plan.
     pub(super) fn record_free(run: &mut OpenRun, index: u32, deviations: &mut u64) {
         match &mut run.serve {
-            None => run.rec.free(index),
+            // A dynamic run: derived from its `ops` when it ends.
+            None => {}
             Some(serve) => {
                 if !serve.deviated {
                     let expected = serve.plan.step(serve.pos);

