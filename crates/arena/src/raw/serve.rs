@@ -7,7 +7,7 @@ use crate::memory::Memory;
 use crate::plan::{Plan, Recording};
 use crate::pool::{Tag, PLAN_BLOCK};
 use crate::ArenaError;
-use core::panic::Location;
+
 use std::sync::Arc;
 
 impl<M: Memory> RawArena<M> {
@@ -21,7 +21,7 @@ impl<M: Memory> RawArena<M> {
             rec: PLAN_BLOCK,
             len: size,
             #[cfg(debug_assertions)]
-            location: Location::caller(),
+            location: core::panic::Location::caller(),
         };
         let raw = self.pool.alloc(size, plan.align(), tag)?;
         let mut served = core::mem::take(&mut self.spare_served);
