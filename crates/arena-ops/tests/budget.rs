@@ -71,12 +71,11 @@ fn a_contended_sequence_reclaims_and_refuses() {
 
 /// The memory contract: after a refusal the arena is unchanged. A request
 /// that grows the range's top and also covers a decommitted hole below it
-/// commits twice; when the second commit is refused the first is kept (the
-/// arena holds more free, charged memory than before). Found by
-/// `commits_across_arenas_never_exceed_the_budget`; the fix belongs in the
-/// pool's growth path (undo the first commit, or commit the hole first).
+/// commits twice; when the second commit is refused the first is given
+/// back (the pool undoes the growth), so the arena holds no more free,
+/// charged memory than before. Found by
+/// `commits_across_arenas_never_exceed_the_budget`.
 #[test]
-#[ignore = "known: a refused second commit keeps the first (pool growth path)"]
 fn a_refusal_keeps_no_partial_commit() {
     use BudgetOp::*;
     let ops = vec![

@@ -9,7 +9,9 @@ use crate::ArenaError;
 
 impl<M: Memory> Pool<M> {
     /// Commits every hole of region `rid` that `off..off + size` touches
-    /// (whole granules).
+    /// (whole granules). All or nothing: when one commit is refused, the
+    /// ones made before it are decommitted again, and the holes and the
+    /// reserved count are as they were.
     pub(super) fn fill_holes(
         &mut self,
         rid: RegionId,
@@ -19,21 +21,36 @@ impl<M: Memory> Pool<M> {
         let g = self.props.granule;
         let lo = off & !(g - 1);
         let hi = (off + size).next_multiple_of(g);
-        let region = self.regions[rid as usize].as_mut().expect("live region");
-        let mut i = 0;
-        while i < region.holes.len() {
-            let (h, hl) = region.holes[i];
-            let (a, b) = (h.max(lo), (h + hl).min(hi));
-            if a >= b {
-                if h >= hi {
-                    break;
-                }
-                i += 1;
-                continue;
-            }
+        let region = self.regions[rid as usize].as_ref().expect("live region");
+        let base = region.base;
+        // The parts of holes inside `lo..hi`, in address order.
+        let pieces: Vec<(usize, usize)> = region
+            .holes
+            .iter()
+            .map(|&(h, hl)| (h.max(lo), (h + hl).min(hi)))
+            .filter(|&(a, b)| a < b)
+            .collect();
+        for (i, &(a, b)) in pieces.iter().enumerate() {
             self.calls.commits += 1;
-            self.memory.commit(region.base, a, b - a)?;
-            self.reserved += b - a;
+            if let Err(e) = self.memory.commit(base, a, b - a) {
+                for &(a, b) in &pieces[..i] {
+                    self.calls.decommits += 1;
+                    // A decommit that fails leaves the pages committed but
+                    // unused; they stay holes, and are committed again
+                    // (a no-op for the pages) when a block next covers them.
+                    let _ = self.memory.decommit(base, a, b - a);
+                }
+                return Err(e);
+            }
+        }
+        let region = self.regions[rid as usize].as_mut().expect("live region");
+        for &(a, b) in &pieces {
+            let i = region
+                .holes
+                .iter()
+                .position(|&(h, hl)| h <= a && b <= h + hl)
+                .expect("each piece lies in one hole");
+            let (h, hl) = region.holes[i];
             // What stays a hole: the parts before `a` and after `b`.
             let mut rest = Vec::with_capacity(2);
             if a > h {
@@ -42,11 +59,38 @@ impl<M: Memory> Pool<M> {
             if b < h + hl {
                 rest.push((b, h + hl - b));
             }
-            let n = rest.len();
             region.holes.splice(i..=i, rest);
-            i += n;
+            self.reserved += b - a;
         }
         Ok(())
+    }
+
+    /// Undoes a growth at the top of region `rid` back to `committed`
+    /// bytes, for an allocation that failed after the growth (its span
+    /// already freed): the arena is as it was before the request.
+    pub(super) fn undo_growth(&mut self, rid: RegionId, committed: usize) {
+        let region = self.regions[rid as usize].as_ref().expect("live region");
+        let (now, base) = (region.committed, region.base);
+        if now <= committed {
+            return;
+        }
+        // The freed span sits in the front cache: file it, merged with the
+        // free top, before cutting the top.
+        self.map.flush_front();
+        self.calls.decommits += 1;
+        if self
+            .memory
+            .decommit(base, committed, now - committed)
+            .is_err()
+        {
+            // The pages stay committed and counted; the arena keeps them.
+            return;
+        }
+        let truncated = self.map.truncate_region(rid, committed);
+        debug_assert!(truncated, "the grown top is free again");
+        let region = self.regions[rid as usize].as_mut().expect("live region");
+        region.committed = committed;
+        self.reserved -= now - committed;
     }
 
     /// Commits granules at the top of the one reservation (making it first

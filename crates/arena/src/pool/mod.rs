@@ -201,12 +201,21 @@ impl<M: Memory> Pool<M> {
         tag: Tag,
     ) -> Result<RawBlock<M::Ptr>, ArenaError> {
         let align = align.max(self.align);
+        // In place, the committed top before a growth: a refusal after it
+        // (a hole under the new block) gives the growth back too.
+        let mut grown_from = None;
         let (rid, off, span) = match self.map.alloc(size, align, tag) {
             Some(found) => {
                 self.cache_hits += 1;
                 found
             }
             None => {
+                if self.in_place() {
+                    grown_from = self.map.region_ids().next().map(|rid| {
+                        let r = self.regions[rid as usize].as_ref().expect("live region");
+                        (rid, r.committed)
+                    });
+                }
                 self.grow(size, align, tag.len)?;
                 self.map
                     .alloc(size, align, tag)
@@ -220,6 +229,9 @@ impl<M: Memory> Pool<M> {
             if let Err(e) = self.fill_holes(rid, off, size) {
                 let freed = self.map.free(span);
                 debug_assert!(freed.is_ok());
+                if let Some((grown, committed)) = grown_from {
+                    self.undo_growth(grown, committed);
+                }
                 return Err(self.commit_failed(tag.len, e));
             }
         }
