@@ -9,7 +9,7 @@ and prints a Markdown table:
   - the median time of the large runs after the first (each process's
     median, then the median over repetitions), and its ratio to ort-arena's.
 
-Usage: tools/bench_follow.py [--repeat N] [--pairs N] [--binary PATH] [--assets DIR]
+Usage: tools/bench_follow.py [--repeat N] [--pairs N] [--only TEXT] [--binary PATH] [--assets DIR]
 """
 import argparse, os, statistics, subprocess, sys
 
@@ -41,12 +41,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--only", default="", help="only the sequences whose name contains this text")
     ap.add_argument("--binary", default="target/release/examples/follow")
     ap.add_argument("--assets", default=os.environ.get("TENSOR_ARENA_ORT_ASSETS", "target/ort-assets"))
     a = ap.parse_args()
     print("| sequence | strategy | RSS after small runs (MiB, median) | RSS after small / (session + peak in use + input), worst | large run ms (median) | large run vs ort-arena |")
     print("|---|---|---:|---:|---:|---:|")
     for name, model, large, small in SEQUENCES:
+        if a.only not in name:
+            continue
         res = {s: [] for s in STRATEGIES}
         for r in range(a.repeat):
             order = STRATEGIES[r % len(STRATEGIES):] + STRATEGIES[:r % len(STRATEGIES)]
