@@ -9,7 +9,7 @@
 //!   (`a_panicking_run_returns_its_buffers_and_the_session_stays_usable`);
 //! - the mmap'd weights file truncated while mapped (SIGBUS, asserted in a
 //!   child process) and replaced by rename (old bytes stay valid):
-//!   `tests/weights.rs` (`truncated_while_mapped_raises_sigbus`,
+//!   `tests/weights/` (`truncated_while_mapped_raises_sigbus`,
 //!   `replaced_by_rename_while_mapped_old_bytes_stay_valid`);
 //! - arbitrary bytes as a weights file, both load modes: the `weights_load`
 //!   fuzz target, replayed over its corpus by `crates/arena-ops/tests/corpus.rs`.

@@ -5,7 +5,7 @@
 //! (offsets relative to the data section), plus an optional `"__metadata__"` map of strings.
 //! The tensors must cover the data section exactly: contiguous from offset 0, without gaps,
 //! overlaps or trailing bytes, each `product(shape) * dtype size` bytes long. This is the
-//! format the `safetensors` crate reads and writes; `tests/weights.rs` checks that every file
+//! format the `safetensors` crate reads and writes; `tests/weights/` checks that every file
 //! it accepts, we accept with the same tensors, and that we reject all it rejects.
 //!
 //! Checks run in this order, and the first failure is reported:
