@@ -2,8 +2,8 @@
 //! (`getrusage`) and resident memory (`/proc/self/statm`); and about a child
 //! process when it ends: its exit status and peak resident memory (`wait4`).
 //!
-//! `getrusage`, `wait4` and `sysconf` are C calls, hence the one `unsafe`
-//! block each here; the rest of the CLI has no `unsafe` outside
+//! `getrusage`, `wait4`, `sysconf` and `mallinfo2` are C calls, hence the
+//! one `unsafe` block each here; the rest of the CLI has no `unsafe` outside
 //! `baselines.rs`.
 #![allow(unsafe_code)]
 
@@ -120,6 +120,24 @@ impl Rss {
         let resident: u64 = text.split_ascii_whitespace().nth(1)?.parse().ok()?;
         Some(resident * self.page)
     }
+}
+
+/// Bytes the C allocator (glibc's malloc) holds from the system: its
+/// arenas' heaps plus its directly mapped blocks (`arena + hblkhd` of
+/// `mallinfo2`, summed over every malloc arena), or `None` off glibc.
+/// What a process mallocs outside any tensor-arena arena shows here.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn malloc_held() -> Option<u64> {
+    // SAFETY: `mallinfo2` takes no argument and returns a plain struct by
+    // value; it only reads malloc's own state under its locks.
+    let info = unsafe { libc::mallinfo2() };
+    Some(info.arena as u64 + info.hblkhd as u64)
+}
+
+/// Bytes the C allocator holds: not available off glibc.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn malloc_held() -> Option<u64> {
+    None
 }
 
 /// Reads the start of `file` into `buf` without moving its cursor.

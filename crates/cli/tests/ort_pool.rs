@@ -94,6 +94,16 @@ fn every_configuration_serves_the_stream_with_identical_outputs() {
             c["peak_reserved_bytes"].is_u64(),
             name.starts_with("arena") || name == "budget"
         );
+        // glibc's malloc, sampled: it held something with the workers made,
+        // and never less while serving.
+        if cfg!(all(target_os = "linux", target_env = "gnu")) {
+            let base = c["baseline_malloc_bytes"].as_u64().unwrap();
+            assert!(base > 0, "{name}: {c}");
+            assert!(
+                c["peak_malloc_bytes"].as_u64().unwrap() >= base,
+                "{name}: {c}"
+            );
+        }
     }
     // The progress of each configuration went to stderr.
     let err = String::from_utf8_lossy(&out.stderr);

@@ -177,6 +177,8 @@ fn serve(
     let mut end = (0, 0);
     let mut seconds = 0.0;
     let mut end_reserved = None;
+    let mut baseline_malloc = None;
+    let mut peak_malloc = None;
     std::thread::scope(|scope| -> Result<(), String> {
         let handles: Vec<_> = memories
             .into_iter()
@@ -184,6 +186,8 @@ fn serve(
             .collect();
         shared.ready.wait();
         baseline = rss::read().0;
+        baseline_malloc = crate::os::malloc_held();
+        peak_malloc = baseline_malloc;
         if let Err(e) = rss::reset_peak() {
             peak_note = Some(e);
         }
@@ -198,6 +202,7 @@ fn serve(
         let mut last_note = Instant::now();
         while shared.done.load(Ordering::Acquire) < shared.total {
             std::thread::sleep(Duration::from_millis(20));
+            peak_malloc = peak_malloc.max(crate::os::malloc_held());
             if last_note.elapsed() >= Duration::from_secs(2) {
                 last_note = Instant::now();
                 eprintln!(
@@ -272,6 +277,8 @@ fn serve(
         end_rss_bytes: end.0,
         peak_reserved_bytes: budget.map(|b| b.stats().peak_committed as u64),
         end_reserved_bytes: end_reserved,
+        baseline_malloc_bytes: baseline_malloc,
+        peak_malloc_bytes: peak_malloc,
         budget: budget.filter(|_| config == PoolConfig::Budget).map(|b| {
             let s = b.stats();
             BudgetReport {

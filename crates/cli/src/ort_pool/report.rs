@@ -66,6 +66,14 @@ pub struct ConfigReport {
     pub peak_reserved_bytes: Option<u64>,
     /// tensor-arena: what they had committed after the last request.
     pub end_reserved_bytes: Option<u64>,
+    /// glibc's malloc: what it held from the system with the workers made
+    /// (`None` off glibc).
+    pub baseline_malloc_bytes: Option<u64>,
+    /// glibc's malloc: the most it held while serving (sampled every 20
+    /// ms): the requests' tensors the server makes itself, ONNX Runtime's
+    /// heap and, without tensor-arena, its arenas. Memory no tensor-arena
+    /// budget governs.
+    pub peak_malloc_bytes: Option<u64>,
     /// The budget configuration's counters.
     pub budget: Option<BudgetReport>,
     /// A hash of every output of every request, in request order; `None`
@@ -118,7 +126,7 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
     );
     let _ = writeln!(
         s,
-        "{:<17} {:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9}",
+        "{:<17} {:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9}",
         "config",
         "requests",
         "failed",
@@ -129,6 +137,7 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
         "peak MiB",
         "end MiB",
         "reserved",
+        "malloc",
         "reclaimed",
         "refusals"
     );
@@ -139,7 +148,7 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
         };
         let _ = writeln!(
             s,
-            "{:<17} {:>8} {:>7} {:>8.2} {:>8.1} {:>8.1} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9}",
+            "{:<17} {:>8} {:>7} {:>8.2} {:>8.1} {:>8.1} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9}",
             r.config,
             r.requests,
             r.failed,
@@ -150,6 +159,7 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
             mib(r.peak_rss_bytes),
             mib(r.end_rss_bytes),
             r.peak_reserved_bytes.map_or("-".into(), mib),
+            r.peak_malloc_bytes.map_or("-".into(), mib),
             reclaimed,
             refusals
         );
@@ -167,7 +177,7 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
     }
     let _ = writeln!(
         s,
-        "reserved: the arenas' largest committed total (MiB); peak: RSS high-water while serving"
+        "reserved: the arenas' largest committed total (MiB); peak: RSS high-water while serving; malloc: the most glibc's malloc held while serving (sampled)"
     );
     let _ = writeln!(
         s,
