@@ -30,9 +30,10 @@ pub use pages::{
     trim_heap, PAGE,
 };
 pub use pairs::{arena_pairs_outside_runs, pairs, shared_pairs, Pairs};
+pub use peers::PoolHeap;
 pub use replay::{
     arena_run, arena_run_with, bare_replayer, config_with, make_plans, preplanned_replayer,
-    replayer, ArenaReplay, PoolHeap, Replay, Touch,
+    replayer, ArenaReplay, Replay, Touch,
 };
 pub use strategy::{Counters, Strategy, ALIGN};
 pub use trace::{hot_path_sizes, trace_names, traces_dir, Op, Trace, TraceRun};

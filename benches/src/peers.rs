@@ -8,6 +8,19 @@
 use core::alloc::Layout;
 use core::ptr::NonNull;
 
+/// A heap over one pool: [`TlsfHeap`] and [`TalcHeap`] alike.
+pub trait PoolHeap: Send {
+    /// Allocates `layout`, or `None` when the pool is exhausted.
+    fn alloc(&mut self, layout: Layout) -> Option<NonNull<u8>>;
+
+    /// Frees `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` must come from [`alloc`](Self::alloc) of this heap with
+    /// `layout`, and not be freed yet.
+    unsafe fn free(&mut self, ptr: NonNull<u8>, layout: Layout);
+}
+
 /// Bytes of the pool of the hot-path pairs (one block live at a time, up
 /// to 50 MiB).
 pub const PAIRS_POOL: usize = 128 << 20;
@@ -87,26 +100,22 @@ impl TlsfHeap {
         Self { tlsf, pool }
     }
 
-    /// Allocates `layout`, or `None` when the pool is exhausted.
-    #[inline]
-    pub fn alloc(&mut self, layout: Layout) -> Option<NonNull<u8>> {
-        self.tlsf.allocate(layout)
-    }
-
-    /// Frees `ptr`.
-    ///
-    /// # Safety
-    /// `ptr` must come from [`alloc`](Self::alloc) of this heap with
-    /// `layout`, and not be freed yet.
-    #[inline]
-    pub unsafe fn free(&mut self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: the caller's obligations are `deallocate`'s.
-        unsafe { self.tlsf.deallocate(ptr, layout.align()) };
-    }
-
     /// Bytes of the pool.
     pub fn pool_len(&self) -> usize {
         self.pool.len
+    }
+}
+
+impl PoolHeap for TlsfHeap {
+    #[inline]
+    fn alloc(&mut self, layout: Layout) -> Option<NonNull<u8>> {
+        self.tlsf.allocate(layout)
+    }
+
+    #[inline]
+    unsafe fn free(&mut self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: the caller's obligations are `deallocate`'s.
+        unsafe { self.tlsf.deallocate(ptr, layout.align()) };
     }
 }
 
@@ -133,29 +142,26 @@ impl TalcHeap {
         Self { talc, pool }
     }
 
-    /// Allocates `layout` (of non-zero size), or `None` when the pool is
-    /// exhausted.
+    /// Bytes of the pool.
+    pub fn pool_len(&self) -> usize {
+        self.pool.len
+    }
+}
+
+impl PoolHeap for TalcHeap {
+    /// Allocates `layout` (of non-zero size: talc needs one; panics on a
+    /// zero size), or `None` when the pool is exhausted.
     #[inline]
-    pub fn alloc(&mut self, layout: Layout) -> Option<NonNull<u8>> {
+    fn alloc(&mut self, layout: Layout) -> Option<NonNull<u8>> {
         assert!(layout.size() > 0, "talc needs a non-zero size");
         // SAFETY: the size is non-zero (checked above).
         unsafe { self.talc.allocate(layout) }
     }
 
-    /// Frees `ptr`.
-    ///
-    /// # Safety
-    /// `ptr` must come from [`alloc`](Self::alloc) of this heap with
-    /// `layout`, and not be freed yet.
     #[inline]
-    pub unsafe fn free(&mut self, ptr: NonNull<u8>, layout: Layout) {
+    unsafe fn free(&mut self, ptr: NonNull<u8>, layout: Layout) {
         // SAFETY: the caller's obligations are `deallocate`'s.
         unsafe { self.talc.deallocate(ptr.as_ptr(), layout) };
-    }
-
-    /// Bytes of the pool.
-    pub fn pool_len(&self) -> usize {
-        self.pool.len
     }
 }
 

@@ -3,7 +3,7 @@
 //! ([`Touch::Nothing`]).
 
 use crate::pages::touch_raw;
-use crate::peers::{replay_pool_len, TalcHeap, TlsfHeap};
+use crate::peers::{replay_pool_len, PoolHeap, TalcHeap, TlsfHeap};
 use crate::{touch_pages, Counters, Op, Strategy, Trace, TraceRun, ALIGN, PAGE};
 use bumpalo::Bump;
 use core::alloc::{GlobalAlloc, Layout};
@@ -419,45 +419,6 @@ impl Replay for BareReplay {
 fn peer_pool_len(trace: &Trace) -> usize {
     let slots = trace.runs.iter().map(|r| r.slots).max().unwrap_or(0);
     replay_pool_len(trace.max_naive() + slots * ALIGN)
-}
-
-/// A heap over one pool: [`TlsfHeap`] and [`TalcHeap`] alike.
-pub trait PoolHeap: Send {
-    /// Allocates `layout`, or `None` when the pool is exhausted.
-    fn alloc(&mut self, layout: Layout) -> Option<NonNull<u8>>;
-
-    /// Frees `ptr`.
-    ///
-    /// # Safety
-    /// `ptr` must come from [`alloc`](Self::alloc) of this heap with
-    /// `layout`, and not be freed yet.
-    unsafe fn free(&mut self, ptr: NonNull<u8>, layout: Layout);
-}
-
-impl PoolHeap for TlsfHeap {
-    #[inline]
-    fn alloc(&mut self, layout: Layout) -> Option<NonNull<u8>> {
-        TlsfHeap::alloc(self, layout)
-    }
-
-    #[inline]
-    unsafe fn free(&mut self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: the caller's obligations are the same.
-        unsafe { TlsfHeap::free(self, ptr, layout) }
-    }
-}
-
-impl PoolHeap for TalcHeap {
-    #[inline]
-    fn alloc(&mut self, layout: Layout) -> Option<NonNull<u8>> {
-        TalcHeap::alloc(self, layout)
-    }
-
-    #[inline]
-    unsafe fn free(&mut self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: the caller's obligations are the same.
-        unsafe { TalcHeap::free(self, ptr, layout) }
-    }
 }
 
 /// [`Strategy::Rlsf`] and [`Strategy::Talc`]: a pool heap, freed in the

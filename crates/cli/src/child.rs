@@ -19,8 +19,8 @@ use std::process::{Command, ExitCode, ExitStatus, Stdio};
 use serde::{Deserialize, Serialize};
 
 use crate::os;
-use crate::replay::{summarize, Progress, StrategyResult, Timeline};
-use crate::strategies::{run_strategy, Settings, Strategy};
+use crate::replay::{Progress, StrategyResult, Timeline};
+use crate::strategies::{failed, run_strategy, Settings, Strategy};
 use crate::workload::Workload;
 
 /// The hidden option that makes `replay` a child running one strategy.
@@ -121,21 +121,6 @@ fn run_child(
     result.timeline = report.timeline;
     result.peak_rss_bytes = exit.peak_rss_bytes;
     Ok(result)
-}
-
-/// The result of a strategy whose child failed: no runs, and why.
-fn failed(s: Strategy, error: String) -> StrategyResult {
-    StrategyResult {
-        name: s.name().to_owned(),
-        reserved_is: s.reserved_is().to_owned(),
-        note: None,
-        error: Some(error),
-        baseline_rss_bytes: None,
-        peak_rss_bytes: None,
-        runs: Vec::new(),
-        summary: summarize(&[]),
-        timeline: Timeline::default(),
-    }
 }
 
 /// Says how a child ended badly: the signal that killed it, or its code.

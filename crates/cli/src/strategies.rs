@@ -141,14 +141,14 @@ pub fn run_strategy(
                 let mut b = GlobalAllocBackend::new(heap, max_ids);
                 replay_with(s.name(), RESERVED_RSS, &mut b, workload, settings, progress)
             }
-            Err(e) => failed_to_start(s, e),
+            Err(e) => failed(s, e),
         },
         Strategy::Talc => match PoolAlloc::<Talc>::new(peer_pool_len(workload)) {
             Ok(heap) => {
                 let mut b = GlobalAllocBackend::new(heap, max_ids);
                 replay_with(s.name(), RESERVED_RSS, &mut b, workload, settings, progress)
             }
-            Err(e) => failed_to_start(s, e),
+            Err(e) => failed(s, e),
         },
         Strategy::Bump => {
             let mut b = BumpBackend::new();
@@ -185,8 +185,9 @@ fn peer_pool_len(workload: &Workload) -> usize {
     pool_len(naive, ids)
 }
 
-/// The result of a strategy that could not start (its pool was refused).
-fn failed_to_start(s: Strategy, error: String) -> StrategyResult {
+/// The result of a strategy that did not run (its pool was refused, or its
+/// child process failed): no runs, and why.
+pub(crate) fn failed(s: Strategy, error: String) -> StrategyResult {
     StrategyResult {
         name: s.name().to_owned(),
         reserved_is: s.reserved_is().to_owned(),
