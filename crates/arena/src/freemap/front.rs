@@ -44,7 +44,7 @@ impl<T: Copy> FreeMap<T> {
     #[inline]
     pub(super) fn push_front(&mut self, id: SpanId) {
         if self.front.is_empty() {
-            self.front = vec![(0, NIL); FRONT_SLOTS];
+            self.init_front();
         }
         let size = self.spans[id as usize].size;
         // In the front from now on: a flush below must not merge it.
@@ -61,6 +61,12 @@ impl<T: Copy> FreeMap<T> {
         self.front_map |= 1 << slot;
         self.front_count += 1;
         self.free_bytes += size;
+    }
+
+    /// Makes the front's slots on first use (kept off the hot path).
+    #[cold]
+    fn init_front(&mut self) {
+        self.front = vec![(0, NIL); FRONT_SLOTS];
     }
 
     /// Coalesces every front span back into the free lists.

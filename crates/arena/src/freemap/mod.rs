@@ -219,6 +219,7 @@ impl<T: Copy> FreeMap<T> {
         }
     }
 
+    #[inline]
     fn new_span(&mut self, span: Span<T>) -> SpanId {
         match self.vacant.pop() {
             Some(id) => {
@@ -232,30 +233,32 @@ impl<T: Copy> FreeMap<T> {
         }
     }
 
+    #[inline]
     fn drop_span(&mut self, id: SpanId) {
         self.spans[id as usize].size = 0;
         self.spans[id as usize].used = None;
         self.vacant.push(id);
     }
 
-    #[inline]
-    fn is_top(&self, id: SpanId) -> bool {
-        let s = &self.spans[id as usize];
-        s.off + s.size == self.regions[s.rid as usize].size
-    }
-
     /// Files free span `id` as its region's top, or in its class's list.
+    #[inline(always)]
     fn file_free(&mut self, id: SpanId) {
-        self.free_bytes += self.spans[id as usize].size;
-        if self.is_top(id) {
-            let (rid, size) = (self.spans[id as usize].rid, self.spans[id as usize].size);
-            self.regions[rid as usize].top = id;
-            self.regions[rid as usize].top_size = size;
+        let s = &self.spans[id as usize];
+        let (rid, off, size) = (s.rid, s.off, s.size);
+        self.free_bytes += size;
+        let r = &mut self.regions[rid as usize];
+        if off + size == r.size {
+            r.top = id;
+            r.top_size = size;
             return;
         }
+        self.file_binned(id);
+    }
+
+    /// Files free span `id`, not a top, in its class's list.
+    fn file_binned(&mut self, id: SpanId) {
         if self.bins.is_empty() {
-            self.bins = vec![NIL; CLASSES];
-            self.sub_maps = vec![0; CLASSES / SUBS];
+            self.init_bins();
         }
         let class = class_of(self.spans[id as usize].size);
         let head = self.bins[class];
@@ -272,18 +275,36 @@ impl<T: Copy> FreeMap<T> {
         self.power_map |= 1 << (class / SUBS);
     }
 
+    /// Makes the class lists on first use (kept off the hot path).
+    #[cold]
+    fn init_bins(&mut self) {
+        self.bins = vec![NIL; CLASSES];
+        self.sub_maps = vec![0; CLASSES / SUBS];
+    }
+
     /// Takes free span `id` out of its list (or out of its region's top).
+    #[inline(always)]
     fn unfile_free(&mut self, id: SpanId) {
-        let (rid, size, prev, next) = {
+        let (rid, size) = {
             let s = &self.spans[id as usize];
-            (s.rid, s.size, s.prev_free, s.next_free)
+            (s.rid, s.size)
         };
         self.free_bytes -= size;
-        if self.regions[rid as usize].top == id {
-            self.regions[rid as usize].top = NIL;
-            self.regions[rid as usize].top_size = 0;
+        let r = &mut self.regions[rid as usize];
+        if r.top == id {
+            r.top = NIL;
+            r.top_size = 0;
             return;
         }
+        self.unfile_binned(id);
+    }
+
+    /// Takes free span `id`, not a top, out of its class's list.
+    fn unfile_binned(&mut self, id: SpanId) {
+        let (size, prev, next) = {
+            let s = &self.spans[id as usize];
+            (s.size, s.prev_free, s.next_free)
+        };
         let class = class_of(size);
         if prev == NIL {
             self.bins[class] = next;
@@ -534,6 +555,7 @@ impl<T: Copy> FreeMap<T> {
     /// it used with `tag`, and returns `(region, offset, span)`.
     ///
     /// `size` must be non-zero. Returns `None` when no span can hold it.
+    #[inline]
     pub(crate) fn alloc(
         &mut self,
         size: usize,
@@ -582,6 +604,7 @@ impl<T: Copy> FreeMap<T> {
     }
 
     /// Links a new span at `off` right after span `after`; returns its id.
+    #[inline]
     fn insert_after(&mut self, after: SpanId, off: usize, size: usize, used: Option<T>) -> SpanId {
         let (rid, next) = {
             let a = &self.spans[after as usize];
@@ -606,6 +629,7 @@ impl<T: Copy> FreeMap<T> {
     }
 
     /// Unlinks span `id` from its region's list and frees its slot.
+    #[inline]
     fn unlink(&mut self, id: SpanId) {
         let (prev, next) = {
             let s = &self.spans[id as usize];
@@ -634,6 +658,7 @@ impl<T: Copy> FreeMap<T> {
 
     /// Frees used span `id`, merging it with free neighbours. Returns its
     /// size and payload.
+    #[inline]
     pub(crate) fn free(&mut self, id: SpanId) -> Result<(usize, T), FreeError> {
         let span = *self
             .spans
@@ -649,6 +674,7 @@ impl<T: Copy> FreeMap<T> {
 
     /// Files free span `id` (out of the front), merged with its free
     /// neighbours that are not in the front.
+    #[inline]
     fn coalesce(&mut self, id: SpanId) {
         let span = self.spans[id as usize];
         let mut merged = id;

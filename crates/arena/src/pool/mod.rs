@@ -174,6 +174,7 @@ impl<M: Memory> Pool<M> {
 
     /// The span size for a request of `len` bytes at `align`, after checking
     /// both. `len` must be non-zero.
+    #[inline]
     pub(crate) fn span_size(&self, len: usize, align: usize) -> Result<usize, ArenaError> {
         if !align.is_power_of_two() {
             return Err(ArenaError::InvalidAlignment { align });
@@ -194,6 +195,7 @@ impl<M: Memory> Pool<M> {
 
     /// Hands out a block of `size` bytes (a multiple of the alignment, from
     /// [`Pool::span_size`]) at `align`, growing if no cached span fits.
+    #[inline]
     pub(crate) fn alloc(
         &mut self,
         size: usize,
@@ -201,27 +203,65 @@ impl<M: Memory> Pool<M> {
         tag: Tag,
     ) -> Result<RawBlock<M::Ptr>, ArenaError> {
         let align = align.max(self.align);
+        let Some((rid, off, span)) = self.map.alloc(size, align, tag) else {
+            return self.alloc_grown(size, align, tag);
+        };
+        let region = self.regions[rid as usize]
+            .as_ref()
+            .expect("the map only names live regions");
+        self.cache_hits += 1;
+        if !region.holes.is_empty() {
+            return self.cover_holes(rid, off, span, size, tag, None);
+        }
+        self.in_use += size;
+        Ok(RawBlock {
+            ptr: M::at(region.base, off),
+            rid,
+            off,
+            span,
+            size,
+        })
+    }
+
+    /// [`Pool::alloc`] when no cached span fits: grows, then places.
+    #[cold]
+    #[inline(never)]
+    fn alloc_grown(
+        &mut self,
+        size: usize,
+        align: usize,
+        tag: Tag,
+    ) -> Result<RawBlock<M::Ptr>, ArenaError> {
         // In place, the committed top before a growth: a refusal after it
         // (a hole under the new block) gives the growth back too.
-        let mut grown_from = None;
-        let (rid, off, span) = match self.map.alloc(size, align, tag) {
-            Some(found) => {
-                self.cache_hits += 1;
-                found
-            }
-            None => {
-                if self.in_place() {
-                    grown_from = self.map.region_ids().next().map(|rid| {
-                        let r = self.regions[rid as usize].as_ref().expect("live region");
-                        (rid, r.committed)
-                    });
-                }
-                self.grow(size, align, tag.len)?;
-                self.map
-                    .alloc(size, align, tag)
-                    .expect("the pool grew to fit the request")
-            }
+        let grown_from = if self.in_place() {
+            self.map.region_ids().next().map(|rid| {
+                let r = self.regions[rid as usize].as_ref().expect("live region");
+                (rid, r.committed)
+            })
+        } else {
+            None
         };
+        self.grow(size, align, tag.len)?;
+        let (rid, off, span) = self
+            .map
+            .alloc(size, align, tag)
+            .expect("the pool grew to fit the request");
+        self.cover_holes(rid, off, span, size, tag, grown_from)
+    }
+
+    /// Ends [`Pool::alloc`] for the block in `span` at `off` of region
+    /// `rid`: commits the holes under it first, if any. On a refusal the
+    /// block is freed again and a growth from `grown_from` is undone.
+    fn cover_holes(
+        &mut self,
+        rid: RegionId,
+        off: usize,
+        span: SpanId,
+        size: usize,
+        tag: Tag,
+        grown_from: Option<(RegionId, usize)>,
+    ) -> Result<RawBlock<M::Ptr>, ArenaError> {
         if self.regions[rid as usize]
             .as_ref()
             .is_some_and(|r| !r.holes.is_empty())
@@ -394,6 +434,7 @@ impl<M: Memory> Pool<M> {
     }
 
     /// Frees live span `span`; returns its size and tag.
+    #[inline]
     pub(crate) fn free(&mut self, span: SpanId) -> Result<(usize, Tag), FreeError> {
         let (size, tag) = self.map.free(span)?;
         self.in_use -= size;

@@ -167,8 +167,9 @@ pub struct Handle {
 pub(crate) enum HandleKind {
     /// A span of the pool.
     Pool { span: SpanId },
-    /// Block `index` of the plan block in `slot`, `size` bytes.
-    Planned { slot: u32, index: u32, size: usize },
+    /// Block `index` of the plan block in `slot` (its size is in the plan
+    /// block's table while it lives).
+    Planned { slot: u32, index: u32 },
 }
 
 /// Ids of arenas ([`RawArena::id`]), from 1.
@@ -263,11 +264,12 @@ impl<M: Memory> RawArena<M> {
     /// [`FreeError::Foreign`] for another arena's handle,
     /// [`FreeError::AlreadyFree`] for a block freed already (also when its
     /// place holds a newer block now). Nothing changes then.
+    #[inline]
     pub fn free(&mut self, handle: Handle) -> Result<(), FreeError> {
         self.check_handle(handle)?;
         match handle.kind {
             HandleKind::Pool { span } => self.free_span(span),
-            HandleKind::Planned { slot, index, size } => self.free_planned(slot, index, size),
+            HandleKind::Planned { slot, index } => self.free_planned(slot, index),
         }
     }
 
@@ -279,7 +281,7 @@ impl<M: Memory> RawArena<M> {
         }
         match handle.kind {
             HandleKind::Pool { span } => self.pool.get(span).map_or(0, |s| s.0),
-            HandleKind::Planned { slot, index, .. } => self
+            HandleKind::Planned { slot, index } => self
                 .plan_blocks
                 .get(slot as usize)
                 .and_then(Option::as_ref)
@@ -291,6 +293,7 @@ impl<M: Memory> RawArena<M> {
     /// Whether `handle` was made by this arena for a block of the current
     /// generation (live, or freed and not handed out again: the frees then
     /// tell which).
+    #[inline]
     fn check_handle(&self, handle: Handle) -> Result<(), FreeError> {
         if handle.arena != self.id {
             return Err(FreeError::Foreign);
@@ -491,6 +494,7 @@ impl<M: Memory> RawArena<M> {
 
     /// Allocates a block for the caller: from the plan serving the run when
     /// the run still follows it, else from the pool.
+    #[inline]
     pub(crate) fn alloc_at(
         &mut self,
         len: usize,
@@ -522,6 +526,7 @@ impl<M: Memory> RawArena<M> {
     }
 
     /// Allocates from the pool; `planable` blocks enter the run's recording.
+    #[inline]
     pub(crate) fn alloc_pool(
         &mut self,
         len: usize,
@@ -585,6 +590,7 @@ impl<M: Memory> RawArena<M> {
         Ok(raw)
     }
 
+    #[inline]
     pub(crate) fn free_span(&mut self, span: SpanId) -> Result<(), crate::freemap::FreeError> {
         self.check();
         let (size, tag) = self.pool.free(span)?;
@@ -598,7 +604,8 @@ impl<M: Memory> RawArena<M> {
                 r.ops.push(RunOp::Free { index: tag.index });
                 r.live_blocks -= 1;
                 r.live_bytes -= size;
-                if tag.rec != NOT_PLANNED {
+                // A dynamic run's frees are in `ops` already.
+                if tag.rec != NOT_PLANNED && r.serve.is_some() {
                     Self::record_free(r, tag.rec, &mut self.deviations);
                 }
             }

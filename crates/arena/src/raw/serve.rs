@@ -122,7 +122,7 @@ impl<M: Memory> RawArena<M> {
         Some(RawAlloc {
             ptr,
             handle: Handle {
-                kind: HandleKind::Planned { slot, index, size },
+                kind: HandleKind::Planned { slot, index },
                 arena: self.id,
                 generation,
             },
@@ -166,12 +166,7 @@ impl<M: Memory> RawArena<M> {
         serve.recording = true;
     }
 
-    pub(super) fn free_planned(
-        &mut self,
-        slot: u32,
-        index: u32,
-        size: usize,
-    ) -> Result<(), FreeError> {
+    pub(super) fn free_planned(&mut self, slot: u32, index: u32) -> Result<(), FreeError> {
         self.check();
         let Some(pb) = self
             .plan_blocks
@@ -180,11 +175,13 @@ impl<M: Memory> RawArena<M> {
         else {
             return Err(FreeError::NotABlock);
         };
-        match pb.served.get_mut(index as usize) {
-            Some(served) if *served == size => *served = 0,
+        // The handle's generation matched the plan block's (checked by the
+        // caller), so a live entry is this handle's block.
+        let size = match pb.served.get_mut(index as usize) {
             Some(0) => return Err(FreeError::AlreadyFree),
-            _ => return Err(FreeError::NotABlock),
-        }
+            Some(served) => core::mem::take(served),
+            None => return Err(FreeError::NotABlock),
+        };
         self.frees += 1;
         self.planned_live -= size;
         pb.live -= 1;
