@@ -574,7 +574,6 @@ impl<T: Copy> FreeMap<T> {
         let (id, start) = self
             .find_binned(size, align)
             .or_else(|| self.find_top(size, align))?;
-        self.unfile_free(id);
         let (span_size, rid, off) = {
             let s = &self.spans[id as usize];
             (s.size, s.rid, s.off)
@@ -582,6 +581,20 @@ impl<T: Copy> FreeMap<T> {
         let pad = start - off;
         let end = start + size;
         let span_end = off + span_size;
+        if pad == 0 && end < span_end && self.regions[rid as usize].top == id {
+            // The block is cut from the start of the region's top, which
+            // stays the top, smaller (the same spans as a split, without
+            // taking the top out and filing the rest back).
+            let block = self.insert_before(id, off, size, Some(tag));
+            let top = &mut self.spans[id as usize];
+            top.off = end;
+            top.size = span_end - end;
+            self.regions[rid as usize].top_size = span_end - end;
+            self.free_bytes -= size;
+            self.used_count += 1;
+            return Some((rid, start, block));
+        }
+        self.unfile_free(id);
         // The block: the found span itself, or a new span after the padding.
         let block = if pad > 0 {
             // The leading gap stays free; it ends where the block starts, so
@@ -628,14 +641,43 @@ impl<T: Copy> FreeMap<T> {
         id
     }
 
+    /// Links a new span at `off` right before span `at`; returns its id.
+    #[inline]
+    fn insert_before(&mut self, at: SpanId, off: usize, size: usize, used: Option<T>) -> SpanId {
+        let (rid, prev) = {
+            let a = &self.spans[at as usize];
+            (a.rid, a.prev)
+        };
+        let id = self.new_span(Span {
+            rid,
+            off,
+            size,
+            prev,
+            next: at,
+            prev_free: NIL,
+            next_free: NIL,
+            used,
+            front: false,
+        });
+        self.spans[at as usize].prev = id;
+        if prev == NIL {
+            self.regions[rid as usize].head = id;
+        } else {
+            self.spans[prev as usize].next = id;
+        }
+        id
+    }
+
     /// Unlinks span `id` from its region's list and frees its slot.
     #[inline]
     fn unlink(&mut self, id: SpanId) {
-        let (prev, next) = {
+        let (rid, prev, next) = {
             let s = &self.spans[id as usize];
-            (s.prev, s.next)
+            (s.rid, s.prev, s.next)
         };
-        if prev != NIL {
+        if prev == NIL {
+            self.regions[rid as usize].head = next;
+        } else {
             self.spans[prev as usize].next = next;
         }
         if next != NIL {
@@ -678,6 +720,28 @@ impl<T: Copy> FreeMap<T> {
     fn coalesce(&mut self, id: SpanId) {
         let span = self.spans[id as usize];
         let mut merged = id;
+        if span.next != NIL && self.regions[span.rid as usize].top == span.next {
+            // The region's top grows down over this span (and a free span
+            // before it): the same spans as merging them, without taking
+            // the top out and filing it back.
+            let top = span.next;
+            let (mut off, mut bytes) = (span.off, span.size);
+            if span.prev != NIL && self.is_filed_free(span.prev) {
+                let prev = span.prev;
+                self.unfile_free(prev);
+                off = self.spans[prev as usize].off;
+                bytes += self.spans[prev as usize].size;
+                self.unlink(prev);
+            }
+            self.unlink(id);
+            let t = &mut self.spans[top as usize];
+            t.off = off;
+            t.size += bytes;
+            let size = t.size;
+            self.regions[span.rid as usize].top_size = size;
+            self.free_bytes += bytes;
+            return;
+        }
         // Merge the next span into this one if it is free.
         if span.next != NIL && self.is_filed_free(span.next) {
             let next = span.next;
