@@ -130,6 +130,7 @@ impl<M: Memory> RawArena<M> {
     }
 
     /// Records the free of block `index`, following it in the serving plan.
+    #[inline]
     pub(super) fn record_free(run: &mut OpenRun, index: u32, deviations: &mut u64) {
         match &mut run.serve {
             // A dynamic run: derived from its `ops` when it ends.
@@ -154,6 +155,7 @@ impl<M: Memory> RawArena<M> {
 
     /// Starts keeping the run's own recording: what the run did so far is
     /// the plan's recording up to `serve.pos` (its first `blocks` blocks).
+    #[cold]
     pub(super) fn materialize(serve: &mut Serve, rec: &mut Recording, blocks: u32) {
         if serve.recording {
             return;
@@ -166,6 +168,7 @@ impl<M: Memory> RawArena<M> {
         serve.recording = true;
     }
 
+    #[inline]
     pub(super) fn free_planned(&mut self, slot: u32, index: u32) -> Result<(), FreeError> {
         self.check();
         let Some(pb) = self
