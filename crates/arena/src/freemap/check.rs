@@ -2,7 +2,7 @@
 //! `check-invariants` feature).
 
 #[cfg(any(test, fuzzing, feature = "check-invariants"))]
-use super::{class_of, front_slot, FreeMap, RegionInfo, NIL, SUBS};
+use super::{class_of, front_slot, FreeMap, RegionInfo, Slot, FRONT_DEPTH, NIL, SUBS};
 
 #[cfg(any(test, fuzzing, feature = "check-invariants"))]
 impl<T: Copy> FreeMap<T> {
@@ -122,18 +122,22 @@ impl<T: Copy> FreeMap<T> {
         }
         assert_eq!(listed, binned, "class lists hold spans that are not free");
         let mut stacked = 0;
-        for &(size, head) in &self.front {
+        for &Slot { size, head, depth } in &self.front {
+            let mut on_stack = 0;
             let mut id = head;
             while id != NIL {
                 let sp = &self.spans[id as usize];
                 assert!(sp.front && sp.size == size, "front stack of {size}");
                 assert_eq!(
                     front_slot(size),
-                    self.front.iter().position(|f| f.1 == head).unwrap()
+                    self.front.iter().position(|f| f.head == head).unwrap()
                 );
                 stacked += 1;
+                on_stack += 1;
                 id = sp.next_free;
             }
+            assert_eq!(on_stack, depth, "front stack of {size}: depth");
+            assert!(depth <= FRONT_DEPTH, "front stack of {size} too deep");
         }
         assert_eq!(stacked, fronted, "front spans off their stacks");
         assert_eq!(fronted, self.front_count, "front count");

@@ -2,7 +2,7 @@
 //! for its exact size, and is coalesced (flushed) at the first request the
 //! front does not serve.
 
-use super::{front_slot, FreeMap, RegionId, SpanId, FRONT_SLOTS, NIL};
+use super::{front_slot, FreeMap, RegionId, Slot, SpanId, FRONT_DEPTH, FRONT_SLOTS, NIL};
 
 impl<T: Copy> FreeMap<T> {
     /// Hands out the last span freed at exactly `size` bytes, if its start
@@ -18,7 +18,11 @@ impl<T: Copy> FreeMap<T> {
             return None;
         }
         let slot = front_slot(size);
-        let (held, id) = self.front[slot];
+        let Slot {
+            size: held,
+            head: id,
+            ..
+        } = self.front[slot];
         if held != size || id == NIL {
             return None;
         }
@@ -29,7 +33,8 @@ impl<T: Copy> FreeMap<T> {
         s.front = false;
         s.used = Some(tag);
         let (rid, off, next) = (s.rid, s.off, s.next_free);
-        self.front[slot].1 = next;
+        self.front[slot].head = next;
+        self.front[slot].depth -= 1;
         if next == NIL {
             self.front_map &= !(1 << slot);
         }
@@ -40,7 +45,8 @@ impl<T: Copy> FreeMap<T> {
     }
 
     /// Puts free span `id` (just freed) on its size's front stack; a slot
-    /// held by another size is flushed first.
+    /// held by another size, or holding [`FRONT_DEPTH`] spans already, is
+    /// flushed first (so that a flush, and the front, stay bounded).
     #[inline]
     pub(super) fn push_front(&mut self, id: SpanId) {
         if self.front.is_empty() {
@@ -50,14 +56,22 @@ impl<T: Copy> FreeMap<T> {
         // In the front from now on: a flush below must not merge it.
         self.spans[id as usize].front = true;
         let slot = front_slot(size);
-        let (held, head) = self.front[slot];
-        if held != size && head != NIL {
+        let Slot {
+            size: held,
+            head,
+            depth,
+        } = self.front[slot];
+        if head != NIL && (held != size || depth == FRONT_DEPTH) {
             self.flush_slot(slot);
         }
-        let head = self.front[slot].1;
+        let Slot { head, depth, .. } = self.front[slot];
         let s = &mut self.spans[id as usize];
         s.next_free = head;
-        self.front[slot] = (size, id);
+        self.front[slot] = Slot {
+            size,
+            head: id,
+            depth: depth + 1,
+        };
         self.front_map |= 1 << slot;
         self.front_count += 1;
         self.free_bytes += size;
@@ -66,7 +80,14 @@ impl<T: Copy> FreeMap<T> {
     /// Makes the front's slots on first use (kept off the hot path).
     #[cold]
     fn init_front(&mut self) {
-        self.front = vec![(0, NIL); FRONT_SLOTS];
+        self.front = vec![
+            Slot {
+                size: 0,
+                head: NIL,
+                depth: 0
+            };
+            FRONT_SLOTS
+        ];
     }
 
     /// Coalesces every front span back into the free lists.
@@ -80,8 +101,9 @@ impl<T: Copy> FreeMap<T> {
 
     /// Coalesces the front spans of one slot back into the free lists.
     pub(super) fn flush_slot(&mut self, slot: usize) {
-        let mut id = self.front[slot].1;
-        self.front[slot].1 = NIL;
+        let mut id = self.front[slot].head;
+        self.front[slot].head = NIL;
+        self.front[slot].depth = 0;
         self.front_map &= !(1 << slot);
         while id != NIL {
             let next = self.spans[id as usize].next_free;

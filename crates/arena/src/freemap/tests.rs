@@ -265,3 +265,46 @@ fn good_fit_rounds_up_then_tries_its_own_class() {
     assert_eq!(off, 0);
     map.check_invariants();
 }
+
+/// The front is bounded: a slot holds at most [`FRONT_DEPTH`] spans (a
+/// push onto a full slot coalesces it first), so the frees of many blocks
+/// of one size leave at most that many waiting, and a miss coalesces at
+/// most `FRONT_SLOTS * FRONT_DEPTH` spans.
+#[test]
+fn the_front_holds_a_bounded_number_of_spans() {
+    let mut m = FreeMap::<u8>::with_fit(Fit::Good);
+    m.add_region(16 << 20);
+    // 100 blocks of 128 bytes, each between two used blocks of 64.
+    let mut same = Vec::new();
+    for _ in 0..100 {
+        m.alloc(64, 64, 0).unwrap();
+        same.push(m.alloc(128, 64, 1).unwrap().2);
+    }
+    m.alloc(64, 64, 0).unwrap();
+    for &id in &same {
+        m.free(id).unwrap();
+        assert!(m.front_count <= FRONT_DEPTH as usize);
+        m.check_invariants();
+    }
+    assert_eq!(m.front_count, FRONT_DEPTH as usize);
+    // The spans coalesced by pushes are filed: a request of another size
+    // that fits them takes one, the front is flushed by the miss.
+    let (_, off, _) = m.alloc(100, 64, 2).unwrap();
+    assert_eq!(m.front_count, 0);
+    assert!(
+        same.iter().any(|&id| m.spans[id as usize].off == off),
+        "a filed 128-byte hole serves the request"
+    );
+    m.check_invariants();
+    // Many sizes: never more than every slot full.
+    let mut ids = Vec::new();
+    for size in 1..=300 {
+        ids.push(m.alloc(size * 64, 64, 3).unwrap().2);
+        m.alloc(64, 64, 0).unwrap();
+    }
+    for id in ids {
+        m.free(id).unwrap();
+        assert!(m.front_count <= FRONT_SLOTS * FRONT_DEPTH as usize);
+    }
+    m.check_invariants();
+}

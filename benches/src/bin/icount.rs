@@ -1,0 +1,84 @@
+//! Instructions per allocation, counted by `valgrind --tool=callgrind`: a
+//! noise-free companion to the `hot_path` and `trace_order` benches on a
+//! shared machine.
+//!
+//! Usage:
+//! ```text
+//! cargo build --release -p benches --bin icount
+//! valgrind --tool=callgrind --collect-atstart=no --toggle-collect='icount::measure*' \
+//!     target/release/icount WORKLOAD STRATEGY
+//! ```
+//! `WORKLOAD` is `pairs` (the `hot_path` batch: 1,024 pairs of random sizes
+//! 1 KiB-50 MiB, one block live) or a trace name such as
+//! `densenet121-mixed` (the `trace_order` replay: the trace's own order,
+//! no page touched); `STRATEGY` is a name of [`Strategy`] (`arena`,
+//! `planned`, `shared`, `rlsf`, `talc`, ...). The warm-up (three batches,
+//! or one replay) runs before collection starts; only the functions named
+//! `measure*` are counted. The program prints how many allocations (each
+//! with its free) were measured: callgrind's "Collected" count divided by
+//! it is the instructions per allocation and free.
+
+use benches::{hot_path_sizes, pairs, replayer, Pairs, Replay, Strategy, Touch, Trace};
+use std::hint::black_box;
+use std::process::ExitCode;
+
+/// Measured batches of pairs.
+const BATCHES: usize = 10;
+/// Pairs per batch (as in `hot_path`).
+const BATCH: usize = 1024;
+/// Measured replays of a trace.
+const REPLAYS: usize = 2;
+
+#[inline(never)]
+fn measure_pairs(p: &mut dyn Pairs, sizes: &[usize]) {
+    for _ in 0..BATCHES {
+        p.pairs(black_box(sizes));
+    }
+}
+
+#[inline(never)]
+fn measure_replays(r: &mut dyn Replay, trace: &Trace) {
+    for _ in 0..REPLAYS {
+        for run in &trace.runs {
+            r.run_with(run, Touch::Nothing);
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [workload, strategy] = args.as_slice() else {
+        eprintln!("usage: icount (pairs | TRACE) STRATEGY");
+        return ExitCode::from(2);
+    };
+    let Some(strategy) = Strategy::from_name(strategy).filter(|s| *s != Strategy::Bare) else {
+        eprintln!("icount: unknown strategy {strategy:?}");
+        return ExitCode::from(2);
+    };
+    if workload == "pairs" {
+        let sizes = hot_path_sizes(BATCH);
+        let Some(mut p) = pairs(strategy, &sizes) else {
+            eprintln!("icount: {} does not allocate", strategy.name());
+            return ExitCode::from(2);
+        };
+        for _ in 0..3 {
+            p.pairs(&sizes);
+        }
+        measure_pairs(p.as_mut(), &sizes);
+        println!("allocations measured: {}", BATCHES * BATCH);
+    } else {
+        if !benches::trace_names().iter().any(|n| n == workload) {
+            eprintln!("icount: no trace named {workload:?}");
+            return ExitCode::from(2);
+        }
+        let trace = Trace::load(workload);
+        let allocs: usize = trace.runs.iter().map(|r| r.allocs().count()).sum();
+        let mut r = replayer(strategy, &trace);
+        for run in &trace.runs {
+            r.run_with(run, Touch::Nothing);
+        }
+        measure_replays(r.as_mut(), &trace);
+        println!("allocations measured: {}", REPLAYS * allocs);
+    }
+    ExitCode::SUCCESS
+}
