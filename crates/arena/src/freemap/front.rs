@@ -2,7 +2,7 @@
 //! for its exact size, and is coalesced (flushed) at the first request the
 //! front does not serve.
 
-use super::{front_slot, FreeMap, RegionId, Slot, SpanId, FRONT_DEPTH, FRONT_SLOTS, NIL};
+use super::{front_slot, FreeMap, RegionId, Slot, SpanId, FRONT_DEPTH, NIL};
 
 impl<T: Copy> FreeMap<T> {
     /// Hands out the last span freed at exactly `size` bytes, if its start
@@ -49,9 +49,6 @@ impl<T: Copy> FreeMap<T> {
     /// flushed first (so that a flush, and the front, stay bounded).
     #[inline]
     pub(super) fn push_front(&mut self, id: SpanId) {
-        if self.front.is_empty() {
-            self.init_front();
-        }
         let size = self.spans[id as usize].size;
         // In the front from now on: a flush below must not merge it.
         self.spans[id as usize].front = true;
@@ -75,19 +72,6 @@ impl<T: Copy> FreeMap<T> {
         self.front_map |= 1 << slot;
         self.front_count += 1;
         self.free_bytes += size;
-    }
-
-    /// Makes the front's slots on first use (kept off the hot path).
-    #[cold]
-    fn init_front(&mut self) {
-        self.front = vec![
-            Slot {
-                size: 0,
-                head: NIL,
-                depth: 0
-            };
-            FRONT_SLOTS
-        ];
     }
 
     /// Coalesces every front span back into the free lists.

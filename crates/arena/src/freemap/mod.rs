@@ -185,12 +185,13 @@ pub(crate) struct FreeMap<T> {
     /// Span slots; vacant slots have `size == 0` and are listed in `vacant`.
     spans: Vec<Span<T>>,
     vacant: Vec<SpanId>,
-    /// First span of each class's free list (empty until the first use).
-    bins: Vec<SpanId>,
+    /// First span of each class's free list (kept in the map itself, like
+    /// the bitmaps and the front, so that no step checks for a table).
+    bins: [SpanId; CLASSES],
     /// Bit `p` set when some class of power `p` is non-empty.
     power_map: u64,
     /// Bit `s` of entry `p` set when class `(p, s)` is non-empty.
-    sub_maps: Vec<u16>,
+    sub_maps: [u16; CLASSES / SUBS],
     regions: Vec<RegionInfo>,
     /// Sum of the sizes of free spans.
     free_bytes: usize,
@@ -199,8 +200,8 @@ pub(crate) struct FreeMap<T> {
     /// Number of used spans.
     used_count: usize,
     /// The exact-size front: per slot, the size it holds and the last span
-    /// freed (a stack linked through `next_free`); empty until first used.
-    front: Vec<Slot>,
+    /// freed (a stack linked through `next_free`) and the stack's depth.
+    front: [Slot; FRONT_SLOTS],
     /// Spans in the front.
     front_count: usize,
     /// Bit `i` set when front slot `i` holds a span.
@@ -217,19 +218,23 @@ impl<T: Copy> FreeMap<T> {
     }
 
     /// An empty map with no region that places requests by `fit`;
-    /// allocates nothing.
+    /// allocates nothing (its fixed tables, about 5 KiB, are inline).
     pub(crate) const fn with_fit(fit: Fit) -> Self {
         Self {
             spans: Vec::new(),
             vacant: Vec::new(),
-            bins: Vec::new(),
+            bins: [NIL; CLASSES],
             power_map: 0,
-            sub_maps: Vec::new(),
+            sub_maps: [0; CLASSES / SUBS],
             regions: Vec::new(),
             free_bytes: 0,
             total_bytes: 0,
             used_count: 0,
-            front: Vec::new(),
+            front: [Slot {
+                size: 0,
+                head: NIL,
+                depth: 0,
+            }; FRONT_SLOTS],
             front_count: 0,
             front_map: 0,
             fit,
@@ -274,9 +279,6 @@ impl<T: Copy> FreeMap<T> {
 
     /// Files free span `id`, not a top, in its class's list.
     fn file_binned(&mut self, id: SpanId) {
-        if self.bins.is_empty() {
-            self.init_bins();
-        }
         let class = class_of(self.spans[id as usize].size);
         let head = self.bins[class];
         {
@@ -290,13 +292,6 @@ impl<T: Copy> FreeMap<T> {
         self.bins[class] = id;
         self.sub_maps[class / SUBS] |= 1 << (class % SUBS);
         self.power_map |= 1 << (class / SUBS);
-    }
-
-    /// Makes the class lists on first use (kept off the hot path).
-    #[cold]
-    fn init_bins(&mut self) {
-        self.bins = vec![NIL; CLASSES];
-        self.sub_maps = vec![0; CLASSES / SUBS];
     }
 
     /// Takes free span `id` out of its list (or out of its region's top).
@@ -647,9 +642,11 @@ pub(crate) fn simulate_extent(ops: &[RunOp], fit: Fit) -> usize {
     let mut extent = 0;
     for op in ops {
         match *op {
-            RunOp::Alloc { size, align, .. } => {
+            RunOp::Alloc {
+                size, align_log2, ..
+            } => {
                 let (_, off, id) = map
-                    .alloc(size, align, ())
+                    .alloc(size, 1 << align_log2, ())
                     .expect("the simulated region is larger than any run");
                 extent = extent.max(off + size);
                 ids.push(id);
@@ -664,17 +661,17 @@ pub(crate) fn simulate_extent(ops: &[RunOp], fit: Fit) -> usize {
     extent
 }
 
-/// One operation of a run, as the arena records it.
+/// One operation of a run, as the arena records it (16 bytes: the log is
+/// written on every allocation and free of a dynamic run).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RunOp {
-    /// An allocation of `size` bytes (rounded to the granule) at `align`.
+    /// An allocation of `size` bytes (rounded to the granule) at alignment
+    /// `1 << align_log2`.
     Alloc {
         /// Rounded size in bytes.
         size: usize,
-        /// Alignment in bytes.
-        align: usize,
-        /// Bytes the caller asked for.
-        len: usize,
+        /// Log2 of the alignment in bytes (a power of two).
+        align_log2: u8,
         /// Whether the block enters the run's [`Recording`](crate::plan::Recording)
         /// (not the plan's own block, nor a block outside plans).
         planable: bool,
@@ -684,6 +681,22 @@ pub(crate) enum RunOp {
         /// Index of the allocation within the run.
         index: u32,
     },
+}
+
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(core::mem::size_of::<RunOp>() == 16);
+
+impl RunOp {
+    /// An allocation of `size` bytes at `align` (a power of two).
+    #[inline]
+    pub(crate) fn alloc(size: usize, align: usize, planable: bool) -> Self {
+        debug_assert!(align.is_power_of_two());
+        RunOp::Alloc {
+            size,
+            align_log2: align.trailing_zeros() as u8,
+            planable,
+        }
+    }
 }
 
 mod check;

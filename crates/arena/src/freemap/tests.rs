@@ -158,31 +158,11 @@ fn a_search_skips_empty_classes_and_takes_the_tightest_of_a_class() {
 #[test]
 fn simulation_matches_a_finite_region() {
     let ops = [
-        RunOp::Alloc {
-            size: 128,
-            align: 64,
-            len: 100,
-            planable: true,
-        },
-        RunOp::Alloc {
-            size: 64,
-            align: 64,
-            len: 64,
-            planable: true,
-        },
+        RunOp::alloc(128, 64, true),
+        RunOp::alloc(64, 64, true),
         RunOp::Free { index: 0 },
-        RunOp::Alloc {
-            size: 64,
-            align: 64,
-            len: 1,
-            planable: true,
-        },
-        RunOp::Alloc {
-            size: 256,
-            align: 64,
-            len: 256,
-            planable: true,
-        },
+        RunOp::alloc(64, 64, true),
+        RunOp::alloc(256, 64, true),
     ];
     assert_eq!(simulate_extent(&ops, Fit::Best), 448);
     assert_eq!(simulate_extent(&[], Fit::Best), 0);

@@ -19,11 +19,10 @@ fn derive_recording(ops: &[RunOp], rec: &mut Recording) {
         match *op {
             RunOp::Alloc {
                 size,
-                align,
+                align_log2,
                 planable,
-                ..
             } => index.push(if planable {
-                rec.alloc(size, align)
+                rec.alloc(size, 1 << align_log2)
             } else {
                 NONE
             }),

@@ -361,12 +361,11 @@ impl<M: Memory> RawArena<M> {
             if clean == Some(raw.rid) {
                 max_end = raw.off + raw.size;
             }
-            ops.push(RunOp::Alloc {
-                size: raw.size,
-                align: serve.plan.align().max(self.pool.granule()),
-                len: raw.size,
-                planable: false,
-            });
+            ops.push(RunOp::alloc(
+                raw.size,
+                serve.plan.align().max(self.pool.granule()),
+                false,
+            ));
             self.planned_runs += 1;
         }
         let peak = self.in_use();
@@ -560,12 +559,8 @@ impl<M: Memory> RawArena<M> {
         self.peak_in_use = self.peak_in_use.max(in_use);
         let granule = self.pool.granule();
         if let Some(r) = &mut self.run {
-            r.ops.push(RunOp::Alloc {
-                size,
-                align: align.max(granule),
-                len,
-                planable: rec != NOT_PLANNED,
-            });
+            r.ops
+                .push(RunOp::alloc(size, align.max(granule), rec != NOT_PLANNED));
             r.pool_allocs += 1;
             if rec != NOT_PLANNED {
                 r.blocks += 1;
