@@ -14,7 +14,7 @@ impl<T: Copy> FreeMap<T> {
         align: usize,
         tag: T,
     ) -> Option<(RegionId, usize, SpanId)> {
-        if self.front_count == 0 {
+        if self.front_map == 0 {
             return None;
         }
         let slot = front_slot(size);
@@ -38,7 +38,6 @@ impl<T: Copy> FreeMap<T> {
         if next == NIL {
             self.front_map &= !(1 << slot);
         }
-        self.front_count -= 1;
         self.free_bytes -= size;
         self.used_count += 1;
         Some((rid, off, id))
@@ -70,7 +69,6 @@ impl<T: Copy> FreeMap<T> {
             depth: depth + 1,
         };
         self.front_map |= 1 << slot;
-        self.front_count += 1;
         self.free_bytes += size;
     }
 
@@ -80,7 +78,6 @@ impl<T: Copy> FreeMap<T> {
             let slot = self.front_map.trailing_zeros() as usize;
             self.flush_slot(slot);
         }
-        debug_assert_eq!(self.front_count, 0);
     }
 
     /// Coalesces the front spans of one slot back into the free lists.
@@ -92,7 +89,6 @@ impl<T: Copy> FreeMap<T> {
         while id != NIL {
             let next = self.spans[id as usize].next_free;
             self.spans[id as usize].front = false;
-            self.front_count -= 1;
             self.free_bytes -= self.spans[id as usize].size;
             self.coalesce(id);
             id = next;

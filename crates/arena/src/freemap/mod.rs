@@ -202,8 +202,6 @@ pub(crate) struct FreeMap<T> {
     /// The exact-size front: per slot, the size it holds and the last span
     /// freed (a stack linked through `next_free`) and the stack's depth.
     front: [Slot; FRONT_SLOTS],
-    /// Spans in the front.
-    front_count: usize,
     /// Bit `i` set when front slot `i` holds a span.
     front_map: u64,
     /// How a request that the front does not serve picks its span.
@@ -235,7 +233,6 @@ impl<T: Copy> FreeMap<T> {
                 head: NIL,
                 depth: 0,
             }; FRONT_SLOTS],
-            front_count: 0,
             front_map: 0,
             fit,
         }

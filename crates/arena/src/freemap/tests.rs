@@ -263,14 +263,14 @@ fn the_front_holds_a_bounded_number_of_spans() {
     m.alloc(64, 64, 0).unwrap();
     for &id in &same {
         m.free(id).unwrap();
-        assert!(m.front_count <= FRONT_DEPTH as usize);
+        assert!(m.front_len() <= FRONT_DEPTH as usize);
         m.check_invariants();
     }
-    assert_eq!(m.front_count, FRONT_DEPTH as usize);
+    assert_eq!(m.front_len(), FRONT_DEPTH as usize);
     // The spans coalesced by pushes are filed: a request of another size
     // that fits them takes one, the front is flushed by the miss.
     let (_, off, _) = m.alloc(100, 64, 2).unwrap();
-    assert_eq!(m.front_count, 0);
+    assert_eq!(m.front_len(), 0);
     assert!(
         same.iter().any(|&id| m.spans[id as usize].off == off),
         "a filed 128-byte hole serves the request"
@@ -284,7 +284,7 @@ fn the_front_holds_a_bounded_number_of_spans() {
     }
     for id in ids {
         m.free(id).unwrap();
-        assert!(m.front_count <= FRONT_SLOTS * FRONT_DEPTH as usize);
+        assert!(m.front_len() <= FRONT_SLOTS * FRONT_DEPTH as usize);
     }
     m.check_invariants();
 }
