@@ -75,9 +75,10 @@ fn main() {
     );
     let sizes = [64usize, 8, 8, 128, 16, 8, 64, 4, 4, 4];
     std::thread::scope(|s| {
+        let mut threads = Vec::new();
         for worker in 0..workers {
             let pool = &pool;
-            s.spawn(move || {
+            threads.push(s.spawn(move || {
                 let mut session = pool.get();
                 let mut checksum = 0.0;
                 for (i, &tokens) in sizes.iter().enumerate() {
@@ -91,7 +92,14 @@ fn main() {
                     st.runs, st.keys, st.arena.reserved, st.arena.watermark, st.arena.peak_in_use,
                     st.arena.backing_allocs, st.arena.in_use
                 );
-            });
+            }));
+        }
+        // Join each thread (pthread_join) rather than leaving it to the
+        // scope, which only waits for the closures to return: a thread
+        // still tearing down when the process exits shows its TLS block as
+        // "possibly lost" under valgrind.
+        for t in threads {
+            t.join().expect("worker thread panicked");
         }
     });
     let before = pool.stats().arena.reserved;
