@@ -31,7 +31,7 @@ pub fn pairs(strategy: Strategy, sizes: &[usize]) -> Option<Box<dyn Pairs>> {
         }),
         Strategy::Planned => {
             let arena = Arena::new(ArenaConfig::default());
-            let r = arena.begin_run();
+            let r = arena.begin_recorded_run();
             for &len in sizes {
                 black_box(r.try_alloc(len).expect("allocation failed"));
             }

@@ -164,7 +164,7 @@ pub fn make_plans(trace: &Trace) -> HashMap<String, Arc<Plan>> {
         if plans.contains_key(&run.label) {
             continue;
         }
-        let r = scratch.begin_run();
+        let r = scratch.begin_recorded_run();
         replay_in(&r, run, Touch::Nothing);
         let (_, recording) = r.finish_with_recording();
         plans.insert(
@@ -207,7 +207,7 @@ impl Replay for PlannedReplay {
                 r.finish();
             }
             None => {
-                let r = self.arena.begin_run();
+                let r = self.arena.begin_recorded_run();
                 replay_in(&r, run, touch);
                 let (_, recording) = r.finish_with_recording();
                 let plan = Plan::from_recording(&recording).expect("a recorded run plans");

@@ -51,8 +51,13 @@ pub enum Op {
         /// Which block.
         index: u16,
     },
-    /// Open a run (expects `RunAlreadyOpen` if one is open).
-    BeginRun,
+    /// Open a run (expects `RunAlreadyOpen` if one is open): recorded
+    /// (`Arena::begin_recorded_run`, its recording becomes a plan) or not
+    /// (`Arena::begin_run`, which keeps none).
+    BeginRun {
+        /// Whether the run keeps its recording.
+        recorded: bool,
+    },
     /// Finish the open run, if any, and check its report; a run that left no
     /// block live becomes a plan (the last [`MAX_PLANS`] are kept).
     EndRun,

@@ -140,7 +140,7 @@ impl<'a> Model<'a> {
                     }
                 }
             }
-            Op::BeginRun | Op::BeginPlannedRun { .. } => {
+            Op::BeginRun { .. } | Op::BeginPlannedRun { .. } => {
                 if self.run.is_some() {
                     return;
                 }
@@ -155,9 +155,12 @@ impl<'a> Model<'a> {
                     let l = self.ledger.borrow();
                     (l.commits, l.decommits)
                 };
-                let got = match plan {
-                    Some(p) => self.arena.begin_planned_run(p),
-                    None => self.arena.try_begin_run(),
+                let got = match (plan, op) {
+                    (Some(p), _) => self.arena.begin_planned_run(p),
+                    (None, Op::BeginRun { recorded: false }) => self.arena.try_begin_run(),
+                    // A planned run with no plan kept is recorded, as the
+                    // first run of a shape is.
+                    (None, _) => self.arena.try_begin_recorded_run(),
                 };
                 match got {
                     Ok(run) => self.run = Some((run, planned, commits, decommits)),

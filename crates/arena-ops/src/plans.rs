@@ -307,7 +307,7 @@ fn stale_handles(plan: &Plan) {
         let rec = plan.recording();
         let mut first: Vec<Handle> = Vec::new();
         for round in 0..2 {
-            if core.begin_run(Some(Arc::clone(&plan))).is_err() {
+            if core.begin_run(Some(Arc::clone(&plan)), false).is_err() {
                 return;
             }
             let mut live: Vec<Option<Handle>> = Vec::new();

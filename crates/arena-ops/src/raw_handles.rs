@@ -143,7 +143,7 @@ pub(crate) fn run_raw(at: &str, ops: &[RawOp]) {
                             plan = Plan::from_recording(&rec).ok().map(Arc::new);
                         }
                     } else {
-                        let _ = one.core.begin_run(plan.clone());
+                        let _ = one.core.begin_run(plan.clone(), true);
                     }
                 }
             }

@@ -44,7 +44,7 @@ fn op() -> impl Strategy<Value = Op> {
         12 => (size(), prop_oneof![8 => 0u8..13, 1 => any::<u8>()])
             .prop_map(|(size, align_log2)| Op::Alloc { size, align_log2 }),
         10 => any::<u16>().prop_map(|index| Op::Free { index }),
-        2 => Just(Op::BeginRun),
+        2 => any::<bool>().prop_map(|recorded| Op::BeginRun { recorded }),
         2 => Just(Op::EndRun),
         2 => any::<u8>().prop_map(|plan| Op::BeginPlannedRun { plan }),
         1 => Just(Op::Shrink),
@@ -112,7 +112,7 @@ fn a_run(sizes: [usize; 3]) -> Vec<Op> {
 #[test]
 fn a_repeated_run_is_served_by_its_plan() {
     let sizes = [10_000, 3000, 7000];
-    let mut ops = vec![Op::BeginRun];
+    let mut ops = vec![Op::BeginRun { recorded: true }];
     ops.extend(a_run(sizes));
     ops.extend([Op::EndRun, Op::BeginPlannedRun { plan: 0 }]);
     ops.extend(a_run(sizes));
@@ -126,7 +126,7 @@ fn a_repeated_run_is_served_by_its_plan() {
 /// it is served by the pool; the model's checks hold throughout.
 #[test]
 fn a_planned_run_that_deviates_stays_correct() {
-    let mut ops = vec![Op::BeginRun];
+    let mut ops = vec![Op::BeginRun { recorded: true }];
     ops.extend(a_run([10_000, 3000, 7000]));
     ops.extend([Op::EndRun, Op::BeginPlannedRun { plan: 0 }]);
     ops.extend(a_run([10_000, 3000, 70_000]));
@@ -148,8 +148,8 @@ fn every_operation_once() {
             size: Size(100),
             align_log2: 0,
         },
-        Op::BeginRun,
-        Op::BeginRun,
+        Op::BeginRun { recorded: false },
+        Op::BeginRun { recorded: true },
         Op::Alloc {
             size: Size(5000),
             align_log2: 12,

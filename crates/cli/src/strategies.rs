@@ -357,11 +357,19 @@ impl Backend for ArenaBackend<'_> {
             p.next += 1;
             p.cache.get(label)
         });
+        // Only a shape with no plan yet is recorded (its plan is learned).
+        let record = self.plans.is_some() && plan.is_none();
         let run = match plan {
             Some(plan) => self.arena.begin_planned_run(plan).ok(),
             None => None,
         };
-        self.run = Some(run.unwrap_or_else(|| self.arena.begin_run()));
+        self.run = Some(run.unwrap_or_else(|| {
+            if record {
+                self.arena.begin_recorded_run()
+            } else {
+                self.arena.begin_run()
+            }
+        }));
     }
 
     fn alloc(&mut self, id: usize, bytes: usize, touch: Touch) -> Result<(), String> {

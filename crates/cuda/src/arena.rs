@@ -307,10 +307,11 @@ impl DeviceArena {
         self.raw.memory().inner().reset_peak();
         let plan = self.plans.get(key);
         let own = plan.is_some();
-        let id = match self.raw.begin_run(plan) {
+        let id = match self.raw.begin_run(plan, !own) {
             Ok(id) => id,
-            // The plan's block cannot be had: run unplanned.
-            Err(_) => self.raw.begin_run(None)?,
+            // The plan's block cannot be had: run unplanned (a key with a
+            // plan needs no new recording).
+            Err(_) => self.raw.begin_run(None, !own)?,
         };
         self.run = Some((key.to_vec(), own));
         Ok(id)

@@ -14,6 +14,15 @@
 //! and minor page faults of the whole process during the run, which tell
 //! the kernel's part of a run apart) and first `session rss`. RSS is read
 //! after the run's outputs are dropped.
+//!
+//! STRATEGY may also be a comma-separated list (`follow1,ort-arena,keep`):
+//! then every strategy gets its own session in this one process, and each
+//! pair is run by each strategy in turn (large then small; the order turns
+//! from pair to pair), so the machine's load falls on all of them alike. This is for time only (RSS is the
+//! process's): lines are `strategy i label millis sys_millis minor_faults`,
+//! and a summary gives each strategy's median large-run time over the pairs
+//! after the first and the median, over those pairs, of its large run's
+//! time divided by the first strategy's in the same pair.
 
 use std::time::Instant;
 use tensor_arena_ort::ort::session::{RunOptions, Session};
@@ -53,39 +62,37 @@ enum Target {
     Arena(Box<tensor_arena_ort::SessionWorker>),
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let a: Vec<String> = std::env::args().collect();
-    if a.len() < 7 {
-        return Err("usage: follow LIB MODEL STRATEGY LARGE SMALL PAIRS".into());
-    }
-    let runtime = Runtime::load(&a[1])?;
-    let (large, small, pairs) = (dims(&a[4])?, dims(&a[5])?, a[6].parse::<usize>()?);
-    let shrink = match a[3].as_str() {
+fn open(
+    runtime: &Runtime,
+    model: &str,
+    strategy: &str,
+) -> Result<Target, Box<dyn std::error::Error>> {
+    let shrink = match strategy {
         "follow1" => Some(Shrink::FollowInput { runs: 1 }),
         "follow2" => Some(Shrink::FollowInput { runs: 2 }),
         "keep" => Some(Shrink::KeepLargest),
         "ort-arena" | "ort-shrink" => None,
         s => return Err(format!("unknown strategy {s}").into()),
     };
-    let mut target = match shrink {
+    Ok(match shrink {
         Some(shrink) => {
             let options = ArenaOptions {
                 shrink,
                 ..ArenaOptions::default()
             };
-            let session = ArenaSession::open(runtime, &a[2], options)?;
+            let session = ArenaSession::open(runtime, model, options)?;
             Target::Arena(Box::new(session.worker()?))
         }
         None => {
             let session = open_session(
                 runtime,
-                &a[2],
+                model,
                 SessionOptions {
                     memory: Memory::OrtArena,
                     intra_threads: 0,
                 },
             )?;
-            let options = if a[3] == "ort-shrink" {
+            let options = if strategy == "ort-shrink" {
                 let mut o = RunOptions::new()?;
                 o.set("memory.enable_memory_arena_shrinkage", "cpu:0")?;
                 Some(o)
@@ -94,8 +101,53 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             Target::Ort(session, options)
         }
+    })
+}
+
+/// One run: its time (ms), and the run's peak in use and high water (0 for
+/// ONNX Runtime's strategies).
+fn run(
+    target: &mut Target,
+    inputs: &[(&str, &DynValue)],
+) -> Result<(f64, usize, usize), Box<dyn std::error::Error>> {
+    let t = Instant::now();
+    let (peak, high_water) = match target {
+        Target::Ort(s, o) => {
+            drop(tensor_arena_ort::run_shared(s, inputs, o.as_ref())?);
+            (0, 0)
+        }
+        Target::Arena(w) => {
+            let out = w.run(inputs)?;
+            let r = (out.report.peak_in_use, out.report.high_water);
+            drop(out);
+            r
+        }
     };
-    let spec = match &target {
+    Ok((t.elapsed().as_secs_f64() * 1e3, peak, high_water))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let a: Vec<String> = std::env::args().collect();
+    if a.len() < 7 {
+        return Err("usage: follow LIB MODEL STRATEGY[,STRATEGY...] LARGE SMALL PAIRS".into());
+    }
+    let runtime = Runtime::load(&a[1])?;
+    let (large, small, pairs) = (dims(&a[4])?, dims(&a[5])?, a[6].parse::<usize>()?);
+    let names: Vec<&str> = a[3].split(',').collect();
+    let mut targets = Vec::with_capacity(names.len());
+    for name in &names {
+        targets.push(open(runtime, &a[2], name)?);
+    }
+    let spec = match &targets[0] {
         Target::Ort(s, _) => tensor_arena_ort::InputSpec::of(s),
         Target::Arena(w) => w.session().inputs().to_vec(),
     }
@@ -103,35 +155,70 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let xl = make_input(&spec, &large, 1)?;
     let xs = make_input(&spec, &small, 2)?;
     let bytes = |d: &[usize]| d.iter().product::<usize>() * 4;
-    println!("session {}", rss());
-    for i in 0..2 * pairs {
-        let (x, label, input_bytes) = if i % 2 == 0 {
-            (&xl, &a[4], bytes(&large))
-        } else {
-            (&xs, &a[5], bytes(&small))
-        };
-        let inputs: [(&str, &DynValue); 1] = [(spec.name.as_str(), x)];
-        let k0 = kernel();
-        let t = Instant::now();
-        let (peak, high_water) = match &mut target {
-            Target::Ort(s, o) => {
-                drop(tensor_arena_ort::run_shared(s, &inputs, o.as_ref())?);
-                (0, 0)
+    if let [target] = targets.as_mut_slice() {
+        println!("session {}", rss());
+        for i in 0..2 * pairs {
+            let (x, label, input_bytes) = if i % 2 == 0 {
+                (&xl, &a[4], bytes(&large))
+            } else {
+                (&xs, &a[5], bytes(&small))
+            };
+            let inputs: [(&str, &DynValue); 1] = [(spec.name.as_str(), x)];
+            let k0 = kernel();
+            let (millis, peak, high_water) = run(target, &inputs)?;
+            let k1 = kernel();
+            println!(
+                "{i} {label} {millis:.2} {} {peak} {input_bytes} {high_water} {:.2} {}",
+                rss(),
+                k1.0 - k0.0,
+                k1.1 - k0.1
+            );
+        }
+        return Ok(());
+    }
+    if pairs < 2 {
+        return Err("several strategies need at least 2 pairs (the first is warm-up)".into());
+    }
+    // Interleaved: large[s][pair] is strategy s's large-run time in a pair.
+    let mut large_ms = vec![Vec::with_capacity(pairs); targets.len()];
+    let n = targets.len();
+    for pair in 0..pairs {
+        // The order turns each pair, so that no strategy always runs first
+        // (after another model's small run) or last.
+        for k in 0..n {
+            let s = (pair + k) % n;
+            let target = &mut targets[s];
+            for (i, x, label) in [(2 * pair, &xl, &a[4]), (2 * pair + 1, &xs, &a[5])] {
+                let inputs: [(&str, &DynValue); 1] = [(spec.name.as_str(), x)];
+                let k0 = kernel();
+                let (millis, _, _) = run(target, &inputs)?;
+                let k1 = kernel();
+                println!(
+                    "{} {i} {label} {millis:.2} {:.2} {}",
+                    names[s],
+                    k1.0 - k0.0,
+                    k1.1 - k0.1
+                );
+                if i % 2 == 0 {
+                    large_ms[s].push(millis);
+                }
             }
-            Target::Arena(w) => {
-                let out = w.run(&inputs)?;
-                let r = (out.report.peak_in_use, out.report.high_water);
-                drop(out);
-                r
-            }
-        };
-        let millis = t.elapsed().as_secs_f64() * 1e3;
-        let k1 = kernel();
+        }
+    }
+    // The first pair warms every strategy up; it is left out.
+    for (s, name) in names.iter().enumerate() {
+        let own = median(large_ms[s][1..].to_vec());
+        let ratio = median(
+            large_ms[s][1..]
+                .iter()
+                .zip(&large_ms[0][1..])
+                .map(|(x, y)| x / y)
+                .collect(),
+        );
         println!(
-            "{i} {label} {millis:.2} {} {peak} {input_bytes} {high_water} {:.2} {}",
-            rss(),
-            k1.0 - k0.0,
-            k1.1 - k0.1
+            "summary {name}: large run median {own:.2} ms, {ratio:.3}x {} in the same pair (median of {} pairs)",
+            names[0],
+            pairs - 1
         );
     }
     Ok(())

@@ -438,7 +438,7 @@ mod tests {
         let (alloc, free, this) = fns();
         let slot = Slot::new(ArenaConfig::default(), None).unwrap();
         let mut core = slot.lock();
-        core.begin_run(None);
+        core.begin_run(None, true);
         let ptrs: Vec<*mut c_void> = {
             let _in = slot::enter(&slot, &mut core);
             // SAFETY: as ONNX Runtime would call it.

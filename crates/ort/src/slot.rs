@@ -381,15 +381,22 @@ pub(crate) fn add_stats(a: &mut Stats, b: &Stats) {
 
 impl Core {
     /// Opens a run, served by `plan` when there is one and its block can be
-    /// drawn.
-    pub(crate) fn begin_run(&mut self, plan: Option<Arc<Plan>>) {
+    /// drawn; a dynamic run keeps its recording if `record` (the first run
+    /// of a shape, whose plan is to be learned).
+    pub(crate) fn begin_run(&mut self, plan: Option<Arc<Plan>>, record: bool) {
         let arena = self.arena();
         self.run = None;
         let run = match plan {
             Some(p) => arena.begin_planned_run(p).ok(),
             None => None,
         };
-        self.run = Some(run.unwrap_or_else(|| arena.begin_run()));
+        self.run = Some(run.unwrap_or_else(|| {
+            if record {
+                arena.begin_recorded_run()
+            } else {
+                arena.begin_run()
+            }
+        }));
     }
 
     /// Closes the open run.

@@ -212,9 +212,11 @@ impl Worker {
             None
         };
         let planned_size = plan.as_ref().map(|p| p.size());
+        // Only the first run of a key is recorded: its plan is learned.
+        let record = self.options.plans && plan.is_none();
         let slot = Arc::clone(&self.slot);
         let mut core = slot.lock();
-        core.begin_run(plan);
+        core.begin_run(plan, record);
         let calls_before = crate::raw::thread_alloc_calls();
         let failed_before = crate::raw::thread_failed_allocs();
         let result = {

@@ -286,12 +286,23 @@ impl<M: HostMemory + Send + 'static> Session<M> {
             None => (None, false),
         };
         let planned_size = plan.as_ref().filter(|_| own).map(|p| p.size());
+        // A dynamic run is recorded only when a plan will be learned from
+        // it: a key with no plan of its own (a run served from a larger
+        // key's plan records from where it leaves that plan).
+        let record = cfg.enabled && !own;
+        let dynamic = || {
+            if record {
+                arena.begin_recorded_run()
+            } else {
+                arena.begin_run()
+            }
+        };
         let run = match plan {
             Some(p) => match arena.begin_planned_run(p) {
                 Ok(run) => run,
-                Err(_) => arena.begin_run(),
+                Err(_) => dynamic(),
             },
-            None => arena.begin_run(),
+            None => dynamic(),
         };
         if arena.is_recording_trace() {
             // Label the run by its key, as trace files label runs by shape.

@@ -69,6 +69,8 @@ struct OpenRun<'a, 'c> {
     begin: Stats,
     /// Whether a plan serves it.
     planned: bool,
+    /// Whether it was opened recorded (as a plain run).
+    recorded: bool,
 }
 
 /// What a request must give, as far as the model can tell.
@@ -258,11 +260,14 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
                     );
                 }
             }
-            Op::BeginRun => self.begin_run(at, None),
+            Op::BeginRun { recorded } => self.begin_run(at, None, recorded),
             Op::BeginPlannedRun { plan } => {
                 let plan = (!self.plans.is_empty())
                     .then(|| Arc::clone(&self.plans[plan as usize % self.plans.len()]));
-                self.begin_run(at, plan);
+                // With no plan kept, a plain run, recorded as the first run
+                // of a shape is.
+                let recorded = plan.is_none();
+                self.begin_run(at, plan, recorded);
             }
             Op::EndRun => self.end_run(at),
             Op::Shrink => {
@@ -397,9 +402,10 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
         }
     }
 
-    fn begin_run(&mut self, at: &At<'_>, plan: Option<Arc<Plan>>) {
+    fn begin_run(&mut self, at: &At<'_>, plan: Option<Arc<Plan>>, recorded: bool) {
         let open = |plan: Option<Arc<Plan>>| match plan {
             Some(p) => self.arena.begin_planned_run(p),
+            None if recorded => self.arena.try_begin_recorded_run(),
             None => self.arena.try_begin_run(),
         };
         if self.run.is_some() {
@@ -426,7 +432,7 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
                     (begin.in_use, begin.live_blocks, begin.runs),
                     "{at}: a refused planned run changed the arena"
                 );
-                return self.begin_run(at, None);
+                return self.begin_run(at, None, recorded);
             }
         };
         assert_eq!(run.id(), self.next_run, "{at}: run id");
@@ -437,6 +443,7 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
             run,
             begin,
             planned,
+            recorded,
         });
     }
 
@@ -509,6 +516,10 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
         assert!(
             !report.deviated || open.planned,
             "{at}: a plain run deviated"
+        );
+        assert!(
+            open.planned || open.recorded || recording.is_empty(),
+            "{at}: a run opened unrecorded returned a recording"
         );
         if report.leaked_blocks == 0 && !recording.is_empty() {
             let plan = match Plan::from_recording(&recording) {

@@ -275,7 +275,12 @@ impl<M: HostMemory> Arena<M> {
     }
 
     /// Opens a run: one inference call. Blocks allocated until it finishes
-    /// belong to it; its peak and high-water mark are recorded.
+    /// belong to it; its peak and high-water mark are measured.
+    ///
+    /// The run only counts: it keeps no recording, so
+    /// [`Run::finish_with_recording`] returns an empty one. Open the run
+    /// whose plan is to be learned (the first of its shape) with
+    /// [`Arena::begin_recorded_run`].
     ///
     /// # Panics
     /// If a run is already open; [`Arena::try_begin_run`] returns an error
@@ -292,27 +297,53 @@ impl<M: HostMemory> Arena<M> {
     /// # Errors
     /// [`ArenaError::RunAlreadyOpen`].
     pub fn try_begin_run(&self) -> Result<Run<'_, M>, ArenaError> {
-        self.open_run(None)
+        self.open_run(None, false)
+    }
+
+    /// Opens a run whose [`Recording`] is kept: its planable blocks and
+    /// their frees, in order, which [`Run::finish_with_recording`] returns
+    /// and [`Plan::from_recording`] turns into a plan for later runs of the
+    /// same shape. Recording costs a log entry per allocation and free, so
+    /// only the runs a plan will be learned from should ask for it.
+    ///
+    /// # Panics
+    /// If a run is already open; [`Arena::try_begin_recorded_run`] returns
+    /// an error instead.
+    pub fn begin_recorded_run(&self) -> Run<'_, M> {
+        match self.try_begin_recorded_run() {
+            Ok(run) => run,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Opens a recorded run ([`Arena::begin_recorded_run`]), or fails if a
+    /// run is already open.
+    ///
+    /// # Errors
+    /// [`ArenaError::RunAlreadyOpen`].
+    pub fn try_begin_recorded_run(&self) -> Result<Run<'_, M>, ArenaError> {
+        self.open_run(None, true)
     }
 
     /// Opens a run served by `plan`: one block of [`Plan::size`] bytes is
     /// drawn from the pool (a cached span when the arena has one, which is
     /// the case after a run of the same shape), and the run's blocks are
     /// handed out at the plan's offsets while the run does what the plan
-    /// recorded. A run that deviates continues on the dynamic pool; see
-    /// [`crate::plan`].
+    /// recorded. A run that deviates continues on the dynamic pool and
+    /// records from there on, so that [`Run::finish_with_recording`] gives
+    /// what a new plan needs; see [`crate::plan`].
     ///
     /// # Errors
     /// [`ArenaError::RunAlreadyOpen`], or the errors of drawing the plan's
     /// block ([`ArenaError::OverCap`] and the memory layer's); the caller
     /// may then run unplanned with [`Arena::begin_run`].
     pub fn begin_planned_run(&self, plan: Arc<Plan>) -> Result<Run<'_, M>, ArenaError> {
-        self.open_run(Some(plan))
+        self.open_run(Some(plan), false)
     }
 
-    fn open_run(&self, plan: Option<Arc<Plan>>) -> Result<Run<'_, M>, ArenaError> {
+    fn open_run(&self, plan: Option<Arc<Plan>>, record: bool) -> Result<Run<'_, M>, ArenaError> {
         let mut st = self.state.borrow_mut();
-        let id = st.raw.begin_run(plan)?;
+        let id = st.raw.begin_run(plan, record)?;
         let scratch = st.scratch.take().unwrap_or_default();
         drop(st);
         Ok(Run::new(self, id, scratch))

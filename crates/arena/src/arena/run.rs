@@ -9,7 +9,8 @@ use bumpalo::Bump;
 use core::fmt;
 use core::panic::Location;
 
-/// One inference call on an [`Arena`], from [`Arena::begin_run`].
+/// One inference call on an [`Arena`], from [`Arena::begin_run`] (or
+/// [`Arena::begin_recorded_run`], [`Arena::begin_planned_run`]).
 ///
 /// Close it with [`Run::finish`] to get its [`RunReport`]; dropping it (for
 /// instance while unwinding from a panic) closes it too.
@@ -87,9 +88,12 @@ impl<'a, M: HostMemory> Run<'a, M> {
     }
 
     /// Closes the run and also returns its [`Recording`], from which a
-    /// [`Plan`](crate::Plan) for runs of the same shape can be made. A planned run that
-    /// followed its plan exactly returns an empty recording: its plan's
-    /// recording is already the run's.
+    /// [`Plan`](crate::Plan) for runs of the same shape can be made: that of
+    /// a run opened with [`Arena::begin_recorded_run`]. A planned run that
+    /// followed its plan exactly returns an empty recording (its plan's
+    /// recording is already the run's), one that left it the recording of
+    /// the whole run; a run opened with [`Arena::begin_run`] kept none and
+    /// returns an empty one.
     pub fn finish_with_recording(mut self) -> (RunReport, Recording) {
         self.close(true)
     }

@@ -40,7 +40,10 @@ impl<M: Memory> RawArena<M> {
         self.recent.iter().copied().max().unwrap_or(0)
     }
 
-    /// Closes the open run (if any) and reports it, with its recording.
+    /// Closes the open run (if any) and reports it, with its recording: a
+    /// dynamic run's if it was opened with `record`
+    /// ([`RawArena::begin_run`]), else an empty one; a planned run's from
+    /// where it left its plan (empty if it never did).
     pub fn finish_run(&mut self) -> (RunReport, Recording) {
         self.finish(true)
     }
@@ -51,8 +54,9 @@ impl<M: Memory> RawArena<M> {
         self.finish(false).0
     }
 
-    /// Closes the open run; its recording is derived (a dynamic run's, from
-    /// its operation log) only when `want_recording` or a trace is on.
+    /// Closes the open run; a dynamic run's recording is derived from its
+    /// operation log only when it was asked for at both ends (or a trace is
+    /// on).
     fn finish(&mut self, want_recording: bool) -> (RunReport, Recording) {
         self.check();
         let Some(mut run) = self.run.take() else {
@@ -80,7 +84,9 @@ impl<M: Memory> RawArena<M> {
             run.live_bytes += pb.live_bytes;
             if pb.live == 0 {
                 self.release_plan_block(slot);
-                run.ops.push(RunOp::Free { index: 0 });
+                if run.log {
+                    run.ops.push(RunOp::Free { index: 0 });
+                }
             }
         }
         let grew = self.pool.calls.reserves != run.backing_allocs_at_start;
@@ -88,7 +94,14 @@ impl<M: Memory> RawArena<M> {
             Some(rid) if !grew && self.pool.single_region().map(|r| r.0) == Some(rid) => {
                 run.max_end
             }
-            _ => simulate_extent(&run.ops, self.config.fit),
+            _ if run.log => simulate_extent(&run.ops, self.config.fit),
+            // A run on memory that grows in place, which started on its one
+            // wholly free region and kept no log, but whose region went
+            // (given back by a shrink inside the run while nothing was live,
+            // then made again): its need is estimated as its extent there
+            // plus every byte it placed elsewhere, erring high (shrink
+            // policies read it; keeping too much is the safe side).
+            _ => (run.max_end + run.outside).max(run.peak),
         };
         self.runs += 1;
         self.recent.push_back(high_water);
@@ -130,7 +143,7 @@ impl<M: Memory> RawArena<M> {
             deviated,
             planned_allocs: run.planned_allocs,
         };
-        if dynamic && (want_recording || self.trace.is_some()) {
+        if dynamic && run.log && ((want_recording && run.recorded) || self.trace.is_some()) {
             derive_recording(&run.ops, &mut run.rec);
         }
         run.ops.clear();
@@ -141,7 +154,7 @@ impl<M: Memory> RawArena<M> {
                 label, &run.rec, &run.lens,
             ));
         }
-        if want_recording {
+        if want_recording && (run.recorded || !dynamic) {
             (report, run.rec)
         } else {
             self.recycle_recording(run.rec);

@@ -71,7 +71,18 @@ pub struct RawArena<M: Memory> {
 /// Bookkeeping of the open run.
 struct OpenRun {
     id: u64,
-    /// The run's pool allocations and frees, in order.
+    /// Whether `ops` is kept: for a run whose recording is wanted (see
+    /// [`RawArena::begin_run`]), while a trace is recorded, and for a run
+    /// that did not start on one wholly free region or may leave it (memory
+    /// that grows by regions): its high-water mark is then simulated from
+    /// `ops`. A run that keeps none only counts.
+    log: bool,
+    /// Whether the run's recording was asked for at its start.
+    recorded: bool,
+    /// Bytes the run placed outside its `clean` region: with no log, its
+    /// high-water mark is estimated from them (see `finish`).
+    outside: usize,
+    /// The run's pool allocations and frees, in order (if `log`).
     ops: Vec<RunOp>,
     /// `RunOp::Alloc` entries in `ops` (the index the next one gets).
     pool_allocs: u32,
@@ -325,10 +336,17 @@ impl<M: Memory> RawArena<M> {
 
     /// Opens a run, served by `plan` if given; returns its id.
     ///
+    /// `record` asks for the run's [`Recording`] (from which a plan is
+    /// made): a dynamic run then logs its pool operations, and
+    /// [`RawArena::finish_run`] derives the recording from them. Without
+    /// it a run that starts on one wholly free region only counts, and
+    /// `finish_run` returns an empty recording. A planned run records from
+    /// the point where it leaves its plan either way.
+    ///
     /// # Errors
     /// [`ArenaError::RunAlreadyOpen`], or the errors of drawing the plan's
     /// block.
-    pub fn begin_run(&mut self, plan: Option<Arc<Plan>>) -> Result<u64, ArenaError> {
+    pub fn begin_run(&mut self, plan: Option<Arc<Plan>>, record: bool) -> Result<u64, ArenaError> {
         if self.run.is_some() {
             return Err(ArenaError::RunAlreadyOpen);
         }
@@ -352,6 +370,10 @@ impl<M: Memory> RawArena<M> {
         let mut rec = core::mem::take(&mut self.spare_rec);
         rec.clear();
         let mut max_end = 0;
+        let mut outside = 0;
+        // Memory that grows by regions ([`Heap`]) leaves the region a run
+        // started on whenever it grows; its high-water mark is simulated.
+        let log = record || clean.is_none() || self.trace.is_some() || !self.pool.in_place();
         if let Some(serve) = &serve {
             // The plan's block is the run's first pool allocation.
             let raw = self.plan_blocks[serve.slot as usize]
@@ -361,17 +383,26 @@ impl<M: Memory> RawArena<M> {
             if clean == Some(raw.rid) {
                 max_end = raw.off + raw.size;
             }
-            ops.push(RunOp::alloc(
-                raw.size,
-                serve.plan.align().max(self.pool.granule()),
-                false,
-            ));
+            if log {
+                ops.push(RunOp::alloc(
+                    raw.size,
+                    serve.plan.align().max(self.pool.granule()),
+                    false,
+                ));
+            } else if clean != Some(raw.rid) {
+                // Drawn outside the clean region (which then grew).
+                outside = raw.size;
+            }
             self.planned_runs += 1;
         }
         let peak = self.in_use();
-        let pool_allocs = ops.len() as u32;
+        // The plan's block is the run's first pool allocation, logged or not.
+        let pool_allocs = u32::from(serve.is_some());
         self.run = Some(OpenRun {
             id,
+            log,
+            recorded: record,
+            outside,
             ops,
             pool_allocs,
             allocs: 0,
@@ -559,8 +590,10 @@ impl<M: Memory> RawArena<M> {
         self.peak_in_use = self.peak_in_use.max(in_use);
         let granule = self.pool.granule();
         if let Some(r) = &mut self.run {
-            r.ops
-                .push(RunOp::alloc(size, align.max(granule), rec != NOT_PLANNED));
+            if r.log {
+                r.ops
+                    .push(RunOp::alloc(size, align.max(granule), rec != NOT_PLANNED));
+            }
             r.pool_allocs += 1;
             if rec != NOT_PLANNED {
                 r.blocks += 1;
@@ -580,6 +613,8 @@ impl<M: Memory> RawArena<M> {
             r.peak = r.peak.max(in_use);
             if r.clean == Some(raw.rid) {
                 r.max_end = r.max_end.max(raw.off + size);
+            } else {
+                r.outside += size;
             }
         }
         Ok(raw)
@@ -596,7 +631,9 @@ impl<M: Memory> RawArena<M> {
         if let Some(r) = &mut self.run {
             r.frees += 1;
             if tag.run == r.id {
-                r.ops.push(RunOp::Free { index: tag.index });
+                if r.log {
+                    r.ops.push(RunOp::Free { index: tag.index });
+                }
                 r.live_blocks -= 1;
                 r.live_bytes -= size;
                 // A dynamic run's frees are in `ops` already.

@@ -15,7 +15,7 @@ fn replay<A: tensor_arena::HostMemory>(
 ) -> (RunReport, Recording) {
     let r = match plan {
         Some(p) => arena.begin_planned_run(p).unwrap(),
-        None => arena.begin_run(),
+        None => arena.begin_recorded_run(),
     };
     let mut live: HashMap<usize, (Block<'_, A>, u8)> = HashMap::new();
     let mut n = 0;
@@ -117,7 +117,7 @@ fn a_smaller_run_is_served_by_a_larger_plan_that_covers_it() {
 #[test]
 fn leaked_planned_blocks_keep_the_plan_block_until_dropped() {
     let arena = Arena::new(ArenaConfig::default());
-    let r = arena.begin_run();
+    let r = arena.begin_recorded_run();
     drop(r.try_alloc(1000).unwrap());
     let (_, rec) = r.finish_with_recording();
     let plan = Arc::new(Plan::from_recording(&rec).unwrap());
@@ -199,4 +199,80 @@ fn plans_round_trip_through_serde() {
     assert_eq!(*plan, *cache.get("31x576").unwrap());
     let (report, _) = replay(&arena, Some(plan), run, None);
     assert!(report.planned && !report.deviated);
+}
+
+/// Runs the first run of DenseNet-121's trace on `arena`, recorded or not,
+/// with `outside` bytes live from before the run (0: the run starts on a
+/// wholly free arena).
+fn densenet_run(arena: &Arena, recorded: bool, outside: usize) -> (RunReport, Recording) {
+    let run = &read_trace("densenet121-mixed.trace")[0];
+    let kept = (outside > 0).then(|| arena.try_alloc(outside).unwrap());
+    let r = if recorded {
+        arena.begin_recorded_run()
+    } else {
+        arena.begin_run()
+    };
+    let mut live: HashMap<usize, Block<'_>> = HashMap::new();
+    for &(alloc, id, bytes) in &run.events {
+        if alloc {
+            live.insert(id, r.try_alloc(bytes).unwrap());
+        } else {
+            live.remove(&id);
+        }
+    }
+    let out = r.finish_with_recording();
+    drop(kept);
+    out
+}
+
+/// Only a run opened to be recorded keeps a recording; the others only
+/// count, and report the same high-water mark, whether they start on a
+/// wholly free arena (measured in place) or beside a live block (then
+/// simulated from the operation log they keep for it).
+#[test]
+fn only_recorded_runs_keep_a_recording() {
+    for outside in [0, 3 << 20] {
+        let arena = Arena::new(ArenaConfig::default());
+        // A first run makes the arena's one region.
+        densenet_run(&arena, false, outside);
+        let (plain, none) = densenet_run(&arena, false, outside);
+        assert!(none.is_empty(), "an unrecorded run returns no recording");
+        let (recorded, rec) = densenet_run(&arena, true, outside);
+        assert!(!rec.is_empty(), "a recorded run returns its recording");
+        assert_eq!(plain.high_water, recorded.high_water, "outside {outside}");
+        assert_eq!(plain.peak_in_use, recorded.peak_in_use);
+        let plan = Plan::from_recording(&rec).unwrap();
+        assert!(plan.size() <= recorded.high_water);
+        // Planned and not deviating: nothing new to record either way.
+        let r = arena.begin_planned_run(Arc::new(plan)).unwrap();
+        assert!(r.finish_with_recording().1.is_empty());
+    }
+}
+
+/// An unrecorded run whose region is given back in its middle (a shrink
+/// while nothing was live) and made again still reports a need of at
+/// least its peak.
+#[test]
+fn an_unrecorded_run_that_loses_its_region_reports_its_need() {
+    let arena = Arena::new(ArenaConfig::default());
+    drop(arena.try_alloc(8 << 20).unwrap());
+    let r = arena.begin_run();
+    drop(r.try_alloc(1 << 20).unwrap());
+    arena.shrink_to(0);
+    let a = r.try_alloc(4 << 20).unwrap();
+    let b = r.try_alloc(2 << 20).unwrap();
+    drop((a, b));
+    let (report, rec) = r.finish_with_recording();
+    assert!(rec.is_empty());
+    assert_eq!(
+        (report.backing_frees, report.backing_allocs),
+        (1, 1),
+        "the region went and came back"
+    );
+    assert!(
+        report.high_water >= 6 << 20,
+        "high water {} under the run's peak",
+        report.high_water
+    );
+    arena.check_invariants();
 }

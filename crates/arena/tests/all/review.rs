@@ -106,14 +106,14 @@ fn a_foreign_handle_is_refused() {
 #[test]
 fn a_stale_planned_handle_is_refused() {
     let mut core = raw();
-    core.begin_run(None).unwrap();
+    core.begin_run(None, true).unwrap();
     let x = core.alloc(10_000, 64).unwrap();
     let y = core.alloc(20_000, 64).unwrap();
     core.free(x.handle).unwrap();
     core.free(y.handle).unwrap();
     let (_, rec) = core.finish_run();
     let plan = Arc::new(Plan::from_recording(&rec).unwrap());
-    core.begin_run(Some(Arc::clone(&plan))).unwrap();
+    core.begin_run(Some(Arc::clone(&plan)), false).unwrap();
     let old = core.alloc(10_000, 64).unwrap();
     let old2 = core.alloc(20_000, 64).unwrap();
     core.free(old.handle).unwrap();
@@ -124,7 +124,7 @@ fn a_stale_planned_handle_is_refused() {
         "the run was served by its plan"
     );
     assert_eq!(report.planned_allocs, 2);
-    core.begin_run(Some(plan)).unwrap();
+    core.begin_run(Some(plan), false).unwrap();
     let new = core.alloc(10_000, 64).unwrap();
     assert_eq!(core.free(old.handle), Err(FreeError::AlreadyFree));
     assert!(core.capacity(new.handle) >= 10_000, "the new block is live");
