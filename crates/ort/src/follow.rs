@@ -13,7 +13,12 @@ use std::collections::VecDeque;
 /// down while the other models of a pipeline keep theirs: a worker running
 /// an OCR pipeline's det, cls and rec holds the largest of the three, and
 /// after a small image det's share comes down. The next larger run commits
-/// again, in place (huge pages where the system gives them).
+/// again, in place (huge pages where the system gives them), and pays for
+/// the kernel zeroing the pages it gets back: about 0.2-0.3 ms per 2 MiB
+/// measured (`BENCHMARKS.md`, issue 20), 1-4% of PP-OCR rec's large run
+/// and up to a quarter of a 1280x1280 PP-OCR det run when sizes strictly
+/// alternate. Where that latency matters more than memory, hold more runs
+/// (`FollowInput { runs: 2 }` or more) or [`Shrink::KeepLargest`].
 ///
 /// A model that has not run in the worker's last 64 runs is forgotten.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
