@@ -1,8 +1,11 @@
 //! Shape-keyed memory plans: a run seen before gets every buffer at a
 //! precomputed offset inside one block.
 //!
-//! 1. **Record**: every run records the sizes, alignments and lifetimes of
-//!    its blocks ([`Run::finish_with_recording`](crate::Run::finish_with_recording)).
+//! 1. **Record**: a run opened with
+//!    [`Arena::begin_recorded_run`](crate::Arena::begin_recorded_run) (the
+//!    first of its shape) records the sizes, alignments and lifetimes of its
+//!    blocks ([`Run::finish_with_recording`](crate::Run::finish_with_recording));
+//!    other runs only count, which costs less per allocation.
 //! 2. **Plan**: [`Plan::from_recording`] computes an offset for each block
 //!    so that no two blocks alive at the same time overlap ([`solver`]).
 //! 3. **Serve**: [`Arena::begin_planned_run`](crate::Arena::begin_planned_run)
