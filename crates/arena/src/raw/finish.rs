@@ -143,12 +143,13 @@ impl<M: Memory> RawArena<M> {
             deviated,
             planned_allocs: run.planned_allocs,
         };
-        if dynamic && run.log && ((want_recording && run.recorded) || self.trace.is_some()) {
+        let traced = run.traced && self.trace.is_some();
+        if dynamic && run.log && ((want_recording && run.recorded) || traced) {
             derive_recording(&run.ops, &mut run.rec);
         }
         run.ops.clear();
         self.spare_ops = core::mem::take(&mut run.ops);
-        if let Some(trace) = &mut self.trace {
+        if let Some(trace) = self.trace.as_mut().filter(|_| traced) {
             let label = run.label.take().unwrap_or_else(|| format!("run{}", run.id));
             trace.runs.push(crate::trace::TraceRun::from_recording(
                 label, &run.rec, &run.lens,

@@ -79,6 +79,10 @@ struct OpenRun {
     log: bool,
     /// Whether the run's recording was asked for at its start.
     recorded: bool,
+    /// Whether a trace was being recorded when the run began: only such a
+    /// run enters the trace (one begun before the trace started has no
+    /// complete log to derive it from).
+    traced: bool,
     /// Bytes the run placed outside its `clean` region: with no log, its
     /// high-water mark is estimated from them (see `finish`).
     outside: usize,
@@ -390,7 +394,9 @@ impl<M: Memory> RawArena<M> {
                     false,
                 ));
             } else if clean != Some(raw.rid) {
-                // Drawn outside the clean region (which then grew).
+                // Not on memory that grows in place (the plan's block is
+                // drawn from the one region), but counted as placed
+                // elsewhere should it be.
                 outside = raw.size;
             }
             self.planned_runs += 1;
@@ -402,6 +408,7 @@ impl<M: Memory> RawArena<M> {
             id,
             log,
             recorded: record,
+            traced: self.trace.is_some(),
             outside,
             ops,
             pool_allocs,

@@ -552,3 +552,38 @@ fn a_live_arena_records_its_runs_as_a_trace_that_replays_the_same() {
     arena.record_trace(false);
     assert!(arena.take_trace().runs.is_empty());
 }
+
+/// A trace started while a run is open leaves that run out (its first
+/// blocks were not traced) and takes the next one whole, with the bytes
+/// each block asked for.
+#[test]
+fn a_trace_started_inside_a_run_takes_the_next_run_whole() {
+    use tensor_arena::{Arena, ArenaConfig};
+    let arena = Arena::new(ArenaConfig::default());
+    let r = arena.begin_run();
+    let a = r.try_alloc(1000).unwrap();
+    arena.record_trace(true);
+    let b = r.try_alloc(3000).unwrap();
+    drop((a, b));
+    r.finish();
+    assert!(
+        arena.take_trace().runs.is_empty(),
+        "the open run is left out"
+    );
+    let r = arena.begin_run();
+    let a = r.try_alloc(1000).unwrap();
+    let b = r.try_alloc(3000).unwrap();
+    drop((a, b));
+    r.finish();
+    let trace = arena.take_trace();
+    assert_eq!(trace.runs.len(), 1);
+    let bytes: Vec<u64> = trace.runs[0]
+        .events
+        .iter()
+        .filter_map(|e| match *e {
+            tensor_arena::trace::Event::Alloc { bytes, .. } => Some(bytes),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(bytes, [1000, 3000]);
+}
