@@ -27,7 +27,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use tensor_arena::memory::{HugePages, Pages, PagesConfig};
 use tensor_arena::plan::Plan;
-use tensor_arena::{Arena, ArenaConfig, ArenaError, Block, Run, Stats};
+use tensor_arena::{Arena, ArenaConfig, ArenaError, Block, Coalesce, Run, Stats};
 
 type Mem = Faulty<Pages>;
 
@@ -39,8 +39,10 @@ struct Live<'a> {
 }
 
 /// Runs `ops` twice on `Pages`: capped at [`CAP`] with base pages (4 KiB
-/// granules: many holes), and uncapped in an 8 MiB reservation with huge
-/// pages where the system offers them (reservation exhaustion).
+/// granules: many holes) and the default policy (freed spans merged at
+/// once), and uncapped in an 8 MiB reservation with huge pages where the
+/// system offers them (reservation exhaustion) and freed spans merged
+/// lazily ([`Coalesce::Lazy`]).
 ///
 /// # Panics
 /// On the first broken invariant, with the step and operation.
@@ -56,7 +58,10 @@ pub fn run_pages(ops: &[Op]) {
         },
     );
     let reserved = (
-        ArenaConfig::default(),
+        ArenaConfig {
+            coalesce: Coalesce::Lazy,
+            ..ArenaConfig::default()
+        },
         PagesConfig {
             reservation: 2 * CAP,
             huge_pages: HugePages::Auto,

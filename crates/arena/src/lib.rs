@@ -19,7 +19,7 @@ pub mod trace;
 pub use allocator_api2;
 pub use arena::{Arena, Block, Run, TypedBlock};
 pub use budget::{default_headroom, Budget, BudgetStats, Reclaim};
-pub use config::{ArenaConfig, Fit, Growth, Relayout, ShrinkPolicy, DEFAULT_MAX_EXTEND};
+pub use config::{ArenaConfig, Coalesce, Fit, Growth, Relayout, ShrinkPolicy, DEFAULT_MAX_EXTEND};
 pub use error::ArenaError;
 pub use freemap::FreeError;
 pub use memory::{DefaultMemory, Heap, HostMemory, Memory};

@@ -164,9 +164,9 @@ fn simulation_matches_a_finite_region() {
         RunOp::alloc(64, 64, true),
         RunOp::alloc(256, 64, true),
     ];
-    assert_eq!(simulate_extent(&ops, Fit::Best), 448);
-    assert_eq!(simulate_extent(&[], Fit::Best), 0);
-    assert_eq!(simulate_extent(&[], Fit::Good), 0);
+    assert_eq!(simulate_extent(&ops, Fit::Best, Coalesce::Lazy), 448);
+    assert_eq!(simulate_extent(&[], Fit::Best, Coalesce::Lazy), 0);
+    assert_eq!(simulate_extent(&[], Fit::Good, Coalesce::Lazy), 0);
 }
 
 /// Random allocations, frees and flushes over one region: the map's
@@ -287,4 +287,31 @@ fn the_front_holds_a_bounded_number_of_spans() {
         assert!(m.front_len() <= FRONT_SLOTS * FRONT_DEPTH as usize);
     }
     m.check_invariants();
+}
+
+/// Merged at once ([`Coalesce::Immediate`]): a free leaves nothing on the
+/// front, and a request larger than either of two freed neighbours takes
+/// the span they make together, where a lazy map has them apart on its
+/// front until it misses.
+#[test]
+fn an_immediate_free_merges_its_neighbours_at_once() {
+    for coalesce in [Coalesce::Immediate, Coalesce::Lazy] {
+        let mut m = FreeMap::<u8>::with_policy(Fit::Good, coalesce);
+        m.add_region(1 << 20);
+        let (_, a, ia) = m.alloc(4096, 64, 0).unwrap();
+        let (_, b, ib) = m.alloc(4096, 64, 0).unwrap();
+        let (_, _, _keep) = m.alloc(4096, 64, 0).unwrap();
+        assert_eq!((a, b), (0, 4096));
+        m.free(ia).unwrap();
+        m.free(ib).unwrap();
+        let on_front = m.front_len();
+        match coalesce {
+            Coalesce::Immediate => assert_eq!(on_front, 0),
+            Coalesce::Lazy => assert_eq!(on_front, 2),
+        }
+        m.check_invariants();
+        // Both ways the two merge before an 8 KiB request is placed.
+        assert_eq!(at(&mut m, 8192, 64), Some((0, 0)), "{coalesce:?}");
+        m.check_invariants();
+    }
 }

@@ -125,7 +125,7 @@ impl<M: Memory> Pool<M> {
             memory,
             props,
             regions: Vec::new(),
-            map: FreeMap::with_fit(config.fit),
+            map: FreeMap::with_policy(config.fit, config.coalesce),
             align: config.alignment,
             max_align: config.max_align,
             growth: config.growth,

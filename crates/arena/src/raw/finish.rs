@@ -94,7 +94,7 @@ impl<M: Memory> RawArena<M> {
             Some(rid) if !grew && self.pool.single_region().map(|r| r.0) == Some(rid) => {
                 run.max_end
             }
-            _ if run.log => simulate_extent(&run.ops, self.config.fit),
+            _ if run.log => simulate_extent(&run.ops, self.config.fit, self.config.coalesce),
             // A run on memory that grows in place, which started on its one
             // wholly free region and kept no log, but whose region went
             // (given back by a shrink inside the run while nothing was live,

@@ -106,16 +106,19 @@ fn densenet_mixed_reserved_after_each_run_and_after_shrink() {
 /// (Silero VAD excepted, below), and good fit no worse than best fit.
 #[test]
 fn high_water_within_1_10x_of_the_lower_bound_by_fit() {
-    use tensor_arena::Fit;
-    println!("| trace | worst run: good fit | worst run: best fit |");
-    println!("|---|---:|---:|");
+    use tensor_arena::{Coalesce, Fit};
+    println!(
+        "| trace | good fit, immediate | best fit, immediate | good fit, lazy | best fit, lazy |"
+    );
+    println!("|---|---:|---:|---:|---:|");
     for name in trace_names() {
-        let worst = |fit: Fit| {
+        let worst = |fit: Fit, coalesce: Coalesce| {
             read_trace(&name)
                 .iter()
                 .map(|run| {
                     let arena = Arena::new(ArenaConfig {
                         fit,
+                        coalesce,
                         ..ArenaConfig::default()
                     });
                     let report = replay(&arena, run);
@@ -123,24 +126,62 @@ fn high_water_within_1_10x_of_the_lower_bound_by_fit() {
                 })
                 .fold(0.0, f64::max)
         };
-        let (good, best) = (worst(Fit::Good), worst(Fit::Best));
-        println!("| {name} | {good:.3} | {best:.3} |");
-        let default = if Fit::default() == Fit::Good {
-            good
-        } else {
-            best
-        };
+        let good = worst(Fit::Good, Coalesce::Immediate);
+        let best = worst(Fit::Best, Coalesce::Immediate);
+        let good_lazy = worst(Fit::Good, Coalesce::Lazy);
+        let best_lazy = worst(Fit::Best, Coalesce::Lazy);
+        println!("| {name} | {good:.3} | {best:.3} | {good_lazy:.3} | {best_lazy:.3} |");
+        let default = worst(Fit::default(), Coalesce::default());
+        // The defaults are chosen from these figures: good fit is never
+        // looser than best fit, and with good fit immediate merging never
+        // looser than lazy (best fit merged at once is: DenseNet-121).
         assert!(
-            good <= best,
-            "{name}: good fit {good:.3} over best fit {best:.3}"
+            good <= best && good_lazy <= best_lazy,
+            "{name}: good fit over best fit"
         );
+        assert!(good <= good_lazy, "{name}: immediate merging over lazy");
         // Silero VAD's runs are a few dozen small tensors: 1.205-1.208x
-        // with either fit (and before issue 23), above the 1.10 goal.
+        // with every policy (and before issue 23), above the 1.10 goal.
         let goal = if name.starts_with("silero-vad") {
             1.21
         } else {
             1.10
         };
         assert!(default <= goal, "{name}: {default:.3}x the lower bound");
+    }
+}
+
+/// The first run of a shape under ONNX Runtime's own allocation order
+/// (traces recorded from `crates/ort`, issue 20) is placed dynamically, and
+/// it is the process's peak: within 1.10x of its lower bound on PP-OCR det
+/// and rec with the default policy. DenseNet-121 in that order stays at
+/// 1.192x with every simple online policy measured (`BENCHMARKS.md`).
+#[test]
+fn onnx_runtime_order_first_sight_by_policy() {
+    use tensor_arena::{Coalesce, Fit};
+    for (name, goal) in [
+        ("ort/ppocr-det.trace", 1.10),
+        ("ort/ppocr-rec.trace", 1.10),
+        ("ort/densenet121.trace", 1.20),
+    ] {
+        for run in read_trace(name) {
+            let ratio = |fit: Fit, coalesce: Coalesce| {
+                let arena = Arena::new(ArenaConfig {
+                    fit,
+                    coalesce,
+                    ..ArenaConfig::default()
+                });
+                replay(&arena, &run).high_water as f64 / run.lower_bound() as f64
+            };
+            let default = ratio(Fit::default(), Coalesce::default());
+            println!(
+                "{name} {}: good fit, immediate {default:.3}; lazy {:.3}; best fit, immediate {:.3}; lazy {:.3}",
+                run.label,
+                ratio(Fit::Good, Coalesce::Lazy),
+                ratio(Fit::Best, Coalesce::Immediate),
+                ratio(Fit::Best, Coalesce::Lazy),
+            );
+            assert!(default <= goal, "{name} {}: {default:.3}x", run.label);
+        }
     }
 }
