@@ -374,7 +374,6 @@ impl<M: Memory> RawArena<M> {
         let mut rec = core::mem::take(&mut self.spare_rec);
         rec.clear();
         let mut max_end = 0;
-        let mut outside = 0;
         // Memory that grows by regions ([`Heap`]) leaves the region a run
         // started on whenever it grows; its high-water mark is simulated.
         let log = record || clean.is_none() || self.trace.is_some() || !self.pool.in_place();
@@ -393,11 +392,6 @@ impl<M: Memory> RawArena<M> {
                     serve.plan.align().max(self.pool.granule()),
                     false,
                 ));
-            } else if clean != Some(raw.rid) {
-                // Not on memory that grows in place (the plan's block is
-                // drawn from the one region), but counted as placed
-                // elsewhere should it be.
-                outside = raw.size;
             }
             self.planned_runs += 1;
         }
@@ -409,7 +403,9 @@ impl<M: Memory> RawArena<M> {
             log,
             recorded: record,
             traced: self.trace.is_some(),
-            outside,
+            // An unlogged run is on memory that grows in place: the plan's
+            // block came from its one region.
+            outside: 0,
             ops,
             pool_allocs,
             allocs: 0,
