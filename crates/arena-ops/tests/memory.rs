@@ -10,6 +10,7 @@ fn pages() -> Pages {
     Pages::new(PagesConfig {
         reservation: 64 << 20,
         huge_pages: HugePages::Never,
+        ..PagesConfig::default()
     })
 }
 

@@ -8,7 +8,7 @@
 //!
 //! | layer | reserve | commit / decommit | fresh memory | default |
 //! |---|---|---|---|---|
-//! | [`Pages`] | one range of address space per arena, nothing committed (`mmap` `PROT_NONE`) | in place at the range's top, granules of 2 MiB with transparent huge pages (else pages): `mprotect`; decommit: `madvise(MADV_DONTNEED)` + `PROT_NONE` | reads as zero (from the kernel) | on Linux |
+//! | [`Pages`] | one range of address space per arena, nothing committed (`mmap` `PROT_NONE`) | in place at the range's top, granules of 2 MiB with transparent huge pages (else pages): `mprotect`; decommit: a fresh `PROT_NONE` mapping over the range, or `madvise(MADV_FREE)` with [`GiveBack::Lazily`] | reads as zero (from the kernel); with [`GiveBack::Lazily`], what was last written or zero | on Linux |
 //! | [`Heap`] | a region from an `allocator_api2` allocator, committed at once (`allocate_zeroed`) | none: regions are returned whole | reads as zero (`allocate_zeroed`) | elsewhere, or with a custom allocator |
 //!
 //! All pointer arithmetic of the crate happens in this module (and the
@@ -219,6 +219,36 @@ pub enum HugePages {
     Never,
 }
 
+/// How `Pages` gives the memory of a decommitted range back to the kernel.
+///
+/// Both take the bytes out of the arena's `committed` (and of a
+/// [`Budget`](crate::Budget)'s charge) at once; they differ in when the
+/// process's resident memory comes down and in what the next commit of the
+/// range costs. `BENCHMARKS.md` (issue 20, "Giving back lazily") has both
+/// on ONNX Runtime's alternating sequences.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GiveBack {
+    /// At once: the range is mapped anew, `PROT_NONE`. Its pages and its
+    /// commit charge go now, so the process's RSS comes down; committing it
+    /// again faults in pages the kernel must zero (about 0.2-0.3 ms per
+    /// 2 MiB huge page measured here), which a large run that follows a
+    /// small one pays.
+    #[default]
+    Now,
+    /// Lazily, as jemalloc's "muzzy" pages: `madvise(MADV_FREE)`. The pages
+    /// stay mapped, and counted in the process's RSS (as `LazyFree` in
+    /// `/proc/PID/smaps`, and on the cgroup's inactive file list, outside
+    /// its working set), until the kernel needs memory: it then takes them
+    /// without writing them anywhere, before anything else. Committing the
+    /// range again before that writes one byte per page (about 3 µs per
+    /// 2 MiB) and faults nothing in; after it, it costs what
+    /// [`GiveBack::Now`] costs. The range keeps its commit charge
+    /// (`RLIMIT_DATA`, strict overcommit) until it is committed again or
+    /// the arena drops. Where the kernel refuses `MADV_FREE` (before Linux
+    /// 4.5), the range is given back at once.
+    Lazily,
+}
+
 /// Settings of a `Pages` layer (ignored where there is none: the default
 /// layer is then [`Heap`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,6 +259,9 @@ pub struct PagesConfig {
     pub reservation: usize,
     /// Huge pages; default [`HugePages::Auto`].
     pub huge_pages: HugePages,
+    /// How decommitted memory goes back to the kernel; default
+    /// [`GiveBack::Now`].
+    pub give_back: GiveBack,
 }
 
 impl Default for PagesConfig {
@@ -236,6 +269,7 @@ impl Default for PagesConfig {
         Self {
             reservation: DEFAULT_RESERVATION,
             huge_pages: HugePages::Auto,
+            give_back: GiveBack::Now,
         }
     }
 }

@@ -2,7 +2,8 @@
 //! place, with transparent huge pages where the system offers them.
 
 use super::{
-    ErrorCode, HostMemory, HugePages, Memory, MemoryError, MemoryOp, MemoryProps, PagesConfig,
+    ErrorCode, GiveBack, HostMemory, HugePages, Memory, MemoryError, MemoryOp, MemoryProps,
+    PagesConfig,
 };
 use core::ffi::c_void;
 use core::ptr::NonNull;
@@ -41,12 +42,23 @@ use rustix::mm::{self, Advice, MapFlags, MprotectFlags, ProtFlags};
 /// With transparent huge pages (see [`HugePages`]) the range is aligned to
 /// the huge page size and advised `MADV_HUGEPAGE`, so first touching 2 MiB
 /// takes one page fault instead of 512.
+///
+/// With [`GiveBack::Lazily`], a decommit is `madvise(MADV_FREE)` instead:
+/// the range stays mapped and writable, and the kernel may take its pages
+/// at any moment until they are written again. A commit of such a range
+/// therefore writes a zero to the first byte of each of its pages before
+/// the arena hands any of it out: a page the kernel had not taken is kept
+/// (with what it held, less that byte), one it had taken comes back zeroed,
+/// and either way its bytes no longer change under a reader.
 #[derive(Debug, Clone)]
 pub struct Pages {
     config: PagesConfig,
     page: usize,
     /// The huge page size, or 0 without transparent huge pages.
     huge: usize,
+    /// Address ranges `[start, end)` given back with `MADV_FREE` and not
+    /// committed since (disjoint, in no order; [`GiveBack::Lazily`] only).
+    lazy: Vec<(usize, usize)>,
 }
 
 impl Pages {
@@ -62,6 +74,63 @@ impl Pages {
             config,
             page,
             huge: huge.filter(|&h| h > page).unwrap_or(0),
+            lazy: Vec::new(),
+        }
+    }
+
+    /// Bytes given back lazily ([`GiveBack::Lazily`]) and not committed
+    /// again: the kernel may still hold their pages (as `LazyFree`).
+    pub fn lazily_given_back(&self) -> usize {
+        self.lazy.iter().map(|&(s, e)| e - s).sum()
+    }
+
+    /// Settles the lazily given back parts of the range of `len` bytes at
+    /// `at`, just made writable: one write per page ends `MADV_FREE` on it
+    /// (a page the kernel took comes back zeroed), so its bytes stay as
+    /// they are from now on; the parts leave `lazy`.
+    fn settle(&mut self, at: *mut u8, len: usize) {
+        let (start, end) = (at as usize, at as usize + len);
+        let mut i = 0;
+        while i < self.lazy.len() {
+            let (s, e) = self.lazy[i];
+            let (lo, hi) = (s.max(start), e.min(end));
+            if lo >= hi {
+                i += 1;
+                continue;
+            }
+            let mut addr = lo;
+            while addr < hi {
+                // SAFETY: `addr` is a page of the range just committed (it
+                // lies in `[start, end)`, made readable and writable by the
+                // caller, inside a reservation of this layer), derived from
+                // `at` with its provenance; the arena hands out nothing in a
+                // range it is committing, so no one else reads or writes it.
+                unsafe { at.wrapping_add(addr - start).write_volatile(0) };
+                addr += self.page;
+            }
+            match (s < lo, hi < e) {
+                (false, false) => {
+                    self.lazy.swap_remove(i);
+                    continue;
+                }
+                (true, false) => self.lazy[i].1 = lo,
+                (false, true) => self.lazy[i].0 = hi,
+                (true, true) => {
+                    self.lazy[i].1 = lo;
+                    self.lazy.push((hi, e));
+                }
+            }
+            i += 1;
+        }
+    }
+
+    /// Notes `[start, end)` as given back lazily, merged with a range it
+    /// touches.
+    fn note_lazy(&mut self, start: usize, end: usize) {
+        if let Some(r) = self.lazy.iter_mut().find(|r| r.1 == start || r.0 == end) {
+            *r = (r.0.min(start), r.1.max(end));
+        } else {
+            self.lazy.push((start, end));
         }
     }
 
@@ -131,7 +200,7 @@ impl Memory for Pages {
         MemoryProps {
             granule: self.page,
             huge: self.huge,
-            zeroed: true,
+            zeroed: self.config.give_back == GiveBack::Now,
             host_accessible: true,
             committed_on_reserve: false,
         }
@@ -219,7 +288,11 @@ impl Memory for Pages {
         // reservation of this layer (the `Memory` contract): making them
         // readable and writable affects no other mapping.
         unsafe { mm::mprotect(at, len, MprotectFlags::READ | MprotectFlags::WRITE) }
-            .map_err(|e| os_error(MemoryOp::Commit, len, e))
+            .map_err(|e| os_error(MemoryOp::Commit, len, e))?;
+        if !self.lazy.is_empty() {
+            self.settle(at.cast::<u8>(), len);
+        }
+        Ok(())
     }
 
     fn decommit(
@@ -229,6 +302,17 @@ impl Memory for Pages {
         len: usize,
     ) -> Result<(), MemoryError> {
         let at = Self::at(base, offset).as_ptr().cast::<c_void>();
+        if self.config.give_back == GiveBack::Lazily {
+            // SAFETY: the range lies inside a reservation of this layer
+            // (granule-aligned, not released) and holds no live block (the
+            // arena decommits free granules only): the kernel may drop its
+            // contents, which no one reads before `commit` settles them.
+            if unsafe { mm::madvise(at, len, Advice::LinuxFree) }.is_ok() {
+                self.note_lazy(at as usize, at as usize + len);
+                return Ok(());
+            }
+            // Refused (a kernel before 4.5): given back at once below.
+        }
         // A new `PROT_NONE` mapping over the range: its pages go, and so does
         // their commit charge (`madvise(MADV_DONTNEED)` then `PROT_NONE`
         // would keep the charge of memory once touched).
@@ -262,6 +346,8 @@ impl Memory for Pages {
     }
 
     fn release(&mut self, base: NonNull<u8>, len: usize, _align: usize) {
+        let (start, end) = (base.as_ptr() as usize, base.as_ptr() as usize + len);
+        self.lazy.retain(|&(s, e)| e <= start || s >= end);
         // SAFETY: `base..base + len` is a reservation of this layer that the
         // arena releases once, with nothing live in it.
         let _ = unsafe { mm::munmap(base.as_ptr().cast(), len) };
@@ -279,6 +365,9 @@ impl Memory for Pages {
 // SAFETY: 1. each range is a mapping of its own, made by `reserve` and
 // unmapped only by `release`, at a fixed address; 2. `commit` makes it
 // readable and writable (process-wide), and anonymous private memory reads
-// as zero when first touched and after `MADV_DONTNEED`, so it is
-// initialized; 3. `at` offsets `base` with its provenance.
+// as zero when first touched, and after a decommit either as zero (a fresh
+// mapping) or, given back lazily, as what it held or zero, fixed by the
+// write per page that `commit` makes before the range is used: it is
+// initialized and does not change under a reader; 3. `at` offsets `base`
+// with its provenance.
 unsafe impl HostMemory for Pages {}

@@ -5,6 +5,7 @@ mod basics;
 mod budget;
 mod common;
 mod footprint;
+mod give_back;
 mod model;
 mod planner;
 mod plans;

@@ -1,0 +1,161 @@
+//! How `Pages` gives decommitted memory back ([`GiveBack`]): at once, the
+//! mapping's resident pages go; lazily (`MADV_FREE`), they stop counting as
+//! used (the kernel's `LazyFree`) and come back, settled, on the next
+//! commit.
+
+#![cfg(target_os = "linux")]
+
+use tensor_arena::memory::{GiveBack, HugePages, Pages, PagesConfig};
+use tensor_arena::{Arena, ArenaConfig, RawArena};
+
+const PAGE: usize = 4096;
+const SMALL: usize = 64 << 10;
+const LARGE: usize = 8 << 20;
+
+fn pages(give_back: GiveBack) -> Pages {
+    // Base pages: commits and decommits in 4 KiB granules, so the figures
+    // below do not depend on whether the system offers huge pages.
+    Pages::new(PagesConfig {
+        reservation: 64 << 20,
+        huge_pages: HugePages::Never,
+        give_back,
+    })
+}
+
+/// `Rss` and `LazyFree` (bytes) of the mapping of this process that holds
+/// `addr`, from `/proc/self/smaps`.
+fn mapping(addr: usize) -> (usize, usize) {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
+    let mut inside = false;
+    let (mut rss, mut lazy) = (None, None);
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = head.split_once('-').filter(|_| !head.ends_with(':')) {
+            if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                if inside {
+                    break;
+                }
+                inside = (lo..hi).contains(&addr);
+                continue;
+            }
+        }
+        if !inside {
+            continue;
+        }
+        let kib = |l: &str| -> Option<usize> {
+            l.split_whitespace()
+                .nth(1)?
+                .parse::<usize>()
+                .ok()
+                .map(|k| k * 1024)
+        };
+        if line.starts_with("Rss:") {
+            rss = kib(line);
+        } else if line.starts_with("LazyFree:") {
+            lazy = kib(line);
+        }
+    }
+    (
+        rss.expect("the mapping holding the address, with its Rss"),
+        lazy.unwrap_or(0),
+    )
+}
+
+/// A small block kept live at the bottom, a large one written and freed
+/// above it, then the arena shrunk to what is in use: returns the arena,
+/// the small block's address, and the mapping's `(Rss, LazyFree)` before
+/// and after the shrink.
+fn shrink_after_large(
+    give_back: GiveBack,
+) -> (Arena<Pages>, usize, (usize, usize), (usize, usize)) {
+    let arena = Arena::with_memory(ArenaConfig::default(), pages(give_back)).unwrap();
+    let addr;
+    {
+        let mut small = arena.try_alloc(SMALL).unwrap();
+        small.fill(1);
+        addr = small.as_ptr() as usize;
+        std::mem::forget(small);
+    }
+    let mut large = arena.try_alloc(LARGE).unwrap();
+    large.fill(0xab);
+    drop(large);
+    let before = mapping(addr);
+    let reserved = arena.stats().reserved;
+    let released = arena.shrink_to(arena.stats().in_use);
+    assert!(
+        released >= LARGE,
+        "the large block's granules were decommitted"
+    );
+    assert_eq!(arena.stats().reserved, reserved - released);
+    (arena, addr, before, mapping(addr))
+}
+
+#[test]
+fn given_back_now_the_pages_leave_the_process() {
+    let (_arena, _addr, before, after) = shrink_after_large(GiveBack::Now);
+    assert!(
+        before.0 >= LARGE,
+        "the large block was resident: {before:?}"
+    );
+    assert!(after.0 <= SMALL + (1 << 20), "resident after: {after:?}");
+    assert_eq!(after.1, 0, "nothing lazily freed");
+}
+
+#[test]
+fn given_back_lazily_the_pages_stop_counting_and_come_back_settled() {
+    let (arena, addr, before, after) = shrink_after_large(GiveBack::Lazily);
+    assert!(
+        before.0 >= LARGE,
+        "the large block was resident: {before:?}"
+    );
+    // Either still resident as LazyFree, or already taken by the kernel:
+    // what is resident and not lazily free is the small block.
+    assert!(
+        after.0 - after.1 <= SMALL + (1 << 20),
+        "resident and in use after: {after:?}"
+    );
+    assert!(!arena.memory_props().zeroed);
+    // Committed again: each page was written once, so none is lazily free
+    // any more and the bytes hold still: what they held or zero, and the
+    // first byte of each page zero.
+    let commits = arena.stats().commits;
+    let large = arena.try_alloc(LARGE).unwrap();
+    assert!(
+        arena.stats().commits > commits,
+        "the range was committed again"
+    );
+    assert_eq!(mapping(addr).1, 0, "no page left lazily free");
+    let start = large.as_ptr() as usize;
+    for (i, &b) in large.iter().enumerate() {
+        assert!(b == 0xab || b == 0, "byte {i} reads {b:#x}");
+        if (start + i) % PAGE == 0 {
+            assert_eq!(b, 0, "the first byte of the page at +{i}");
+        }
+    }
+    let first: Vec<u8> = large.to_vec();
+    assert_eq!(&first[..], &large[..], "the bytes hold still");
+    drop(large);
+}
+
+#[test]
+fn lazily_given_back_bytes_are_tracked_until_committed_again() {
+    let mut core = RawArena::new(ArenaConfig::default(), pages(GiveBack::Lazily)).unwrap();
+    let keep = core.alloc(SMALL, 64).unwrap();
+    let a = core.alloc(LARGE, 64).unwrap();
+    core.free(a.handle).unwrap();
+    assert_eq!(core.memory().lazily_given_back(), 0);
+    let released = core.shrink_to(core.stats().in_use);
+    assert!(released >= LARGE);
+    assert_eq!(core.memory().lazily_given_back(), released);
+    // Half of it committed again leaves the rest lazily given back.
+    let b = core.alloc(LARGE / 2, 64).unwrap();
+    let left = core.memory().lazily_given_back();
+    assert!(left > 0 && left < released, "{left} of {released}");
+    core.free(b.handle).unwrap();
+    core.free(keep.handle).unwrap();
+    // Shrunk to nothing, the reservation goes and its ranges with it.
+    core.shrink_to(0);
+    assert_eq!(core.stats().reserved, 0);
+    assert_eq!(core.memory().lazily_given_back(), 0);
+}
