@@ -7,9 +7,12 @@
 //!
 //! STRATEGY: `ort-arena` (ONNX Runtime's defaults), `ort-shrink` (its arena
 //! shrunk after every run), `follow1`, `follow2` (`Shrink::FollowInput`
-//! with 1 or 2 runs), `keep` (`Shrink::KeepLargest`). LARGE and SMALL are
+//! with 1 or 2 runs), `keep` (`Shrink::KeepLargest`); an arena strategy
+//! with `-lazy` after it (`follow1-lazy`) gives memory back lazily
+//! (`GiveBack::Lazily`). LARGE and SMALL are
 //! shapes like `1x3x1280x1280`. Prints one line per run: `i label millis
-//! rss_after peak_in_use input_bytes high_water sys_millis minor_faults`
+//! rss_after peak_in_use input_bytes high_water sys_millis minor_faults
+//! lazy_free`
 //! (peak and high water 0 for ONNX Runtime's strategies; system CPU time
 //! and minor page faults of the whole process during the run, which tell
 //! the kernel's part of a run apart) and first `session rss`. RSS is read
@@ -25,6 +28,7 @@
 //! time divided by the first strategy's in the same pair.
 
 use std::time::Instant;
+use tensor_arena::memory::{GiveBack, PagesConfig};
 use tensor_arena_ort::ort::session::{RunOptions, Session};
 use tensor_arena_ort::ort::value::DynValue;
 use tensor_arena_ort::{
@@ -36,6 +40,18 @@ fn rss() -> u64 {
         .unwrap_or_default()
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |k| k * 1024)
+}
+
+/// Bytes of this process's memory given back with `MADV_FREE` that the
+/// kernel has not taken yet (`LazyFree` of `/proc/self/smaps_rollup`): in
+/// RSS, but the first memory the kernel reclaims.
+fn lazy_free() -> u64 {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("LazyFree:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |k| k * 1024)
 }
@@ -67,17 +83,25 @@ fn open(
     model: &str,
     strategy: &str,
 ) -> Result<Target, Box<dyn std::error::Error>> {
+    let (strategy, give_back) = match strategy.strip_suffix("-lazy") {
+        Some(s) => (s, GiveBack::Lazily),
+        None => (strategy, GiveBack::Now),
+    };
     let shrink = match strategy {
         "follow1" => Some(Shrink::FollowInput { runs: 1 }),
         "follow2" => Some(Shrink::FollowInput { runs: 2 }),
         "keep" => Some(Shrink::KeepLargest),
-        "ort-arena" | "ort-shrink" => None,
+        "ort-arena" | "ort-shrink" if give_back == GiveBack::Now => None,
         s => return Err(format!("unknown strategy {s}").into()),
     };
     Ok(match shrink {
         Some(shrink) => {
             let options = ArenaOptions {
                 shrink,
+                pages: PagesConfig {
+                    give_back,
+                    ..PagesConfig::default()
+                },
                 ..ArenaOptions::default()
             };
             let session = ArenaSession::open(runtime, model, options)?;
@@ -168,10 +192,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (millis, peak, high_water) = run(target, &inputs)?;
             let k1 = kernel();
             println!(
-                "{i} {label} {millis:.2} {} {peak} {input_bytes} {high_water} {:.2} {}",
+                "{i} {label} {millis:.2} {} {peak} {input_bytes} {high_water} {:.2} {} {}",
                 rss(),
                 k1.0 - k0.0,
-                k1.1 - k0.1
+                k1.1 - k0.1,
+                lazy_free()
             );
         }
         return Ok(());

@@ -16,9 +16,14 @@ use std::collections::VecDeque;
 /// again, in place (huge pages where the system gives them), and pays for
 /// the kernel zeroing the pages it gets back: about 0.2-0.3 ms per 2 MiB
 /// measured (`BENCHMARKS.md`, issue 20), 1-4% of PP-OCR rec's large run
-/// and up to a quarter of a 1280x1280 PP-OCR det run when sizes strictly
-/// alternate. Where that latency matters more than memory, hold more runs
-/// (`FollowInput { runs: 2 }` or more) or [`Shrink::KeepLargest`].
+/// and up to a third of a 1280x1280 PP-OCR det run when sizes strictly
+/// alternate. Where that latency matters, give memory back lazily
+/// ([`WorkerOptions::pages`](crate::WorkerOptions::pages) with
+/// [`GiveBack::Lazily`](crate::GiveBack::Lazily)): the large run then
+/// costs what it costs on held memory while the kernel has not needed the
+/// pages, which stay in the process's RSS (as `LazyFree`) until it does.
+/// Or hold more runs (`FollowInput { runs: 2 }` or more) or
+/// [`Shrink::KeepLargest`].
 ///
 /// A model that has not run in the worker's last 64 runs is forgotten.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -31,6 +31,7 @@ pub use session::open_session;
 pub use session::{
     run_shared, ArenaOptions, ArenaSession, Memory, RunOutput, SessionOptions, SessionWorker,
 };
+pub use tensor_arena::memory::{GiveBack, PagesConfig};
 pub use tensors::{hash_outputs, make_input, make_input_in, InputSpec};
 pub use worker::{Plans, RunInfo, Worker, WorkerOptions};
 

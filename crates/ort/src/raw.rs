@@ -426,7 +426,7 @@ mod tests {
         let (alloc, _, this) = fns();
         // SAFETY: as ONNX Runtime would call it.
         assert!(unsafe { alloc(this, usize::MAX) }.is_null());
-        let slot = Slot::new(ArenaConfig::default(), None).unwrap();
+        let slot = Slot::new(ArenaConfig::default(), Default::default(), None).unwrap();
         let mut core = slot.lock();
         let _in = slot::enter(&slot, &mut core);
         // SAFETY: as above.
@@ -436,7 +436,7 @@ mod tests {
     #[test]
     fn blocks_come_from_the_entered_arena_and_go_back() {
         let (alloc, free, this) = fns();
-        let slot = Slot::new(ArenaConfig::default(), None).unwrap();
+        let slot = Slot::new(ArenaConfig::default(), Default::default(), None).unwrap();
         let mut core = slot.lock();
         core.begin_run(None, true);
         let ptrs: Vec<*mut c_void> = {
@@ -470,7 +470,7 @@ mod tests {
     #[test]
     fn a_block_freed_on_another_thread_finds_its_arena() {
         let (alloc, free, this) = fns();
-        let slot = Slot::new(ArenaConfig::default(), None).unwrap();
+        let slot = Slot::new(ArenaConfig::default(), Default::default(), None).unwrap();
         let weak = Arc::downgrade(&slot);
         let mut core = slot.lock();
         let (a, b) = {

@@ -10,6 +10,7 @@ use crate::{OrtArenaError, Shrink};
 use ort::value::{DynValue, ValueType};
 use std::ffi::CString;
 use std::sync::Arc;
+use tensor_arena::memory::PagesConfig;
 use tensor_arena::{ArenaConfig, RunReport, Stats};
 
 /// Whose memory a session's CPU tensors use.
@@ -178,6 +179,8 @@ pub struct ArenaOptions {
     /// When workers give cached memory back (default: memory follows the
     /// input down after 1 smaller run).
     pub shrink: Shrink,
+    /// Each worker's memory layer (see [`WorkerOptions::pages`]).
+    pub pages: PagesConfig,
     /// Threads of ONNX Runtime's intra-op pool; 0 (the default) leaves ONNX
     /// Runtime's own default. Used by [`ArenaSession::open`] only.
     pub intra_threads: usize,
@@ -193,6 +196,7 @@ impl Default for ArenaOptions {
             plans: true,
             plan_capacity: 64,
             shrink: Shrink::default(),
+            pages: PagesConfig::default(),
             intra_threads: 0,
             budget: None,
         }
@@ -205,6 +209,7 @@ impl ArenaOptions {
             arena: self.arena,
             plans: self.plans,
             shrink: self.shrink,
+            pages: self.pages,
             budget: self.budget.clone(),
         }
     }

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use tensor_arena::memory::ErrorCode;
+use tensor_arena::memory::{default_memory, Budgeted, ErrorCode, PagesConfig};
 use tensor_arena::{
     Arena, ArenaConfig, ArenaError, Block, Budget, Plan, Reclaim, Recording, RunReport, Stats,
 };
@@ -43,7 +43,7 @@ struct Pending {
 }
 
 /// A worker's memory: pages, commits charged to a budget.
-type WorkerMemory = tensor_arena::memory::Budgeted<tensor_arena::DefaultMemory>;
+type WorkerMemory = Budgeted<tensor_arena::DefaultMemory>;
 type WorkerArena = Arena<WorkerMemory>;
 
 /// The arena, the open run and the live blocks. The run and the blocks
@@ -65,7 +65,11 @@ pub(crate) struct Core {
 unsafe impl Send for Core {}
 
 impl Core {
-    fn new(config: ArenaConfig, budget: Option<&Arc<Budget>>) -> Result<Self, ArenaError> {
+    fn new(
+        config: ArenaConfig,
+        pages: PagesConfig,
+        budget: Option<&Arc<Budget>>,
+    ) -> Result<Self, ArenaError> {
         // Without a budget of the caller's, an unlimited one of its own: one
         // arena type, and a charge (one atomic operation) per commit only.
         let own;
@@ -76,7 +80,8 @@ impl Core {
                 &own
             }
         };
-        let arena = Box::new(Arena::with_budget(config, budget)?);
+        let memory = Budgeted::new(default_memory(pages), Arc::clone(budget));
+        let arena = Box::new(Arena::with_memory(config, memory)?);
         Ok(Self {
             run: None,
             blocks: HashMap::new(),
@@ -149,11 +154,12 @@ impl Slot {
     /// of its members: it gives its cache back when idle).
     pub(crate) fn new(
         config: ArenaConfig,
+        pages: PagesConfig,
         budget: Option<&Arc<Budget>>,
     ) -> Result<Arc<Self>, ArenaError> {
         let slot = Arc::new(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            core: Mutex::new(Core::new(config, budget)?),
+            core: Mutex::new(Core::new(config, pages, budget)?),
             pending: Mutex::new(Pending {
                 alive: true,
                 ptrs: Vec::new(),

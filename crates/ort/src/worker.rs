@@ -7,6 +7,7 @@ use crate::slot::{self, Slot};
 use crate::OrtArenaError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use tensor_arena::memory::PagesConfig;
 use tensor_arena::{ArenaConfig, Budget, Plan, PlanCache, PlanStats, RunReport, Stats};
 
 /// The plans of one model: what each input shape's run allocates, and
@@ -76,6 +77,13 @@ pub struct WorkerOptions {
     /// When cached memory is given back (default:
     /// [`Shrink::FollowInput`] after 1 run).
     pub shrink: Shrink,
+    /// The memory layer's settings: address space per arena, huge pages,
+    /// and how memory given back goes to the kernel
+    /// ([`GiveBack`](tensor_arena::memory::GiveBack): at once, the
+    /// default, or lazily, so that a large run after a small one commits
+    /// again without page faults while the kernel has not needed the
+    /// pages). Default [`PagesConfig::default`].
+    pub pages: PagesConfig,
     /// A budget shared with other arenas of the process (other workers,
     /// sessions, shared arenas): the worker's commits are charged to it,
     /// and when a commit would pass the limit, idle members give their
@@ -94,6 +102,7 @@ impl Default for WorkerOptions {
             arena: ArenaConfig::default(),
             plans: true,
             shrink: Shrink::default(),
+            pages: PagesConfig::default(),
             budget: None,
         }
     }
@@ -178,7 +187,7 @@ impl Worker {
     pub fn new(options: WorkerOptions) -> Result<Self, OrtArenaError> {
         options.arena.validate()?;
         Ok(Self {
-            slot: Slot::new(options.arena, options.budget.as_ref())?,
+            slot: Slot::new(options.arena, options.pages, options.budget.as_ref())?,
             follow: Follow::new(options.shrink),
             pressure_seen: options.budget.as_ref().map_or(0, |b| b.pressure()),
             options,
