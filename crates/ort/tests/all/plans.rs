@@ -163,7 +163,7 @@ fn given_back_lazily_memory_still_follows_the_input_down_and_outputs_match() {
     let small = inputs(session.inputs(), &[("x", &[1, 3, 48, 100])], 2);
     let mut worker = session.worker().unwrap();
     let first = run(&mut worker, &large);
-    let (first_hash, first_report) = (hash(&first), first.report.clone());
+    let (first_hash, first_report) = (hash(&first), first.report);
     drop(first);
     let after_large = worker.stats().reserved;
     drop(run(&mut worker, &small));
