@@ -357,3 +357,39 @@ fn every_strategy_reports_out_of_memory_and_goes_on() {
     assert_eq!(small.len(), 10, "two small runs per strategy:\n{text}");
     assert!(small.iter().all(|l| !l.contains("FAILED")), "{text}");
 }
+
+#[test]
+fn planned_lazy_follows_the_input_down_with_the_same_outputs() {
+    let rec = asset("ppocr_rec.onnx");
+    let doc = json(&[
+        "--model",
+        &rec,
+        "--inputs",
+        "1x3x48x960",
+        "1x3x48x160",
+        "1x3x48x960",
+        "--strategies",
+        "planned,planned-lazy",
+    ]);
+    let all = doc["strategies"].as_array().unwrap();
+    assert_eq!(all.len(), 2);
+    let runs = |s: &Value| s["runs"].as_array().unwrap().clone();
+    let (now, lazy) = (runs(&all[0]), runs(&all[1]));
+    assert_eq!(all[1]["strategy"], "planned-lazy");
+    for i in 0..3 {
+        assert_eq!(now[i]["output_hash"], lazy[i]["output_hash"], "run {i}");
+    }
+    let reserved = |r: &Value| r["reserved"].as_u64().unwrap();
+    let calls = |r: &Value| r["backing_calls"].as_u64().unwrap();
+    // Given back lazily, what the arena holds still follows the small run
+    // down, as with the default, and the large shape again makes no more
+    // memory-layer calls than its first run.
+    assert_eq!(reserved(&lazy[1]), reserved(&now[1]));
+    assert!(
+        reserved(&lazy[1]) * 2 < reserved(&lazy[0]),
+        "{} after the small run, {} after the large",
+        reserved(&lazy[1]),
+        reserved(&lazy[0])
+    );
+    assert!(calls(&lazy[2]) <= calls(&lazy[0]));
+}

@@ -138,7 +138,10 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
             };
             Target::Ort { session, options }
         }
-        OrtStrategy::Arena | OrtStrategy::Planned | OrtStrategy::PlannedKeep => {
+        OrtStrategy::Arena
+        | OrtStrategy::Planned
+        | OrtStrategy::PlannedKeep
+        | OrtStrategy::PlannedLazy => {
             let options = ArenaOptions {
                 plans: strategy != OrtStrategy::Arena,
                 intra_threads: intra,
@@ -146,6 +149,14 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
                     tensor_arena_ort::Shrink::KeepLargest
                 } else {
                     tensor_arena_ort::Shrink::default()
+                },
+                pages: tensor_arena_ort::PagesConfig {
+                    give_back: if strategy == OrtStrategy::PlannedLazy {
+                        tensor_arena_ort::GiveBack::Lazily
+                    } else {
+                        tensor_arena_ort::GiveBack::Now
+                    },
+                    ..tensor_arena_ort::PagesConfig::default()
                 },
                 ..ArenaOptions::default()
             };

@@ -47,6 +47,11 @@ pub enum OrtStrategy {
     /// (`Shrink::KeepLargest`, the behaviour before memory followed the
     /// input).
     PlannedKeep,
+    /// tensor-arena with plans, memory following the input down and given
+    /// back lazily (`GiveBack::Lazily`, `madvise(MADV_FREE)`): a larger run
+    /// after a smaller one commits again without page faults while the
+    /// kernel has not needed the pages, which stay in RSS until it does.
+    PlannedLazy,
 }
 
 impl OrtStrategy {
@@ -59,12 +64,16 @@ impl OrtStrategy {
             Self::Arena => "arena",
             Self::Planned => "planned",
             Self::PlannedKeep => "planned-keep",
+            Self::PlannedLazy => "planned-lazy",
         }
     }
 
     /// Whether the strategy's memory is tensor-arena's.
     pub fn is_arena(self) -> bool {
-        matches!(self, Self::Arena | Self::Planned | Self::PlannedKeep)
+        matches!(
+            self,
+            Self::Arena | Self::Planned | Self::PlannedKeep | Self::PlannedLazy
+        )
     }
 }
 
