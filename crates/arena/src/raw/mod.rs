@@ -281,10 +281,21 @@ impl<M: Memory> RawArena<M> {
     /// place holds a newer block now). Nothing changes then.
     #[inline]
     pub fn free(&mut self, handle: Handle) -> Result<(), FreeError> {
-        self.check_handle(handle)?;
+        if handle.arena != self.id {
+            return Err(FreeError::Foreign);
+        }
         match handle.kind {
-            HandleKind::Pool { span } => self.free_span(span),
-            HandleKind::Planned { slot, index } => self.free_planned(slot, index),
+            HandleKind::Pool { span } => {
+                // Handles cannot be forged: one of this arena that names no
+                // current block names a block freed already.
+                if self.span_gens.get(span as usize) != Some(&handle.generation) {
+                    return Err(FreeError::AlreadyFree);
+                }
+                self.free_span(span)
+            }
+            HandleKind::Planned { slot, index } => {
+                self.free_planned(slot, index, handle.generation)
+            }
         }
     }
 

@@ -130,7 +130,7 @@ impl<M: Memory> RawArena<M> {
     }
 
     /// Records the free of block `index`, following it in the serving plan.
-    #[inline]
+    #[inline(always)]
     pub(super) fn record_free(run: &mut OpenRun, index: u32, deviations: &mut u64) {
         match &mut run.serve {
             // A dynamic run: derived from its `ops` when it ends.
@@ -168,18 +168,28 @@ impl<M: Memory> RawArena<M> {
         serve.recording = true;
     }
 
+    /// Frees planned block `index` of the plan block in `slot`, for a
+    /// handle of this arena of `generation`.
     #[inline]
-    pub(super) fn free_planned(&mut self, slot: u32, index: u32) -> Result<(), FreeError> {
+    pub(super) fn free_planned(
+        &mut self,
+        slot: u32,
+        index: u32,
+        generation: u32,
+    ) -> Result<(), FreeError> {
         self.check();
+        // Handles cannot be forged: one of this arena whose plan block is
+        // gone, or of another generation, names a block freed already.
         let Some(pb) = self
             .plan_blocks
             .get_mut(slot as usize)
             .and_then(Option::as_mut)
+            .filter(|pb| pb.generation == generation)
         else {
-            return Err(FreeError::NotABlock);
+            return Err(FreeError::AlreadyFree);
         };
-        // The handle's generation matched the plan block's (checked by the
-        // caller), so a live entry is this handle's block.
+        // The handle's generation matches the plan block's, so a live entry
+        // is this handle's block.
         let size = match pb.served.get_mut(index as usize) {
             Some(0) => return Err(FreeError::AlreadyFree),
             Some(served) => core::mem::take(served),
