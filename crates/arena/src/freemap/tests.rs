@@ -315,3 +315,24 @@ fn an_immediate_free_merges_its_neighbours_at_once() {
         m.check_invariants();
     }
 }
+
+#[test]
+fn pow2_is_is_power_of_two() {
+    let mut values: Vec<usize> = vec![
+        0,
+        1,
+        2,
+        3,
+        usize::MAX,
+        usize::MAX - 1,
+        1 << 63,
+        (1 << 63) + 1,
+    ];
+    for b in 0..usize::BITS {
+        let p = 1usize << b;
+        values.extend([p, p - 1, p.wrapping_add(1), p | 1, p.wrapping_mul(3)]);
+    }
+    for x in values {
+        assert_eq!(super::pow2(x), x.is_power_of_two(), "{x:#x}");
+    }
+}

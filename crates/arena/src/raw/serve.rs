@@ -2,7 +2,7 @@
 //! and following (or leaving) the plan on frees.
 
 use super::{Handle, HandleKind, OpenRun, PlanBlock, RawAlloc, RawArena, Serve};
-use crate::freemap::FreeError;
+use crate::freemap::{pow2, FreeError};
 use crate::memory::Memory;
 use crate::plan::{Plan, Recording};
 use crate::pool::{Tag, PLAN_BLOCK};
@@ -72,7 +72,7 @@ impl<M: Memory> RawArena<M> {
         let step = *serve.plan.step(serve.pos)?;
         let granule = self.pool.granule();
         // `len <= step.size` first: then rounding cannot overflow.
-        if step.is_free() || len > step.size || !align.is_power_of_two() {
+        if step.is_free() || len > step.size || !pow2(align) {
             return None;
         }
         let size = (len + granule - 1) & !(granule - 1);
