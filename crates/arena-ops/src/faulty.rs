@@ -237,6 +237,15 @@ impl<M: Memory<Ptr = NonNull<u8>>> Memory for Faulty<M> {
         self.inner.release(base, len, align);
     }
 
+    fn lazily_given_back(&self) -> usize {
+        self.inner.lazily_given_back()
+    }
+
+    fn give_back_now(&mut self) -> usize {
+        // Decommitted granules stay decommitted (the ledger has them so).
+        self.inner.give_back_now()
+    }
+
     fn at(base: NonNull<u8>, offset: usize) -> NonNull<u8> {
         M::at(base, offset)
     }

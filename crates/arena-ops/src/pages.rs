@@ -208,6 +208,18 @@ impl<'a> Model<'a> {
             Op::Shrink => {
                 let target = self.arena.stats().watermark;
                 self.shrink(at, target, |a| a.shrink());
+                // Given back lazily (the second configuration), the pages
+                // then leave at once: nothing else changes.
+                let before = self.arena.stats();
+                let done = self.arena.give_back_now();
+                let after = self.arena.stats();
+                assert_eq!(done, before.lazily_given_back, "{at}: give_back_now");
+                assert_eq!(after.lazily_given_back, 0, "{at}: left lazily given back");
+                assert_eq!(
+                    (after.reserved, after.in_use, after.live_blocks),
+                    (before.reserved, before.in_use, before.live_blocks),
+                    "{at}: give_back_now changed the arena"
+                );
             }
             Op::ShrinkTo { kib } => {
                 let target = kib as usize * 1024;

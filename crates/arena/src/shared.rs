@@ -180,6 +180,12 @@ impl<M: HostMemory> SharedArena<M> {
     pub fn shrink_to(&self, bytes: usize) -> usize {
         self.inner.lock().shrink_to(bytes)
     }
+
+    /// Gives memory decommitted lazily back at once; see
+    /// [`Arena::give_back_now`].
+    pub fn give_back_now(&self) -> usize {
+        self.inner.lock().give_back_now()
+    }
 }
 
 impl<M: HostMemory> fmt::Debug for SharedArena<M> {

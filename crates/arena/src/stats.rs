@@ -62,6 +62,12 @@ pub struct Stats {
     pub planned_runs: u64,
     /// Planned runs that deviated from their plan.
     pub deviations: u64,
+    /// Bytes decommitted lazily ([`GiveBack::Lazily`](crate::memory::GiveBack::Lazily))
+    /// and not committed again: out of `reserved`, but the system may still
+    /// hold their pages (in RSS as `LazyFree`) until it needs them or
+    /// [`Arena::give_back_now`](crate::Arena::give_back_now) is called.
+    /// 0 on a layer that gives back at once.
+    pub lazily_given_back: usize,
 }
 
 impl Stats {

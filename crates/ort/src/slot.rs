@@ -417,6 +417,12 @@ impl Core {
         self.arena().shrink_to(bytes)
     }
 
+    /// Gives memory decommitted lazily back at once (see
+    /// [`Arena::give_back_now`]).
+    pub(crate) fn give_back_now(&mut self) -> usize {
+        self.arena().give_back_now()
+    }
+
     /// Starts or stops recording runs as a trace.
     pub(crate) fn record_trace(&mut self, on: bool) {
         self.arena().record_trace(on);

@@ -298,7 +298,9 @@ impl Worker {
     /// Gives cached memory back down to what the recent runs of each model
     /// need (as the shrink policy counts them), or all of it with
     /// `everything`; returns the bytes released. Live outputs keep their
-    /// blocks.
+    /// blocks. With `everything`, memory given back lazily
+    /// ([`GiveBack::Lazily`](crate::GiveBack::Lazily)) also leaves the
+    /// process at once ([`Worker::give_back_now`]).
     pub fn shrink(&mut self, everything: bool) -> usize {
         let mut core = self.slot.lock();
         let target = if everything {
@@ -307,8 +309,22 @@ impl Worker {
             self.follow.held().unwrap_or(0)
         };
         let released = core.shrink_to(target);
+        if everything {
+            core.give_back_now();
+        }
         self.slot.publish(&core);
         released
+    }
+
+    /// Gives the memory this worker's arena gave back lazily
+    /// ([`GiveBack::Lazily`](crate::GiveBack::Lazily)) back to the system at
+    /// once, so that RSS comes down by it (for a server going idle, say);
+    /// returns the bytes. What the worker holds for its models stays.
+    pub fn give_back_now(&mut self) -> usize {
+        let mut core = self.slot.lock();
+        let done = core.give_back_now();
+        self.slot.publish(&core);
+        done
     }
 
     /// This worker's arena stats (also counting blocks freed from other

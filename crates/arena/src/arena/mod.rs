@@ -416,6 +416,17 @@ impl<M: HostMemory> Arena<M> {
         self.state.borrow().raw.stats()
     }
 
+    /// Gives the memory this arena decommitted lazily
+    /// ([`GiveBack::Lazily`](crate::memory::GiveBack::Lazily),
+    /// [`Stats::lazily_given_back`]) back to the system at once, so that the
+    /// process's resident memory comes down by it: for a server that gives
+    /// back lazily while it is busy and wants RSS to show what it holds
+    /// when it goes idle. Returns the bytes (0 on a layer that gives back at
+    /// once). The next commit of those bytes then faults in zeroed pages.
+    pub fn give_back_now(&self) -> usize {
+        self.state.borrow_mut().raw.give_back_now()
+    }
+
     /// Lowers `peak_in_use` to the bytes in use now.
     pub fn reset_peak(&self) {
         self.state.borrow_mut().raw.reset_peak();

@@ -128,6 +128,15 @@ impl<M: Memory> Memory for Budgeted<M> {
         self.inner.release(base, len, align);
     }
 
+    fn lazily_given_back(&self) -> usize {
+        self.inner.lazily_given_back()
+    }
+
+    fn give_back_now(&mut self) -> usize {
+        // Charged nothing: the budget was credited at the decommit.
+        self.inner.give_back_now()
+    }
+
     fn at(base: M::Ptr, offset: usize) -> M::Ptr {
         M::at(base, offset)
     }

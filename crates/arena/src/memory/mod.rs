@@ -177,6 +177,21 @@ pub trait Memory {
     /// committed or not.
     fn release(&mut self, base: Self::Ptr, len: usize, align: usize);
 
+    /// Bytes decommitted whose memory the system may still hold, given
+    /// back lazily ([`GiveBack::Lazily`]); 0 (the default) for a layer that
+    /// gives back at once.
+    fn lazily_given_back(&self) -> usize {
+        0
+    }
+
+    /// Gives the memory of every range given back lazily back at once, as
+    /// a decommit with [`GiveBack::Now`] would have; returns the bytes. The
+    /// default has none. A range the system refuses this for stays given
+    /// back lazily.
+    fn give_back_now(&mut self) -> usize {
+        0
+    }
+
     /// The address `offset` bytes past `base` (inside a range, or one past
     /// its end).
     fn at(base: Self::Ptr, offset: usize) -> Self::Ptr;

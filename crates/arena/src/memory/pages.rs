@@ -78,10 +78,37 @@ impl Pages {
         }
     }
 
-    /// Bytes given back lazily ([`GiveBack::Lazily`]) and not committed
-    /// again: the kernel may still hold their pages (as `LazyFree`).
-    pub fn lazily_given_back(&self) -> usize {
-        self.lazy.iter().map(|&(s, e)| e - s).sum()
+    /// Replaces the range of `len` bytes at `at` by a fresh `PROT_NONE`
+    /// mapping: its pages and their commit charge go back at once.
+    ///
+    /// # Safety
+    /// The range lies inside a reservation of this layer, is
+    /// granule-aligned, and holds nothing anyone may read (no live block).
+    unsafe fn unmap_pages(&self, at: *mut c_void, len: usize) -> Result<(), MemoryError> {
+        // SAFETY: the caller's promise: replacing the range's mapping loses
+        // nothing anyone may read and touches no other mapping.
+        let mapped = unsafe {
+            mm::mmap_anonymous(
+                at,
+                len,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::FIXED,
+            )
+        };
+        match mapped {
+            Ok(p) if p == at => {}
+            Ok(p) => debug_assert_eq!(p, at, "MAP_FIXED maps at the address given"),
+            // Out of mappings (`vm.max_map_count`), say: the range keeps its
+            // pages, still committed, as the contract allows.
+            Err(e) => return Err(os_error(MemoryOp::Decommit, len, e)),
+        }
+        if self.huge > 0 {
+            // The new mapping lost the reservation's huge page advice;
+            // advice only, as in `reserve`.
+            // SAFETY: the range is the part of the reservation just mapped.
+            let _ = unsafe { mm::madvise(at, len, Advice::LinuxHugepage) };
+        }
+        Ok(())
     }
 
     /// Settles the lazily given back parts of the range of `len` bytes at
@@ -318,31 +345,27 @@ impl Memory for Pages {
         // would keep the charge of memory once touched).
         // SAFETY: the range lies inside a reservation of this layer (the
         // `Memory` contract: granule-aligned, not released) and holds no
-        // live block (the arena decommits free granules only), so replacing
-        // its mapping loses nothing anyone may read and touches no other
-        // mapping.
-        let mapped = unsafe {
-            mm::mmap_anonymous(
-                at,
-                len,
-                ProtFlags::empty(),
-                MapFlags::PRIVATE | MapFlags::FIXED,
-            )
-        };
-        match mapped {
-            Ok(p) if p == at => {}
-            Ok(p) => debug_assert_eq!(p, at, "MAP_FIXED maps at the address given"),
-            // Out of mappings (`vm.max_map_count`), say: the range keeps its
-            // pages, still committed, as the contract allows.
-            Err(e) => return Err(os_error(MemoryOp::Decommit, len, e)),
+        // live block (the arena decommits free granules only).
+        unsafe { self.unmap_pages(at, len) }
+    }
+
+    fn lazily_given_back(&self) -> usize {
+        self.lazy.iter().map(|&(s, e)| e - s).sum()
+    }
+
+    fn give_back_now(&mut self) -> usize {
+        let mut done = 0;
+        let lazy = core::mem::take(&mut self.lazy);
+        for (start, end) in lazy {
+            // SAFETY: a lazy range was decommitted (inside a reservation of
+            // this layer, granule-aligned, no live block) and has not been
+            // committed since; a released reservation took its ranges out.
+            match unsafe { self.unmap_pages(start as *mut c_void, end - start) } {
+                Ok(()) => done += end - start,
+                Err(_) => self.lazy.push((start, end)),
+            }
         }
-        if self.huge > 0 {
-            // The new mapping lost the reservation's huge page advice;
-            // advice only, as in `reserve`.
-            // SAFETY: the range is the part of the reservation just mapped.
-            let _ = unsafe { mm::madvise(at, len, Advice::LinuxHugepage) };
-        }
-        Ok(())
+        done
     }
 
     fn release(&mut self, base: NonNull<u8>, len: usize, _align: usize) {

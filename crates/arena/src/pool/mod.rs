@@ -142,6 +142,9 @@ impl<M: Memory> Pool<M> {
     pub(crate) fn memory(&self) -> &M {
         &self.memory
     }
+    pub(crate) fn memory_mut(&mut self) -> &mut M {
+        &mut self.memory
+    }
     pub(crate) fn in_use(&self) -> usize {
         self.in_use
     }

@@ -247,7 +247,16 @@ impl<M: Memory> RawArena<M> {
             planned_allocs: self.planned_allocs,
             planned_runs: self.planned_runs,
             deviations: self.deviations,
+            lazily_given_back: self.pool.memory().lazily_given_back(),
         }
+    }
+
+    /// Gives the memory decommitted lazily back at once
+    /// ([`Memory::give_back_now`]): the process's resident memory comes
+    /// down by it. Returns the bytes. Nothing else changes: the bytes were
+    /// out of `reserved` already.
+    pub fn give_back_now(&mut self) -> usize {
+        self.pool.memory_mut().give_back_now()
     }
 
     /// Live blocks of the caller's: pool blocks other than plan blocks, and

@@ -144,18 +144,41 @@ fn lazily_given_back_bytes_are_tracked_until_committed_again() {
     let keep = core.alloc(SMALL, 64).unwrap();
     let a = core.alloc(LARGE, 64).unwrap();
     core.free(a.handle).unwrap();
-    assert_eq!(core.memory().lazily_given_back(), 0);
+    assert_eq!(core.stats().lazily_given_back, 0);
     let released = core.shrink_to(core.stats().in_use);
     assert!(released >= LARGE);
-    assert_eq!(core.memory().lazily_given_back(), released);
+    assert_eq!(core.stats().lazily_given_back, released);
     // Half of it committed again leaves the rest lazily given back.
     let b = core.alloc(LARGE / 2, 64).unwrap();
-    let left = core.memory().lazily_given_back();
+    let left = core.stats().lazily_given_back;
     assert!(left > 0 && left < released, "{left} of {released}");
     core.free(b.handle).unwrap();
     core.free(keep.handle).unwrap();
     // Shrunk to nothing, the reservation goes and its ranges with it.
     core.shrink_to(0);
     assert_eq!(core.stats().reserved, 0);
-    assert_eq!(core.memory().lazily_given_back(), 0);
+    assert_eq!(core.stats().lazily_given_back, 0);
+}
+
+#[test]
+fn give_back_now_takes_lazily_given_back_pages_out_of_the_process() {
+    let (arena, addr, _before, _after) = shrink_after_large(GiveBack::Lazily);
+    let lazy = arena.stats().lazily_given_back;
+    assert!(lazy >= LARGE, "{lazy}");
+    assert_eq!(arena.give_back_now(), lazy);
+    assert_eq!(arena.stats().lazily_given_back, 0);
+    assert_eq!(arena.give_back_now(), 0, "a second call has nothing left");
+    let (rss, lazy_free) = mapping(addr);
+    assert!(
+        rss <= SMALL + (1 << 20),
+        "resident after give_back_now: {rss}"
+    );
+    assert_eq!(lazy_free, 0);
+    // Committed again, the range comes from the kernel as zero pages.
+    let large = arena.try_alloc(LARGE).unwrap();
+    assert!(large.iter().all(|&b| b == 0));
+    // On a layer that gives back at once there is nothing to do.
+    let (now, ..) = shrink_after_large(GiveBack::Now);
+    assert_eq!(now.stats().lazily_given_back, 0);
+    assert_eq!(now.give_back_now(), 0);
 }

@@ -172,6 +172,12 @@ fn given_back_lazily_memory_still_follows_the_input_down_and_outputs_match() {
         after_small * 4 < after_large,
         "reserved {after_small} after the small run, {after_large} after the large one"
     );
+    let lazy = worker.stats().lazily_given_back;
+    assert!(
+        lazy > 0 && lazy <= after_large - after_small,
+        "{lazy} given back lazily of {}",
+        after_large - after_small
+    );
     // The large shape again, on pages given back lazily and settled by the
     // commit: served from its plan, committed again in place, and the same
     // outputs, bit for bit.
@@ -192,5 +198,17 @@ fn given_back_lazily_memory_still_follows_the_input_down_and_outputs_match() {
         hash(&again),
         first_hash,
         "outputs differ after a lazy give-back"
+    );
+    drop(again);
+    // Small again, then everything given back lazily leaves at once.
+    drop(run(&mut worker, &small));
+    let lazy = worker.stats().lazily_given_back;
+    assert!(lazy > 0);
+    assert_eq!(worker.worker_mut().give_back_now(), lazy);
+    assert_eq!(worker.stats().lazily_given_back, 0);
+    assert_eq!(
+        worker.stats().reserved,
+        after_small,
+        "what the worker holds stays"
     );
 }
