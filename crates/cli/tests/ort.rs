@@ -127,6 +127,7 @@ fn json_document_has_the_documented_schema_and_equal_hashes() {
                 [
                     "backing_calls",
                     "label",
+                    "lazily_given_back",
                     "nanos",
                     "output_hash",
                     "peak_in_use",
@@ -143,7 +144,12 @@ fn json_document_has_the_documented_schema_and_equal_hashes() {
             );
             assert!(r["nanos"].as_u64().unwrap() > 0);
             assert!(r["peak_rss_bytes"].as_u64().unwrap() >= r["rss_bytes"].as_u64().unwrap());
-            for k in ["peak_in_use", "reserved", "backing_calls"] {
+            for k in [
+                "peak_in_use",
+                "reserved",
+                "backing_calls",
+                "lazily_given_back",
+            ] {
                 assert_eq!(r[k].is_u64(), is_arena, "{} {k}", s["strategy"]);
                 assert_eq!(r[k].is_null(), !is_arena, "{} {k}", s["strategy"]);
             }
@@ -392,4 +398,9 @@ fn planned_lazy_follows_the_input_down_with_the_same_outputs() {
         reserved(&lazy[0])
     );
     assert!(calls(&lazy[2]) <= calls(&lazy[0]));
+    // What was given back after the small run was given back lazily, and
+    // is reported; the default gives back at once.
+    let given = |r: &Value| r["lazily_given_back"].as_u64().unwrap();
+    assert!(given(&lazy[1]) > 0 && given(&lazy[1]) <= reserved(&lazy[0]) - reserved(&lazy[1]));
+    assert!(now.iter().all(|r| given(r) == 0));
 }

@@ -39,6 +39,7 @@ struct Step {
     hash: u64,
     peak_in_use: usize,
     reserved: usize,
+    lazily_given_back: usize,
     /// Memory-layer calls of the worker's arena during the run:
     /// reservations, releases, commits and decommits.
     memory_calls: u64,
@@ -253,6 +254,7 @@ fn run_all(args: &OrtArgs, strategy: OrtStrategy, job: &Job<'_>) -> Result<Strat
                 nanos: 0,
                 peak_in_use: None,
                 reserved: None,
+                lazily_given_back: None,
                 backing_calls: None,
                 output_hash: String::new(),
                 error: None,
@@ -298,6 +300,7 @@ fn fill_row(row: &mut RunRow, steps: &[&Step], strategy: OrtStrategy) {
     if strategy.is_arena() {
         row.peak_in_use = Some(steps.iter().map(|s| s.peak_in_use as u64).sum());
         row.reserved = Some(steps.iter().map(|s| s.reserved as u64).sum());
+        row.lazily_given_back = Some(steps.iter().map(|s| s.lazily_given_back as u64).sum());
         row.backing_calls = Some(steps.iter().map(|s| s.memory_calls).sum());
     }
 }
@@ -388,6 +391,7 @@ fn one_run(
             drop(out);
             let after = w.stats();
             step.reserved = after.reserved;
+            step.lazily_given_back = after.lazily_given_back;
             step.memory_calls = after.memory_calls() - before.memory_calls();
         }
         (Target::Arena(_), None) => return Err("no worker".into()),

@@ -24,6 +24,11 @@ pub struct RunRow {
     pub peak_in_use: Option<u64>,
     /// Bytes the arenas hold after the run (arena strategies).
     pub reserved: Option<u64>,
+    /// Of the bytes the arenas gave back, those given back lazily
+    /// (`planned-lazy`: `MADV_FREE`) and not committed since: still in
+    /// `rss_bytes` until the kernel needs them (arena strategies; 0 for
+    /// the others).
+    pub lazily_given_back: Option<u64>,
     /// Calls the arenas made to their memory layer for the run:
     /// reservations, releases, commits and decommits (arena strategies;
     /// `Stats::memory_calls`, as `replay` counts them).
@@ -224,6 +229,12 @@ pub fn tables(args: &OrtArgs, reports: &[StrategyReport]) -> String {
             "memory calls",
             "output hash"
         );
+        let lazy: Vec<String> = r
+            .runs
+            .iter()
+            .filter(|x| x.lazily_given_back.is_some_and(|b| b > 0))
+            .map(|x| format!("{} {}", x.label, opt_mib(x.lazily_given_back)))
+            .collect();
         for x in &r.runs {
             let _ = writeln!(
                 out,
@@ -241,6 +252,13 @@ pub fn tables(args: &OrtArgs, reports: &[StrategyReport]) -> String {
                 } else {
                     x.output_hash.as_str()
                 }
+            );
+        }
+        if !lazy.is_empty() {
+            let _ = writeln!(
+                out,
+                "  given back lazily, in RSS until the kernel needs it (MiB after the run): {}",
+                lazy.join(", ")
             );
         }
         if !r.peak_rss_per_run {
