@@ -223,13 +223,15 @@ impl Slot {
 
 impl Reclaim for Slot {
     /// An idle worker (its core not locked: no run open) gives back all its
-    /// cached memory; live outputs keep their blocks. A running worker is
-    /// never waited for and never touched: its thread allocates without a
-    /// lock during the run.
+    /// cached memory, what it gave back lazily included (memory is short);
+    /// live outputs keep their blocks. A running worker is never waited for
+    /// and never touched: its thread allocates without a lock during the
+    /// run.
     fn try_reclaim(&self, _idle_only: bool) -> usize {
         match self.core.try_lock() {
             Some(core) => {
                 let released = core.arena().shrink_to(0);
+                core.arena().give_back_now();
                 self.publish(&core);
                 released
             }

@@ -450,12 +450,13 @@ impl<M: HostMemory> Arena<M> {
         debug_assert!(result.is_ok(), "a live block was not found in its arena");
     }
 
-    /// Frees the pool block in `span`; used by `SharedBlock`'s drop.
     /// Gives back committed free memory if the arena is not in the middle
     /// of another call (and, with `idle_only`, has no run open): every
     /// whole free granule when no run is open, else those above what is in
-    /// use. Returns the bytes given back. For a [`Budget`](crate::Budget)'s
-    /// reclaim, which must never wait.
+    /// use. Memory is short on this path, so what was given back lazily
+    /// ([`GiveBack::Lazily`](crate::memory::GiveBack::Lazily)) leaves at
+    /// once too. Returns the bytes given back (out of `reserved`). For a
+    /// [`Budget`](crate::Budget)'s reclaim, which must never wait.
     pub(crate) fn try_release_cached(&self, idle_only: bool) -> usize {
         let Ok(mut st) = self.state.try_borrow_mut() else {
             return 0;
@@ -465,9 +466,12 @@ impl<M: HostMemory> Arena<M> {
             return 0;
         }
         let target = if busy { st.raw.stats().in_use } else { 0 };
-        st.raw.shrink_to(target)
+        let released = st.raw.shrink_to(target);
+        st.raw.give_back_now();
+        released
     }
 
+    /// Frees the pool block in `span`; used by `SharedBlock`'s drop.
     pub(crate) fn release_span(&self, span: SpanId) {
         let result = self.state.borrow_mut().raw.free_span(span);
         debug_assert!(result.is_ok(), "a live block was not found in its arena");

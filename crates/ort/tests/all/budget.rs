@@ -169,3 +169,37 @@ fn a_worker_busy_when_memory_ran_short_gives_back_its_other_models_at_the_run_en
     run_on(&mut pressed, &cls, &cls_in).unwrap();
     assert!(pressed.stats().reserved >= det_need);
 }
+
+#[test]
+fn relieving_a_budget_takes_lazily_given_back_memory_out_at_once() {
+    let rec = open("ppocr_rec.onnx");
+    let large = inputs(rec.inputs(), &[("x", &[1, 3, 48, 1600])], 1);
+    let small = inputs(rec.inputs(), &[("x", &[1, 3, 48, 100])], 2);
+    let budget = Budget::new(usize::MAX);
+    let mut worker = Worker::new(WorkerOptions {
+        budget: Some(budget.clone()),
+        pages: tensor_arena_ort::PagesConfig {
+            give_back: tensor_arena_ort::GiveBack::Lazily,
+            ..Default::default()
+        },
+        ..WorkerOptions::default()
+    })
+    .unwrap();
+    run_on(&mut worker, &rec, &large).unwrap();
+    run_on(&mut worker, &rec, &small).unwrap();
+    // Followed down lazily: given back to the budget, still in RSS.
+    let lazy = worker.stats().lazily_given_back;
+    assert!(lazy > 0, "{:?}", worker.stats());
+    let charged = budget.stats().committed;
+    assert_eq!(charged, worker.stats().reserved, "the budget was credited");
+    // Memory is short: the idle worker gives back its cache, and what it
+    // gave back lazily leaves the process too.
+    assert!(budget.relieve() > 0);
+    let after = worker.stats();
+    assert_eq!(after.reserved, 0, "{after:?}");
+    assert_eq!(after.lazily_given_back, 0, "{after:?}");
+    // And it still runs, with the same outputs as a fresh worker.
+    let again = run_on(&mut worker, &rec, &large).unwrap();
+    let mut fresh = Worker::new(WorkerOptions::default()).unwrap();
+    assert_eq!(again, run_on(&mut fresh, &rec, &large).unwrap());
+}
