@@ -35,25 +35,26 @@ use tensor_arena_ort::{
     make_input, open_session, ArenaOptions, ArenaSession, Memory, Runtime, SessionOptions, Shrink,
 };
 
-fn rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// Bytes of `field` (a line `field: N kB`) in `/proc/self/<file>`, 0 if
+/// it cannot be read.
+fn proc_bytes(file: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/self/{file}"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |k| k * 1024)
+}
+
+fn rss() -> u64 {
+    proc_bytes("status", "VmRSS:")
 }
 
 /// Bytes of this process's memory given back with `MADV_FREE` that the
 /// kernel has not taken yet (`LazyFree` of `/proc/self/smaps_rollup`): in
 /// RSS, but the first memory the kernel reclaims.
 fn lazy_free() -> u64 {
-    std::fs::read_to_string("/proc/self/smaps_rollup")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("LazyFree:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |k| k * 1024)
+    proc_bytes("smaps_rollup", "LazyFree:")
 }
 
 /// System CPU time (ms) and minor page faults of this process so far.

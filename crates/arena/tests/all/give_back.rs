@@ -63,12 +63,10 @@ fn mapping(addr: usize) -> (usize, usize) {
 }
 
 /// A small block kept live at the bottom, a large one written and freed
-/// above it, then the arena shrunk to what is in use: returns the arena,
-/// the small block's address, and the mapping's `(Rss, LazyFree)` before
-/// and after the shrink.
-fn shrink_after_large(
-    give_back: GiveBack,
-) -> (Arena<Pages>, usize, (usize, usize), (usize, usize)) {
+/// above it (checked resident), then the arena shrunk to what is in use:
+/// returns the arena, the small block's address, and the mapping's
+/// `(Rss, LazyFree)` after the shrink.
+fn shrink_after_large(give_back: GiveBack) -> (Arena<Pages>, usize, (usize, usize)) {
     let arena = Arena::with_memory(ArenaConfig::default(), pages(give_back)).unwrap();
     let addr;
     {
@@ -88,27 +86,23 @@ fn shrink_after_large(
         "the large block's granules were decommitted"
     );
     assert_eq!(arena.stats().reserved, reserved - released);
-    (arena, addr, before, mapping(addr))
-}
-
-#[test]
-fn given_back_now_the_pages_leave_the_process() {
-    let (_arena, _addr, before, after) = shrink_after_large(GiveBack::Now);
     assert!(
         before.0 >= LARGE,
         "the large block was resident: {before:?}"
     );
+    (arena, addr, mapping(addr))
+}
+
+#[test]
+fn given_back_now_the_pages_leave_the_process() {
+    let (_arena, _addr, after) = shrink_after_large(GiveBack::Now);
     assert!(after.0 <= SMALL + (1 << 20), "resident after: {after:?}");
     assert_eq!(after.1, 0, "nothing lazily freed");
 }
 
 #[test]
 fn given_back_lazily_the_pages_stop_counting_and_come_back_settled() {
-    let (arena, addr, before, after) = shrink_after_large(GiveBack::Lazily);
-    assert!(
-        before.0 >= LARGE,
-        "the large block was resident: {before:?}"
-    );
+    let (arena, addr, after) = shrink_after_large(GiveBack::Lazily);
     // Either still resident as LazyFree, or already taken by the kernel:
     // what is resident and not lazily free is the small block.
     assert!(
@@ -162,7 +156,7 @@ fn lazily_given_back_bytes_are_tracked_until_committed_again() {
 
 #[test]
 fn give_back_now_takes_lazily_given_back_pages_out_of_the_process() {
-    let (arena, addr, _before, _after) = shrink_after_large(GiveBack::Lazily);
+    let (arena, addr, _after) = shrink_after_large(GiveBack::Lazily);
     let lazy = arena.stats().lazily_given_back;
     assert!(lazy >= LARGE, "{lazy}");
     assert_eq!(arena.give_back_now(), lazy);
