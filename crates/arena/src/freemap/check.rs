@@ -86,11 +86,16 @@ impl<T: Copy> FreeMap<T> {
             };
             assert_eq!(top_size, found_size, "region {rid}: wrong top size");
         }
-        assert_eq!(
-            seen + self.vacant.len(),
-            self.spans.len(),
-            "lost span slots"
-        );
+        let mut vacant = 0;
+        let mut id = self.vacant;
+        while id != NIL {
+            let s = &self.spans[id as usize];
+            assert_eq!(s.size, 0, "span {id} is listed vacant but in use");
+            vacant += 1;
+            assert!(vacant <= self.spans.len(), "the vacant slots loop");
+            id = s.next_free;
+        }
+        assert_eq!(seen + vacant, self.spans.len(), "lost span slots");
         let mut listed = 0;
         for class in 0..self.bins.len() {
             let mut prev = NIL;

@@ -199,9 +199,10 @@ struct RegionInfo {
 /// time, in the pool and in the simulator alike.
 #[derive(Debug)]
 pub(crate) struct FreeMap<T> {
-    /// Span slots; vacant slots have `size == 0` and are listed in `vacant`.
+    /// Span slots; vacant slots have `size == 0` and form a stack from
+    /// `vacant`, linked through their `next_free` (no side vector to grow).
     spans: Vec<Span<T>>,
-    vacant: Vec<SpanId>,
+    vacant: SpanId,
     /// First span of each class's free list (kept in the map itself, like
     /// the bitmaps and the front, so that no step checks for a table).
     bins: [SpanId; CLASSES],
@@ -248,7 +249,7 @@ impl<T: Copy> FreeMap<T> {
     pub(crate) const fn with_policy(fit: Fit, coalesce: Coalesce) -> Self {
         Self {
             spans: Vec::new(),
-            vacant: Vec::new(),
+            vacant: NIL,
             bins: [NIL; CLASSES],
             power_map: 0,
             sub_maps: [0; CLASSES / SUBS],
@@ -269,23 +270,24 @@ impl<T: Copy> FreeMap<T> {
 
     #[inline]
     fn new_span(&mut self, span: Span<T>) -> SpanId {
-        match self.vacant.pop() {
-            Some(id) => {
-                self.spans[id as usize] = span;
-                id
-            }
-            None => {
-                self.spans.push(span);
-                SpanId::try_from(self.spans.len() - 1).expect("fewer than u32::MAX spans")
-            }
+        let id = self.vacant;
+        if id == NIL {
+            self.spans.push(span);
+            return SpanId::try_from(self.spans.len() - 1).expect("fewer than u32::MAX spans");
         }
+        let slot = &mut self.spans[id as usize];
+        self.vacant = slot.next_free;
+        *slot = span;
+        id
     }
 
     #[inline]
     fn drop_span(&mut self, id: SpanId) {
-        self.spans[id as usize].size = 0;
-        self.spans[id as usize].used = None;
-        self.vacant.push(id);
+        let slot = &mut self.spans[id as usize];
+        slot.size = 0;
+        slot.used = None;
+        slot.next_free = self.vacant;
+        self.vacant = id;
     }
 
     /// Files free span `id` as its region's top, or in its class's list.
@@ -447,9 +449,14 @@ impl<T: Copy> FreeMap<T> {
         if self.front_map != 0 {
             self.flush_front();
         }
-        let (id, start) = self
-            .find_binned(size, align)
-            .or_else(|| self.find_top(size, align))?;
+        // No class holds a span (the common case of a heap that merges
+        // back into its top): skip the search's call.
+        let binned = if self.power_map == 0 {
+            None
+        } else {
+            self.find_binned(size, align)
+        };
+        let (id, start) = binned.or_else(|| self.find_top(size, align))?;
         let (span_size, rid, off) = {
             let s = &self.spans[id as usize];
             (s.size, s.rid, s.off)
@@ -545,7 +552,7 @@ impl<T: Copy> FreeMap<T> {
     }
 
     /// Unlinks span `id` from its region's list and frees its slot.
-    #[inline]
+    #[inline(always)]
     fn unlink(&mut self, id: SpanId) {
         let (rid, prev, next) = {
             let s = &self.spans[id as usize];
@@ -578,36 +585,38 @@ impl<T: Copy> FreeMap<T> {
     /// size and payload.
     #[inline]
     pub(crate) fn free(&mut self, id: SpanId) -> Result<(usize, T), FreeError> {
-        let span = *self
+        let span = self
             .spans
-            .get(id as usize)
+            .get_mut(id as usize)
             .filter(|s| s.size > 0)
             .ok_or(FreeError::NotABlock)?;
-        let tag = span.used.ok_or(FreeError::AlreadyFree)?;
-        self.spans[id as usize].used = None;
+        let tag = span.used.take().ok_or(FreeError::AlreadyFree)?;
+        let size = span.size;
         self.used_count -= 1;
         if self.lazy {
             self.push_front(id);
         } else {
             self.coalesce(id);
         }
-        Ok((span.size, tag))
+        Ok((size, tag))
     }
 
     /// Files free span `id` (out of the front), merged with its free
     /// neighbours that are not in the front.
     #[inline]
     fn coalesce(&mut self, id: SpanId) {
-        let span = self.spans[id as usize];
+        let (rid, off, size, prev, next) = {
+            let s = &self.spans[id as usize];
+            (s.rid, s.off, s.size, s.prev, s.next)
+        };
         let mut merged = id;
-        if span.next != NIL && self.regions[span.rid as usize].top == span.next {
+        if next != NIL && self.regions[rid as usize].top == next {
             // The region's top grows down over this span (and a free span
             // before it): the same spans as merging them, without taking
             // the top out and filing it back.
-            let top = span.next;
-            let (mut off, mut bytes) = (span.off, span.size);
-            if span.prev != NIL && self.is_filed_free(span.prev) {
-                let prev = span.prev;
+            let top = next;
+            let (mut off, mut bytes) = (off, size);
+            if prev != NIL && self.is_filed_free(prev) {
                 self.unfile_free(prev);
                 off = self.spans[prev as usize].off;
                 bytes += self.spans[prev as usize].size;
@@ -618,20 +627,18 @@ impl<T: Copy> FreeMap<T> {
             t.off = off;
             t.size += bytes;
             let size = t.size;
-            self.regions[span.rid as usize].top_size = size;
+            self.regions[rid as usize].top_size = size;
             self.free_bytes += bytes;
             return;
         }
         // Merge the next span into this one if it is free.
-        if span.next != NIL && self.is_filed_free(span.next) {
-            let next = span.next;
+        if next != NIL && self.is_filed_free(next) {
             self.unfile_free(next);
             self.spans[id as usize].size += self.spans[next as usize].size;
             self.unlink(next);
         }
         // Merge this span into the previous one if that is free.
-        if span.prev != NIL && self.is_filed_free(span.prev) {
-            let prev = span.prev;
+        if prev != NIL && self.is_filed_free(prev) {
             self.unfile_free(prev);
             let grown = self.spans[id as usize].size;
             self.spans[prev as usize].size += grown;

@@ -126,8 +126,8 @@ impl<M: Memory> RawArena<M> {
 
         let report = RunReport {
             run: run.id,
-            allocs: run.allocs,
-            frees: run.frees,
+            allocs: self.allocs - run.allocs_at_start,
+            frees: self.frees - run.frees_at_start,
             peak_in_use: run.peak,
             high_water,
             backing_allocs: self.pool.calls.reserves - run.backing_allocs_at_start,
@@ -141,7 +141,7 @@ impl<M: Memory> RawArena<M> {
             relaid_out,
             planned,
             deviated,
-            planned_allocs: run.planned_allocs,
+            planned_allocs: self.planned_allocs - run.planned_allocs_at_start,
         };
         let traced = run.traced && self.trace.is_some();
         if dynamic && run.log && ((want_recording && run.recorded) || traced) {

@@ -90,8 +90,12 @@ struct OpenRun {
     ops: Vec<RunOp>,
     /// `RunOp::Alloc` entries in `ops` (the index the next one gets).
     pool_allocs: u32,
-    allocs: u64,
-    frees: u64,
+    /// The arena's allocations, frees and planned allocations when the run
+    /// began: the run's own are the differences (one counter per event,
+    /// not two).
+    allocs_at_start: u64,
+    frees_at_start: u64,
+    planned_allocs_at_start: u64,
     /// Blocks of this run still live, and their bytes.
     live_blocks: usize,
     live_bytes: usize,
@@ -112,7 +116,6 @@ struct OpenRun {
     blocks: u32,
     /// The plan serving this run, if any.
     serve: Option<Serve>,
-    planned_allocs: u64,
     /// Bytes requested by each recorded block (kept only while a trace is
     /// being recorded).
     lens: Vec<usize>,
@@ -419,8 +422,9 @@ impl<M: Memory> RawArena<M> {
             outside: 0,
             ops,
             pool_allocs,
-            allocs: 0,
-            frees: 0,
+            allocs_at_start: self.allocs,
+            frees_at_start: self.frees,
+            planned_allocs_at_start: self.planned_allocs,
             live_blocks: 0,
             live_bytes: 0,
             peak,
@@ -433,7 +437,6 @@ impl<M: Memory> RawArena<M> {
             rec,
             blocks: 0,
             serve,
-            planned_allocs: 0,
             lens: Vec::new(),
             label: None,
         });
@@ -621,7 +624,6 @@ impl<M: Memory> RawArena<M> {
                     r.lens.push(len);
                 }
             }
-            r.allocs += 1;
             r.live_blocks += 1;
             r.live_bytes += size;
             r.peak = r.peak.max(in_use);
@@ -643,7 +645,6 @@ impl<M: Memory> RawArena<M> {
         }
         self.frees += 1;
         if let Some(r) = &mut self.run {
-            r.frees += 1;
             if tag.run == r.id {
                 if r.log {
                     r.ops.push(RunOp::Free { index: tag.index });

@@ -110,8 +110,6 @@ impl<M: Memory> RawArena<M> {
             }
         }
         run.blocks += 1;
-        run.allocs += 1;
-        run.planned_allocs += 1;
         self.planned_live += size;
         self.planned_allocs += 1;
         self.allocs += 1;
@@ -201,7 +199,6 @@ impl<M: Memory> RawArena<M> {
         pb.live_bytes -= size;
         let orphan_done = !pb.open && pb.live == 0;
         if let Some(r) = &mut self.run {
-            r.frees += 1;
             if r.serve.as_ref().is_some_and(|s| s.slot == slot) {
                 Self::record_free(r, index, &mut self.deviations);
             }
