@@ -453,6 +453,8 @@ impl<T: Copy> FreeMap<T> {
         // back into its top): skip the search's call.
         let binned = if self.power_map == 0 {
             None
+        } else if self.fit == Fit::Good {
+            self.find_good(size, align)
         } else {
             self.find_binned(size, align)
         };
