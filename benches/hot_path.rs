@@ -6,7 +6,9 @@
 //! divided by [`BATCH`]. Every strategy does three warm-up batches first, so
 //! what is measured is the steady state (cached memory).
 
-use benches::{arena_pairs_outside_runs, hot_path_sizes, pairs, Pairs, Strategy};
+use benches::{
+    arena_pairs_outside_runs, hot_path_sizes, pairs, planned_scoped_pairs, Pairs, Strategy,
+};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
 
@@ -35,6 +37,13 @@ fn hot_path(c: &mut Criterion) {
     candidates.insert(
         1,
         ("arena-no-run", Box::new(|_| arena_pairs_outside_runs())),
+    );
+    candidates.insert(
+        3,
+        (
+            "planned-scoped",
+            Box::new(|sizes| planned_scoped_pairs(sizes)),
+        ),
     );
 
     for (name, make) in candidates {

@@ -100,6 +100,42 @@ impl Pairs for PlannedPairs {
     }
 }
 
+/// Planned pairs through a [`ScopedRun`](tensor_arena::ScopedRun): the
+/// batch is one run that holds the arena exclusively, its blocks borrowing
+/// the run (the plan is recorded once, dynamically, as for
+/// [`Strategy::Planned`]).
+pub fn planned_scoped_pairs(sizes: &[usize]) -> Box<dyn Pairs> {
+    let arena = Arena::new(ArenaConfig::default());
+    let r = arena.begin_recorded_run();
+    for &len in sizes {
+        black_box(r.try_alloc(len).expect("allocation failed"));
+    }
+    let (_, recording) = r.finish_with_recording();
+    let plan = Arc::new(Plan::from_recording(&recording).expect("a recorded run plans"));
+    Box::new(ScopedPairs { arena, plan })
+}
+
+/// [`planned_scoped_pairs`]: the batch is one scoped run.
+struct ScopedPairs {
+    arena: Arena,
+    plan: Arc<Plan>,
+}
+
+impl Pairs for ScopedPairs {
+    fn pairs(&mut self, sizes: &[usize]) {
+        let r = self
+            .arena
+            .begin_scoped_run(&self.plan)
+            .expect("the plan's block could not be drawn");
+        for &len in sizes {
+            let block = r.try_alloc(len).expect("allocation failed");
+            black_box(block.as_ptr());
+            drop(block);
+        }
+        r.finish();
+    }
+}
+
 /// Pairs on `shared`, which other threads may use at the same time: two
 /// lock acquisitions per pair.
 pub fn shared_pairs(shared: Arc<SharedArena>) -> Box<dyn Pairs> {

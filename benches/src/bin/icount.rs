@@ -12,13 +12,16 @@
 //! 1 KiB-50 MiB, one block live) or a trace name such as
 //! `densenet121-mixed` (the `trace_order` replay: the trace's own order,
 //! no page touched); `STRATEGY` is a name of [`Strategy`] (`arena`,
-//! `planned`, `shared`, `rlsf`, `talc`, ...). The warm-up (three batches,
+//! `planned`, `shared`, `rlsf`, `talc`, ...; for `pairs` also
+//! `planned-scoped`, the planned pairs through a `ScopedRun`). The warm-up (three batches,
 //! or one replay) runs before collection starts; only the functions named
 //! `measure*` are counted. The program prints how many allocations (each
 //! with its free) were measured: callgrind's "Collected" count divided by
 //! it is the instructions per allocation and free.
 
-use benches::{hot_path_sizes, pairs, replayer, Pairs, Replay, Strategy, Touch, Trace};
+use benches::{
+    hot_path_sizes, pairs, planned_scoped_pairs, replayer, Pairs, Replay, Strategy, Touch, Trace,
+};
 use std::hint::black_box;
 use std::process::ExitCode;
 
@@ -51,13 +54,22 @@ fn main() -> ExitCode {
         eprintln!("usage: icount (pairs | TRACE) STRATEGY");
         return ExitCode::from(2);
     };
-    let Some(strategy) = Strategy::from_name(strategy).filter(|s| *s != Strategy::Bare) else {
+    // `planned-scoped` (pairs only): planned pairs through a `ScopedRun`.
+    let scoped = strategy == "planned-scoped" && workload == "pairs";
+    let Some(strategy) = Strategy::from_name(if scoped { "planned" } else { strategy })
+        .filter(|s| *s != Strategy::Bare)
+    else {
         eprintln!("icount: unknown strategy {strategy:?}");
         return ExitCode::from(2);
     };
     if workload == "pairs" {
         let sizes = hot_path_sizes(BATCH);
-        let Some(mut p) = pairs(strategy, &sizes) else {
+        let made = if scoped {
+            Some(planned_scoped_pairs(&sizes))
+        } else {
+            pairs(strategy, &sizes)
+        };
+        let Some(mut p) = made else {
             eprintln!("icount: {} does not allocate", strategy.name());
             return ExitCode::from(2);
         };

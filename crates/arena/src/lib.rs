@@ -17,7 +17,7 @@ mod stats;
 pub mod trace;
 
 pub use allocator_api2;
-pub use arena::{Arena, Block, Run, TypedBlock};
+pub use arena::{Arena, Block, Run, ScopedBlock, ScopedRun, TypedBlock};
 pub use budget::{default_headroom, Budget, BudgetStats, Reclaim};
 pub use config::{ArenaConfig, Coalesce, Fit, Growth, Relayout, ShrinkPolicy, DEFAULT_MAX_EXTEND};
 pub use error::ArenaError;

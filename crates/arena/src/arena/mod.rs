@@ -8,9 +8,11 @@
 mod alloc_api;
 mod block;
 mod run;
+mod scoped;
 
 pub use block::{Block, TypedBlock};
 pub use run::Run;
+pub use scoped::{ScopedBlock, ScopedRun};
 
 pub(crate) use alloc_api::dangling_for;
 

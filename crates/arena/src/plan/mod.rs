@@ -50,6 +50,23 @@ pub struct Plan {
     /// fields above; not serialized).
     #[cfg_attr(feature = "serde", serde(skip_serializing))]
     tape: Vec<Step>,
+    /// What following the whole tape adds up to (derived likewise).
+    #[cfg_attr(feature = "serde", serde(skip_serializing))]
+    whole: TapeTotals,
+}
+
+/// What a run that follows a plan's whole tape does, in sum: the core
+/// brings a run that served its steps itself up to date from these at once
+/// instead of step by step.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TapeTotals {
+    pub(crate) allocs: u64,
+    pub(crate) frees: u64,
+    /// Most bytes of the plan's blocks live at once.
+    pub(crate) peak_live: usize,
+    /// The blocks never freed, and their bytes.
+    pub(crate) end_live: Vec<u32>,
+    pub(crate) end_live_bytes: usize,
 }
 
 /// One event of a compiled plan ([`Plan`]'s tape): what a planned run's
@@ -94,6 +111,7 @@ impl Plan {
             align: max_align(recording),
             lower_bound: solver::lower_bound(&requests),
             tape: Vec::new(),
+            whole: TapeTotals::default(),
         };
         // The solver's output is checked like any other plan's: a solver
         // bug becomes an error here, not overlapping blocks later.
@@ -115,6 +133,7 @@ impl Plan {
             align: parts.align,
             lower_bound: parts.lower_bound,
             tape: Vec::new(),
+            whole: TapeTotals::default(),
         };
         plan.validate()?;
         plan.compile();
@@ -146,6 +165,25 @@ impl Plan {
                 },
             })
             .collect();
+        let mut whole = TapeTotals::default();
+        let mut live = 0usize;
+        let mut freed = vec![false; self.recording.blocks.len()];
+        for step in &self.tape {
+            if step.is_free() {
+                whole.frees += 1;
+                live -= self.recording.blocks[step.index as usize].0;
+                freed[step.index as usize] = true;
+            } else {
+                whole.allocs += 1;
+                live += step.size;
+                whole.peak_live = whole.peak_live.max(live);
+            }
+        }
+        whole.end_live = (0..self.recording.blocks.len() as u32)
+            .filter(|&i| !freed[i as usize])
+            .collect();
+        whole.end_live_bytes = live;
+        self.whole = whole;
     }
 
     /// The compiled plan: step `pos` is what event `pos` of a run that
@@ -153,6 +191,16 @@ impl Plan {
     #[inline]
     pub(crate) fn step(&self, pos: usize) -> Option<&Step> {
         self.tape.get(pos)
+    }
+
+    /// The compiled plan's steps, all of them.
+    pub(crate) fn steps(&self) -> &[Step] {
+        &self.tape
+    }
+
+    /// What following the whole tape adds up to.
+    pub(crate) fn whole(&self) -> &TapeTotals {
+        &self.whole
     }
 
     /// Bytes of the one block the plan needs.

@@ -275,6 +275,12 @@ impl<M: Memory> RawArena<M> {
         self.id
     }
 
+    /// The granule: every block's size is a multiple of it, and its
+    /// alignment at least it.
+    pub(crate) fn granule(&self) -> usize {
+        self.pool.granule()
+    }
+
     /// Gives a block back.
     ///
     /// # Errors

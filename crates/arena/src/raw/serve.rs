@@ -151,6 +151,104 @@ impl<M: Memory> RawArena<M> {
         }
     }
 
+    /// What a caller that serves the open planned run's exact steps itself
+    /// (the host shell's [`ScopedRun`](crate::ScopedRun)) needs: the plan
+    /// block's address and size, its slot and generation. `None` when no
+    /// plan serves the run, the run left it, or the run records its own
+    /// events (a trace is on): every event must then come through here.
+    pub(crate) fn exact_serving(&self) -> Option<(M::Ptr, usize, u32, u32)> {
+        let run = self.run.as_ref()?;
+        let serve = run.serve.as_ref()?;
+        if serve.deviated || serve.recording || serve.pos != 0 {
+            return None;
+        }
+        let pb = self.plan_blocks.get(serve.slot as usize)?.as_ref()?;
+        Some((pb.raw.ptr, pb.raw.size, serve.slot, pb.generation))
+    }
+
+    /// Brings the open planned run up to event `upto` of its plan: the
+    /// bookkeeping of every step from where the run stands, as
+    /// [`RawArena::alloc_planned`] and [`RawArena::free_planned`] would
+    /// have done it had each event come through them exactly as recorded.
+    /// For a caller that served those events itself
+    /// ([`RawArena::exact_serving`]) and guarantees they were the plan's.
+    pub(crate) fn follow_steps(&mut self, upto: usize) {
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        let Some(serve) = run.serve.as_mut().filter(|s| !s.deviated) else {
+            return;
+        };
+        let Some(pb) = self
+            .plan_blocks
+            .get_mut(serve.slot as usize)
+            .and_then(Option::as_mut)
+        else {
+            return;
+        };
+        let plan = Arc::clone(&serve.plan);
+        let steps = plan.steps();
+        let upto = upto.min(steps.len());
+        if upto <= serve.pos {
+            return;
+        }
+        // Bytes in use outside planned blocks do not change meanwhile.
+        let others = self.pool.in_use() - self.plan_reserved;
+        let mut peak = run.peak;
+        if serve.pos == 0 && upto == steps.len() {
+            // The whole tape: its totals at once.
+            let whole = plan.whole();
+            peak = peak.max(others + self.planned_live + whole.peak_live);
+            for &index in &whole.end_live {
+                let (Some(served), Some(&(size, _))) = (
+                    pb.served.get_mut(index as usize),
+                    plan.recording().blocks.get(index as usize),
+                ) else {
+                    debug_assert!(false, "a validated plan names its own blocks");
+                    continue;
+                };
+                *served = size;
+            }
+            pb.live += whole.end_live.len();
+            pb.live_bytes += whole.end_live_bytes;
+            self.planned_live += whole.end_live_bytes;
+            self.allocs += whole.allocs;
+            self.planned_allocs += whole.allocs;
+            self.frees += whole.frees;
+            run.blocks += whole.allocs as u32;
+            serve.pos = upto;
+            run.peak = peak;
+            self.peak_in_use = self.peak_in_use.max(peak);
+            return;
+        }
+        for step in &steps[serve.pos..upto] {
+            let Some(served) = pb.served.get_mut(step.index as usize) else {
+                debug_assert!(false, "a validated plan names its own blocks");
+                break;
+            };
+            if step.is_free() {
+                let size = core::mem::take(served);
+                debug_assert!(size > 0, "the plan frees a live block");
+                self.planned_live -= size;
+                pb.live -= 1;
+                pb.live_bytes -= size;
+                self.frees += 1;
+            } else {
+                *served = step.size;
+                pb.live += 1;
+                pb.live_bytes += step.size;
+                self.planned_live += step.size;
+                self.allocs += 1;
+                self.planned_allocs += 1;
+                run.blocks += 1;
+                peak = peak.max(others + self.planned_live);
+            }
+        }
+        serve.pos = upto;
+        run.peak = peak;
+        self.peak_in_use = self.peak_in_use.max(peak);
+    }
+
     /// Starts keeping the run's own recording: what the run did so far is
     /// the plan's recording up to `serve.pos` (its first `blocks` blocks).
     #[cold]

@@ -12,6 +12,7 @@ mod plans;
 mod pressure;
 mod reliability;
 mod review;
+mod scoped;
 mod shared;
 mod soundness;
 mod trace;

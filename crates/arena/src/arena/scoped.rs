@@ -1,0 +1,505 @@
+//! [`ScopedRun`]: a planned run with the arena to itself, whose blocks
+//! cannot outlive it; the planned path at the cost of a tape read.
+
+use super::{dangling_for, Arena, Shell};
+use crate::memory::{DefaultMemory, HostMemory};
+use crate::plan::{Plan, Recording};
+use crate::raw::{Handle, HandleKind};
+use crate::stats::{RunReport, Stats};
+use crate::ArenaError;
+use bumpalo::Bump;
+use core::cell::{Cell, RefCell};
+use core::fmt;
+use core::ops::{Deref, DerefMut};
+use core::panic::Location;
+use core::ptr::NonNull;
+use std::sync::Arc;
+
+/// `ScopedRun::pos` once the run no longer serves steps itself.
+const OFF_TAPE: usize = usize::MAX;
+
+/// A planned run that holds its [`Arena`] exclusively (`&mut`), from
+/// [`Arena::begin_scoped_run`]. Its blocks ([`ScopedBlock`]) borrow the run,
+/// so none can outlive it, and nothing else can touch the arena meanwhile.
+///
+/// That is what makes its planned path short. While the run does exactly
+/// what the plan recorded, an allocation reads the plan's next step,
+/// compares the request with it and returns the block at the step's offset;
+/// a free checks that it is the step the plan expects. Nothing is counted
+/// per event: the arena's counters, peaks and the plan block's table are
+/// brought up to date from the plan in one pass when the run finishes (or
+/// [`ScopedRun::stats`] is asked). At the first event that differs (another
+/// size or alignment, a free out of the plan's order, more events than
+/// recorded) the run hands over to the arena's own planned run, which
+/// serves or leaves the plan exactly as a [`Run`](crate::Run) from
+/// [`Arena::begin_planned_run`] does: the same blocks at the same
+/// addresses, the same report, and a recording from where it left the plan.
+///
+/// No handle generations are needed: a block cannot be freed twice (it is
+/// freed by its drop) nor outlive the run (it borrows it).
+///
+/// ```
+/// use std::sync::Arc;
+/// use tensor_arena::{Arena, ArenaConfig, Plan};
+///
+/// let mut arena = Arena::new(ArenaConfig::default());
+/// // Learn the plan from a first run of the shape.
+/// let first = arena.begin_recorded_run();
+/// let a = first.try_alloc(4096)?;
+/// let b = first.try_alloc(1024)?;
+/// drop(a);
+/// drop(b);
+/// let (_, recording) = first.finish_with_recording();
+/// let plan = Arc::new(Plan::from_recording(&recording)?);
+///
+/// // Later runs of the shape follow it.
+/// for _ in 0..3 {
+///     let run = arena.begin_scoped_run(&plan)?;
+///     let mut a = run.try_alloc(4096)?;
+///     a[0] = 1;
+///     let b = run.try_alloc(1024)?;
+///     drop(a);
+///     drop(b);
+///     let report = run.finish();
+///     assert!(report.planned && !report.deviated);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A block cannot outlive its run:
+///
+/// ```compile_fail
+/// use std::sync::Arc;
+/// use tensor_arena::{Arena, ArenaConfig, Plan, Recording};
+/// let mut arena = Arena::new(ArenaConfig::default());
+/// let plan = Arc::new(Plan::from_recording(&Recording::new()).unwrap());
+/// let run = arena.begin_scoped_run(&plan).unwrap();
+/// let block = run.try_alloc(64).unwrap();
+/// run.finish();
+/// drop(block);
+/// ```
+pub struct ScopedRun<'a, M: HostMemory = DefaultMemory> {
+    /// The arena's state; borrowed only off the tape and to finish.
+    shell: RefCell<&'a mut Shell<M>>,
+    plan: &'a Arc<Plan>,
+    /// The plan's compiled steps.
+    steps: &'a [crate::plan::Step],
+    /// The plan block: address, bytes, slot and generation in the core.
+    base: NonNull<u8>,
+    block_size: usize,
+    slot: u32,
+    generation: u32,
+    granule: usize,
+    /// The next step of the plan this run serves itself, or [`OFF_TAPE`]
+    /// once the core serves every event.
+    pos: Cell<usize>,
+    /// Handles of the blocks the core handed out, by [`Owner::Core`] slot
+    /// (`None`: a vacant slot), and the vacant slots: a block carries a
+    /// slot, not the 24-byte handle, so that it stays four words that the
+    /// compiler keeps in registers.
+    handles: RefCell<(Vec<Option<Handle>>, Vec<u32>)>,
+    /// The error of the last refused allocation (kept here so that the
+    /// cold path returns in registers).
+    error: Cell<Option<ArenaError>>,
+    id: u64,
+    scratch: Bump,
+    open: bool,
+}
+
+/// Who gives a [`ScopedBlock`] back.
+#[derive(Clone, Copy, Debug)]
+enum Owner {
+    /// A zero-size block: no memory.
+    Empty,
+    /// Block `index` of the plan, served by the run itself or by the core.
+    Planned(u32),
+    /// A block the core handed out (after the run left its plan), by its
+    /// slot in [`ScopedRun::handles`].
+    Core(u32),
+}
+
+impl<M: HostMemory> Arena<M> {
+    /// Opens a planned run that holds this arena exclusively (and borrows
+    /// `plan`); see [`ScopedRun`]. It serves the same blocks at the same addresses as
+    /// [`Arena::begin_planned_run`], with its blocks borrowing the run.
+    ///
+    /// # Errors
+    /// As [`Arena::begin_planned_run`].
+    pub fn begin_scoped_run<'a>(
+        &'a mut self,
+        plan: &'a Arc<Plan>,
+    ) -> Result<ScopedRun<'a, M>, ArenaError> {
+        let shell = self.state.get_mut();
+        let id = shell.raw.begin_run(Some(Arc::clone(plan)), false)?;
+        let scratch = shell.scratch.take().unwrap_or_default();
+        let granule = shell.raw.granule();
+        let (base, block_size, slot, generation, pos) = match shell.raw.exact_serving() {
+            Some((base, size, slot, generation)) => (base, size, slot, generation, 0),
+            // No block to serve from (an empty plan), or a trace is being
+            // recorded: the core serves every event.
+            None => (NonNull::dangling(), 0, 0, 0, OFF_TAPE),
+        };
+        Ok(ScopedRun {
+            shell: RefCell::new(shell),
+            plan,
+            steps: plan.steps(),
+            base,
+            block_size,
+            slot,
+            generation,
+            granule,
+            pos: Cell::new(pos),
+            handles: RefCell::new((Vec::new(), Vec::new())),
+            error: Cell::new(None),
+            id,
+            scratch,
+            open: true,
+        })
+    }
+}
+
+impl<'a, M: HostMemory> ScopedRun<'a, M> {
+    /// The run's id, as in [`RunReport::run`].
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The plan serving the run.
+    pub fn plan(&self) -> &'a Arc<Plan> {
+        self.plan
+    }
+
+    /// A scratch allocator for small per-run data, reset when the run
+    /// finishes (as [`Run::scratch`](crate::Run::scratch)).
+    pub fn scratch(&self) -> &Bump {
+        &self.scratch
+    }
+
+    /// Whether every event so far was the plan's, served by the run itself.
+    pub fn on_tape(&self) -> bool {
+        self.pos.get() != OFF_TAPE
+    }
+
+    /// Allocates `len` bytes at the arena's alignment; see
+    /// [`Arena::try_alloc`].
+    ///
+    /// # Errors
+    /// As [`Arena::try_alloc`].
+    #[inline]
+    #[track_caller]
+    pub fn try_alloc(&self, len: usize) -> Result<ScopedBlock<'_, 'a, M>, ArenaError> {
+        self.alloc_at(len, 1, Location::caller())
+    }
+
+    /// Allocates `len` bytes at `align` (a power of two); see
+    /// [`Arena::try_alloc_aligned`].
+    ///
+    /// # Errors
+    /// As [`Arena::try_alloc_aligned`].
+    #[inline]
+    #[track_caller]
+    pub fn try_alloc_aligned(
+        &self,
+        len: usize,
+        align: usize,
+    ) -> Result<ScopedBlock<'_, 'a, M>, ArenaError> {
+        self.alloc_at(len, align, Location::caller())
+    }
+
+    #[inline]
+    fn alloc_at(
+        &self,
+        len: usize,
+        align: usize,
+        location: &'static Location<'static>,
+    ) -> Result<ScopedBlock<'_, 'a, M>, ArenaError> {
+        let served = match self.serve_step(len, align) {
+            Some(served) => Some(served),
+            None => self.off_tape_alloc(len, align, location),
+        };
+        match served {
+            Some((ptr, owner)) => Ok(ScopedBlock {
+                run: self,
+                ptr,
+                len,
+                owner,
+            }),
+            None => Err(self
+                .error
+                .take()
+                .unwrap_or(ArenaError::CapacityOverflow { requested: len })),
+        }
+    }
+
+    /// The block of the plan's next step, if the request is that step's.
+    #[inline(always)]
+    fn serve_step(&self, len: usize, align: usize) -> Option<(NonNull<u8>, Owner)> {
+        let pos = self.pos.get();
+        let step = self.steps.get(pos)?;
+        // The request is the step's exactly: its size rounded to the
+        // granule (`len <= step.size` first, so rounding cannot overflow)
+        // and its alignment raised to the granule. The offset check holds
+        // for every validated plan; were it not to, the core would serve
+        // the request instead.
+        let exact = len != 0
+            && len <= step.size
+            && (len + self.granule - 1) & !(self.granule - 1) == step.size
+            && crate::freemap::pow2(align)
+            && align.max(self.granule) == step.align as usize
+            && step.offset + step.size <= self.block_size;
+        if !exact {
+            return None;
+        }
+        self.pos.set(pos + 1);
+        Some((M::at(self.base, step.offset), Owner::Planned(step.index)))
+    }
+
+    /// An allocation the run does not serve itself; `None` with the error
+    /// in `self.error`.
+    #[cold]
+    #[inline(never)]
+    fn off_tape_alloc(
+        &self,
+        len: usize,
+        align: usize,
+        location: &'static Location<'static>,
+    ) -> Option<(NonNull<u8>, Owner)> {
+        if len == 0 {
+            if !align.is_power_of_two() {
+                self.error.set(Some(ArenaError::InvalidAlignment { align }));
+                return None;
+            }
+            return Some((dangling_for(align.max(self.granule)), Owner::Empty));
+        }
+        self.leave_tape();
+        let got = match self.shell.borrow_mut().raw.alloc_at(len, align, location) {
+            Ok(got) => got,
+            Err(e) => {
+                self.error.set(Some(e));
+                return None;
+            }
+        };
+        let mut handles = self.handles.borrow_mut();
+        let (table, vacant) = &mut *handles;
+        let slot = match vacant.pop() {
+            Some(slot) => {
+                table[slot as usize] = Some(got.handle);
+                slot
+            }
+            None => {
+                table.push(Some(got.handle));
+                // As many slots as live blocks, which are far fewer than
+                // `u32::MAX` (each holds at least a granule).
+                u32::try_from(table.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        Some((got.ptr, Owner::Core(slot)))
+    }
+
+    /// Gives a block back: the plan's next step, or through the core.
+    #[inline(always)]
+    fn release(&self, owner: Owner) {
+        if let Owner::Planned(index) = owner {
+            let pos = self.pos.get();
+            if self
+                .steps
+                .get(pos)
+                .is_some_and(|s| s.is_free() && s.index == index)
+            {
+                self.pos.set(pos + 1);
+                return;
+            }
+        }
+        self.off_tape_release(owner);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn off_tape_release(&self, owner: Owner) {
+        let handle = match owner {
+            Owner::Empty => return,
+            Owner::Core(slot) => {
+                let mut handles = self.handles.borrow_mut();
+                let (table, vacant) = &mut *handles;
+                let Some(handle) = table.get_mut(slot as usize).and_then(Option::take) else {
+                    debug_assert!(false, "a live block's slot is filled");
+                    return;
+                };
+                vacant.push(slot);
+                handle
+            }
+            Owner::Planned(index) => {
+                self.leave_tape();
+                let shell = self.shell.borrow();
+                shell.raw.handle(
+                    HandleKind::Planned {
+                        slot: self.slot,
+                        index,
+                    },
+                    self.generation,
+                )
+            }
+        };
+        let result = self.shell.borrow_mut().raw.free(handle);
+        debug_assert!(result.is_ok(), "a live block was not found in its arena");
+    }
+
+    /// Hands every further event to the core, after bringing it up to
+    /// where the run stands.
+    fn leave_tape(&self) {
+        let pos = self.pos.replace(OFF_TAPE);
+        if pos != OFF_TAPE {
+            self.shell.borrow_mut().raw.follow_steps(pos);
+        }
+    }
+
+    /// Brings the core up to where the run stands (the run goes on serving
+    /// its steps).
+    fn catch_up(&self) {
+        let pos = self.pos.get();
+        if pos != OFF_TAPE {
+            self.shell.borrow_mut().raw.follow_steps(pos);
+        }
+    }
+
+    /// The arena's statistics now, as [`Arena::stats`] would give them
+    /// (the arena itself is borrowed by the run).
+    pub fn stats(&self) -> Stats {
+        self.catch_up();
+        self.shell.borrow().raw.stats()
+    }
+
+    /// Closes the run and reports what it did; see [`Run::finish`](crate::Run::finish).
+    pub fn finish(mut self) -> RunReport {
+        self.close(false).0
+    }
+
+    /// Closes the run and also returns its recording; see
+    /// [`Run::finish_with_recording`](crate::Run::finish_with_recording):
+    /// empty when the run followed its plan exactly, the whole run's when
+    /// it left it.
+    pub fn finish_with_recording(mut self) -> (RunReport, Recording) {
+        self.close(true)
+    }
+
+    fn close(&mut self, keep_recording: bool) -> (RunReport, Recording) {
+        self.open = false;
+        self.catch_up();
+        let mut scratch = core::mem::take(&mut self.scratch);
+        scratch.reset();
+        let mut shell = self.shell.borrow_mut();
+        shell.scratch = Some(scratch);
+        if keep_recording {
+            shell.raw.finish_run()
+        } else {
+            (shell.raw.finish_run_unrecorded(), Recording::new())
+        }
+    }
+}
+
+impl<M: HostMemory> Drop for ScopedRun<'_, M> {
+    fn drop(&mut self) {
+        if self.open {
+            self.close(false);
+        }
+    }
+}
+
+impl<M: HostMemory> fmt::Debug for ScopedRun<'_, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScopedRun")
+            .field("id", &self.id)
+            .field("on_tape", &self.on_tape())
+            .finish()
+    }
+}
+
+/// A buffer of a [`ScopedRun`]; derefs to `[u8]`, goes back when dropped,
+/// and cannot outlive its run.
+pub struct ScopedBlock<'r, 'a, M: HostMemory = DefaultMemory> {
+    run: &'r ScopedRun<'a, M>,
+    /// Valid for `len` bytes, initialized, owned by this block alone.
+    ptr: NonNull<u8>,
+    len: usize,
+    owner: Owner,
+}
+
+impl<M: HostMemory> ScopedBlock<'_, '_, M> {
+    /// Bytes requested.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the block is empty (a zero-size request).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes the block holds: the request rounded up to the alignment.
+    pub fn capacity(&self) -> usize {
+        match self.owner {
+            Owner::Empty => 0,
+            Owner::Planned(index) => self
+                .run
+                .plan
+                .recording()
+                .blocks
+                .get(index as usize)
+                .map_or(0, |b| b.0),
+            Owner::Core(slot) => {
+                let handles = self.run.handles.borrow();
+                match handles.0.get(slot as usize).copied().flatten() {
+                    Some(handle) => self.run.shell.borrow().raw.capacity(handle),
+                    None => 0,
+                }
+            }
+        }
+    }
+
+    /// Pointer to the first byte.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Mutable pointer to the first byte.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl<M: HostMemory> Deref for ScopedBlock<'_, '_, M> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` bytes: a block of the plan's
+        // block at its validated offset (inside the block, checked when
+        // served), with the live blocks exactly those the plan has live at
+        // that step, which the validated plan never overlaps; or a block the
+        // core handed out; or dangling with `len == 0`. The plan block is
+        // held until the run finishes, and the block borrows the run. The
+        // bytes are initialized (the memory layer's promise).
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<M: HostMemory> DerefMut for ScopedBlock<'_, '_, M> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes this the only access.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<M: HostMemory> Drop for ScopedBlock<'_, '_, M> {
+    #[inline]
+    fn drop(&mut self) {
+        self.run.release(self.owner);
+    }
+}
+
+impl<M: HostMemory> fmt::Debug for ScopedBlock<'_, '_, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScopedBlock")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}

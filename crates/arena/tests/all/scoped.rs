@@ -1,0 +1,407 @@
+//! Scoped runs ([`ScopedRun`]): the same blocks, reports, recordings and
+//! statistics as a planned [`Run`](tensor_arena::Run) doing the same
+//! thing, whether the run follows its plan or leaves it anywhere.
+
+use crate::common::read_trace;
+use proptest::prelude::*;
+use std::sync::Arc;
+use tensor_arena::{
+    Arena, ArenaConfig, ArenaError, Block, Plan, Recording, RunReport, ScopedBlock, Stats,
+};
+
+/// One event of a script.
+#[derive(Clone, Copy, Debug)]
+enum Ev {
+    /// Allocate `len` bytes at `align`.
+    Alloc(usize, usize),
+    /// Free the live block at this position (modulo the live count).
+    Free(usize),
+    /// Read the arena's statistics.
+    Stats,
+}
+
+/// What one event gave: the block's address relative to the anchor and its
+/// length, an error, the statistics read, or a free.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Seen {
+    Block(isize, usize),
+    Refused(ArenaError),
+    Stats(Stats),
+    Freed,
+}
+
+/// Everything a script's run showed, to compare between the two ways.
+#[derive(Debug, PartialEq, Eq)]
+struct Outcome {
+    seen: Vec<Seen>,
+    report: RunReport,
+    recording: Recording,
+    after: Stats,
+}
+
+/// Where block `b` lies relative to `anchor`, which the first block sets
+/// if the plan's run had none (a zero-size block's address is only
+/// aligned).
+fn at(b: &[u8], anchor: &mut Option<usize>) -> Seen {
+    match b.len() {
+        0 => Seen::Block(0, 0),
+        len => {
+            let from = *anchor.get_or_insert(b.as_ptr() as usize);
+            Seen::Block(b.as_ptr() as isize - from as isize, len)
+        }
+    }
+}
+
+fn fill(b: &mut [u8], seed: u8) {
+    b.fill(seed);
+}
+
+fn intact(b: &[u8], seed: u8) -> bool {
+    b.iter().all(|&x| x == seed)
+}
+
+/// An arena that ran `base` once, recorded: its plan and an anchor address
+/// (the first block's, if any), the same for every arena made this way.
+fn learned(base: &[Ev]) -> (Arena, Arc<Plan>, Option<usize>) {
+    let arena = Arena::new(ArenaConfig::default());
+    let r = arena.begin_recorded_run();
+    let mut live: Vec<Block<'_>> = Vec::new();
+    let mut anchor = None;
+    for ev in base {
+        match *ev {
+            Ev::Alloc(len, align) => {
+                if let Ok(b) = r.arena().try_alloc_aligned(len, align) {
+                    if !b.is_empty() {
+                        anchor.get_or_insert(b.as_ptr() as usize);
+                    }
+                    live.push(b);
+                }
+            }
+            Ev::Free(i) if !live.is_empty() => {
+                let at = i % live.len();
+                live.remove(at);
+            }
+            _ => {}
+        }
+    }
+    drop(live);
+    let (_, recording) = r.finish_with_recording();
+    let plan = Arc::new(Plan::from_recording(&recording).expect("a recorded run plans"));
+    (arena, plan, anchor)
+}
+
+/// `script` as a planned [`Run`](tensor_arena::Run).
+fn through_run(
+    arena: &Arena,
+    plan: &Arc<Plan>,
+    mut anchor: Option<usize>,
+    script: &[Ev],
+) -> Outcome {
+    let r = arena.begin_planned_run(Arc::clone(plan)).unwrap();
+    let mut live: Vec<(Block<'_>, u8)> = Vec::new();
+    let mut seen = Vec::new();
+    for (n, ev) in script.iter().enumerate() {
+        match *ev {
+            Ev::Alloc(len, align) => match r.arena().try_alloc_aligned(len, align) {
+                Ok(mut b) => {
+                    seen.push(at(&b, &mut anchor));
+                    let seed = n as u8 ^ 0xa5;
+                    fill(&mut b, seed);
+                    live.push((b, seed));
+                }
+                Err(e) => seen.push(Seen::Refused(e)),
+            },
+            Ev::Free(i) if !live.is_empty() => {
+                let (b, seed) = live.remove(i % live.len());
+                assert!(intact(&b, seed), "event {n}: a block was overwritten");
+                seen.push(Seen::Freed);
+            }
+            Ev::Free(_) => {}
+            Ev::Stats => seen.push(Seen::Stats(arena.stats())),
+        }
+    }
+    for (b, seed) in live.drain(..) {
+        assert!(intact(&b, seed), "a block was overwritten");
+    }
+    drop(live);
+    let (report, recording) = r.finish_with_recording();
+    Outcome {
+        seen,
+        report,
+        recording,
+        after: arena.stats(),
+    }
+}
+
+/// `script` as a [`ScopedRun`](tensor_arena::ScopedRun).
+fn through_scope(
+    arena: &mut Arena,
+    plan: &Arc<Plan>,
+    mut anchor: Option<usize>,
+    script: &[Ev],
+) -> Outcome {
+    let r = arena.begin_scoped_run(plan).unwrap();
+    let mut live: Vec<(ScopedBlock<'_, '_>, u8)> = Vec::new();
+    let mut seen = Vec::new();
+    for (n, ev) in script.iter().enumerate() {
+        match *ev {
+            Ev::Alloc(len, align) => match r.try_alloc_aligned(len, align) {
+                Ok(mut b) => {
+                    seen.push(at(&b, &mut anchor));
+                    assert!(b.capacity() >= b.len());
+                    let seed = n as u8 ^ 0xa5;
+                    fill(&mut b, seed);
+                    live.push((b, seed));
+                }
+                Err(e) => seen.push(Seen::Refused(e)),
+            },
+            Ev::Free(i) if !live.is_empty() => {
+                let (b, seed) = live.remove(i % live.len());
+                assert!(intact(&b, seed), "event {n}: a block was overwritten");
+                seen.push(Seen::Freed);
+            }
+            Ev::Free(_) => {}
+            Ev::Stats => seen.push(Seen::Stats(r.stats())),
+        }
+    }
+    for (b, seed) in live.drain(..) {
+        assert!(intact(&b, seed), "a block was overwritten");
+    }
+    drop(live);
+    let (report, recording) = r.finish_with_recording();
+    Outcome {
+        seen,
+        report,
+        recording,
+        after: arena.stats(),
+    }
+}
+
+/// Runs `base` recorded on two fresh arenas, then `script` on one as a
+/// planned run and on the other as a scoped run, and checks that both
+/// showed the same; returns the scoped run's outcome.
+fn same_both_ways(base: &[Ev], script: &[Ev]) -> Outcome {
+    let (run_arena, run_plan, run_anchor) = learned(base);
+    let (mut scoped_arena, plan, anchor) = learned(base);
+    assert_eq!(*run_plan, *plan, "the same history plans the same");
+    let by_run = through_run(&run_arena, &run_plan, run_anchor, script);
+    let by_scope = through_scope(&mut scoped_arena, &plan, anchor, script);
+    assert_eq!(by_run, by_scope);
+    // And the arenas go on alike: the next run follows the plan again.
+    let again_run = through_run(&run_arena, &run_plan, run_anchor, base);
+    let again_scope = through_scope(&mut scoped_arena, &plan, anchor, base);
+    assert_eq!(again_run, again_scope);
+    by_scope
+}
+
+/// A script: allocations of mixed sizes, frees in any order.
+fn base_script() -> Vec<Ev> {
+    vec![
+        Ev::Alloc(4096, 1),
+        Ev::Alloc(1000, 64),
+        Ev::Alloc(70_000, 1),
+        Ev::Free(0),
+        Ev::Alloc(3000, 128),
+        Ev::Free(1),
+        Ev::Alloc(1 << 20, 1),
+        Ev::Free(2),
+        Ev::Free(0),
+        Ev::Alloc(64, 1),
+        Ev::Free(1),
+    ]
+}
+
+#[test]
+fn a_scoped_run_that_follows_its_plan_serves_it_alone_and_reports_like_a_run() {
+    let base = base_script();
+    let outcome = same_both_ways(&base, &base);
+    assert!(outcome.report.planned && !outcome.report.deviated);
+    assert_eq!(outcome.report.planned_allocs, 6);
+    assert_eq!(outcome.report.allocs, 6);
+    assert!(outcome.recording.is_empty());
+    assert_eq!(outcome.after.in_use, 0);
+}
+
+#[test]
+fn a_scoped_run_stays_on_its_tape_until_an_event_differs() {
+    let base = base_script();
+    let (mut arena, plan, _) = learned(&base);
+    let r = arena.begin_scoped_run(&plan).unwrap();
+    assert!(r.on_tape());
+    let a = r.try_alloc(4096).unwrap();
+    // Statistics bring the arena up to date without leaving the tape.
+    let s = r.stats();
+    assert_eq!((s.in_use, s.allocs - s.frees), (4096, 1));
+    assert!(r.on_tape());
+    // A zero-size block needs no memory and is not an event.
+    let empty = r.try_alloc(0).unwrap();
+    assert!(empty.is_empty() && r.on_tape());
+    // The plan's second block is 1,000 bytes at 64 (1,024 held): 900 is
+    // another size (960 held).
+    let b = r.try_alloc(900).unwrap();
+    assert!(!r.on_tape());
+    assert_eq!(b.capacity(), 960);
+    drop((a, b, empty));
+    let report = r.finish();
+    assert!(report.planned && report.deviated);
+    assert_eq!(arena.stats().in_use, 0);
+}
+
+#[test]
+fn bad_requests_are_errors_and_change_nothing() {
+    let base = base_script();
+    let mut script = vec![
+        Ev::Alloc(4096, 3),
+        Ev::Alloc(4096, 1 << 20),
+        Ev::Alloc(usize::MAX - 10, 1),
+        Ev::Alloc(0, 3),
+    ];
+    script.extend(base.iter().copied());
+    let outcome = same_both_ways(&base, &script);
+    assert!(matches!(
+        outcome.seen[..4],
+        [
+            Seen::Refused(ArenaError::InvalidAlignment { .. }),
+            Seen::Refused(ArenaError::AlignmentTooLarge { .. }),
+            Seen::Refused(_),
+            Seen::Refused(ArenaError::InvalidAlignment { .. }),
+        ]
+    ));
+    // Refused requests are not deviations: the rest follows the plan.
+    assert!(!outcome.report.deviated);
+}
+
+#[test]
+fn an_arena_over_its_cap_refuses_a_scoped_runs_extra_block() {
+    let base = base_script();
+    let (_, plan, _) = learned(&base);
+    let mut arena = Arena::new(ArenaConfig {
+        max_reserved: 2 << 20,
+        ..ArenaConfig::default()
+    });
+    let r = arena.begin_scoped_run(&plan).unwrap();
+    let a = r.try_alloc(4096).unwrap();
+    let refused = r.try_alloc(4 << 20);
+    assert!(matches!(refused, Err(ArenaError::OverCap { .. })));
+    drop(a);
+    drop(refused);
+    assert!(r.finish().deviated);
+    let s = arena.stats();
+    assert_eq!(s.in_use, 0);
+    assert!(s.reserved <= 2 << 20);
+}
+
+#[test]
+fn dropping_a_scoped_run_closes_it() {
+    let base = base_script();
+    let (mut arena, plan, _) = learned(&base);
+    {
+        let r = arena.begin_scoped_run(&plan).unwrap();
+        let _a = r.try_alloc(4096).unwrap();
+    }
+    let s = arena.stats();
+    assert_eq!((s.in_use, s.runs), (0, 2));
+    let r = arena.begin_scoped_run(&plan).unwrap();
+    assert!(r.on_tape());
+    r.finish();
+}
+
+#[test]
+fn a_scoped_run_serves_a_real_trace_like_a_run() {
+    // DenseNet-121's first run: 400-odd blocks, frees in graph order.
+    let run = &read_trace("densenet121-1x3x224x224.trace")[0];
+    let mut ids = Vec::new();
+    let script: Vec<Ev> = run
+        .events
+        .iter()
+        .map(|&(alloc, id, bytes)| {
+            if alloc {
+                ids.push(id);
+                Ev::Alloc(bytes, 64)
+            } else {
+                let at = ids
+                    .iter()
+                    .position(|&x| x == id)
+                    .expect("freed after allocated");
+                ids.remove(at);
+                Ev::Free(at)
+            }
+        })
+        .collect();
+    let outcome = same_both_ways(&script, &script);
+    assert!(outcome.report.planned && !outcome.report.deviated);
+    // One block of the plan changed halfway: both ways leave the plan there.
+    let mut changed = script.clone();
+    let half = changed.len() / 2;
+    let at = (half..changed.len())
+        .find(|&i| matches!(changed[i], Ev::Alloc(..)))
+        .expect("an allocation after the middle");
+    changed[at] = Ev::Alloc(5 << 20, 64);
+    let outcome = same_both_ways(&script, &changed);
+    assert!(outcome.report.deviated);
+    assert!(!outcome.recording.is_empty());
+}
+
+fn ev() -> impl Strategy<Value = Ev> {
+    prop_oneof![
+        6 => (1usize..20_000, prop::sample::select(vec![1usize, 64, 128, 4096]))
+            .prop_map(|(len, align)| Ev::Alloc(len, align)),
+        1 => (1usize..(2 << 20)).prop_map(|len| Ev::Alloc(len, 1)),
+        1 => Just(Ev::Alloc(0, 1)),
+        5 => (0usize..8).prop_map(Ev::Free),
+        1 => Just(Ev::Stats),
+    ]
+}
+
+/// A change to a script: one event replaced, one inserted, two swapped,
+/// the tail cut.
+#[derive(Clone, Debug)]
+enum Edit {
+    Replace(usize, Ev),
+    Insert(usize, Ev),
+    Swap(usize),
+    Cut(usize),
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    prop_oneof![
+        (any::<usize>(), ev()).prop_map(|(i, e)| Edit::Replace(i, e)),
+        (any::<usize>(), ev()).prop_map(|(i, e)| Edit::Insert(i, e)),
+        any::<usize>().prop_map(Edit::Swap),
+        any::<usize>().prop_map(Edit::Cut),
+    ]
+}
+
+fn apply(script: &mut Vec<Ev>, edit: &Edit) {
+    let n = script.len();
+    match *edit {
+        Edit::Replace(i, e) if n > 0 => script[i % n] = e,
+        Edit::Insert(i, e) => script.insert(i % (n + 1), e),
+        Edit::Swap(i) if n > 1 => script.swap(i % (n - 1), i % (n - 1) + 1),
+        Edit::Cut(i) if n > 0 => script.truncate(i % n),
+        _ => {}
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Whatever a run does against its plan, a scoped run shows exactly
+    /// what a planned run shows: the same blocks at the same places, the
+    /// same errors, statistics at every point, report and recording, and
+    /// the arena afterwards; no block is overwritten while live.
+    #[test]
+    fn a_scoped_run_is_a_planned_run(
+        base in prop::collection::vec(ev(), 1..40),
+        edits in prop::collection::vec(edit(), 0..3),
+    ) {
+        let mut script = base.clone();
+        for e in &edits {
+            apply(&mut script, e);
+        }
+        let outcome = same_both_ways(&base, &script);
+        if edits.is_empty() {
+            prop_assert!(!outcome.report.deviated);
+        }
+    }
+}
