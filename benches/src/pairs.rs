@@ -128,9 +128,7 @@ impl Pairs for ScopedPairs {
             .begin_scoped_run(&self.plan)
             .expect("the plan's block could not be drawn");
         for &len in sizes {
-            let block = r.try_alloc(len).expect("allocation failed");
-            black_box(block.as_ptr());
-            drop(block);
+            black_box(r.try_alloc(len).expect("allocation failed"));
         }
         r.finish();
     }

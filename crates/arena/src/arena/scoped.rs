@@ -84,9 +84,8 @@ pub struct ScopedRun<'a, M: HostMemory = DefaultMemory> {
     plan: &'a Arc<Plan>,
     /// The plan's compiled steps.
     steps: &'a [crate::plan::Step],
-    /// The plan block: address, bytes, slot and generation in the core.
+    /// The plan block: address, slot and generation in the core.
     base: NonNull<u8>,
-    block_size: usize,
     slot: u32,
     generation: u32,
     granule: usize,
@@ -133,18 +132,27 @@ impl<M: HostMemory> Arena<M> {
         let id = shell.raw.begin_run(Some(Arc::clone(plan)), false)?;
         let scratch = shell.scratch.take().unwrap_or_default();
         let granule = shell.raw.granule();
-        let (base, block_size, slot, generation, pos) = match shell.raw.exact_serving() {
-            Some((base, size, slot, generation)) => (base, size, slot, generation, 0),
-            // No block to serve from (an empty plan), or a trace is being
-            // recorded: the core serves every event.
-            None => (NonNull::dangling(), 0, 0, 0, OFF_TAPE),
+        // Every block of a validated plan lies inside its `size` bytes, so
+        // a plan block that large holds every step; and with every size a
+        // multiple of this arena's granule, a request is a step's exactly
+        // when it is at most the step's size and within a granule of it.
+        let quantum = plan.whole().size_quantum;
+        let (base, slot, generation, pos) = match shell.raw.exact_serving() {
+            Some((base, size, slot, generation))
+                if plan.size() <= size && quantum % granule == 0 =>
+            {
+                (base, slot, generation, 0)
+            }
+            // No block to serve from (an empty plan), a trace being
+            // recorded, or a plan from an arena of a coarser granule: the
+            // core serves every event.
+            _ => (NonNull::dangling(), 0, 0, OFF_TAPE),
         };
         Ok(ScopedRun {
             shell: RefCell::new(shell),
             plan,
             steps: plan.steps(),
             base,
-            block_size,
             slot,
             generation,
             granule,
@@ -236,17 +244,16 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
     fn serve_step(&self, len: usize, align: usize) -> Option<(NonNull<u8>, Owner)> {
         let pos = self.pos.get();
         let step = self.steps.get(pos)?;
-        // The request is the step's exactly: its size rounded to the
-        // granule (`len <= step.size` first, so rounding cannot overflow)
-        // and its alignment raised to the granule. The offset check holds
-        // for every validated plan; were it not to, the core would serve
-        // the request instead.
+        // The request is the step's exactly: its size rounded up to the
+        // granule is the step's (a multiple of the granule, checked when
+        // the run began: so `len` is at most it and within a granule of
+        // it; a free's step has size 0, which no `len > 0` is within), and
+        // its alignment raised to the granule is the step's. The block then
+        // lies inside the plan block (checked when the run began).
         let exact = len != 0
-            && len <= step.size
-            && (len + self.granule - 1) & !(self.granule - 1) == step.size
+            && step.size.wrapping_sub(len) < self.granule
             && crate::freemap::pow2(align)
-            && align.max(self.granule) == step.align as usize
-            && step.offset + step.size <= self.block_size;
+            && align.max(self.granule) == step.align as usize;
         if !exact {
             return None;
         }

@@ -67,6 +67,9 @@ pub(crate) struct TapeTotals {
     /// The blocks never freed, and their bytes.
     pub(crate) end_live: Vec<u32>,
     pub(crate) end_live_bytes: usize,
+    /// The largest power of two that divides every block's size (0 for a
+    /// plan with no block).
+    pub(crate) size_quantum: usize,
 }
 
 /// One event of a compiled plan ([`Plan`]'s tape): what a planned run's
@@ -183,6 +186,11 @@ impl Plan {
             .filter(|&i| !freed[i as usize])
             .collect();
         whole.end_live_bytes = live;
+        let sizes = self.recording.blocks.iter().fold(0, |acc, b| acc | b.0);
+        whole.size_quantum = match sizes {
+            0 => 0,
+            s => 1 << s.trailing_zeros(),
+        };
         self.whole = whole;
     }
 

@@ -405,3 +405,26 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_plan_recorded_at_a_finer_granule_is_served_by_the_core_alike() {
+    // Sizes rounded to 64 bytes (3,000 -> 3,008) are not multiples of an
+    // arena whose granule is 128: the scoped run hands every event to the
+    // core, which serves what it can from the plan, as a planned run does.
+    let base = base_script();
+    let (_, plan, _) = learned(&base);
+    let config = ArenaConfig {
+        alignment: 128,
+        ..ArenaConfig::default()
+    };
+    let run_arena = Arena::new(config.clone());
+    let mut scoped_arena = Arena::new(config);
+    let r = scoped_arena.begin_scoped_run(&plan).unwrap();
+    assert!(!r.on_tape());
+    drop(r);
+    drop(run_arena.begin_planned_run(Arc::clone(&plan)).unwrap());
+    let by_run = through_run(&run_arena, &plan, None, &base);
+    let by_scope = through_scope(&mut scoped_arena, &plan, None, &base);
+    assert_eq!(by_run, by_scope);
+    assert!(by_scope.report.planned);
+}
