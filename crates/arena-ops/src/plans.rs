@@ -13,7 +13,10 @@ use crate::Counting;
 use arbitrary::{Arbitrary, Unstructured};
 use std::sync::Arc;
 use tensor_arena::plan::{PlanEvent, PlanParts};
-use tensor_arena::{Arena, ArenaConfig, Block, FreeError, Handle, Heap, Plan, RawArena, Recording};
+use tensor_arena::{
+    Arena, ArenaConfig, Block, FreeError, Handle, Heap, Plan, RawArena, Recording, RunReport,
+    ScopedBlock,
+};
 
 /// Most blocks in a decoded recording.
 const MAX_BLOCKS: usize = 48;
@@ -41,6 +44,7 @@ pub fn plans(data: &[u8]) {
         if let Ok(plan) = serde_json::from_slice::<Plan>(rest) {
             check_accepted(&plan);
             drive(&plan, &mut Unstructured::new(&[]));
+            scoped_alike(&plan, &mut Unstructured::new(&[]));
             stale_handles(&plan);
         }
         if let Ok(rec) = serde_json::from_slice::<Recording>(rest) {
@@ -63,9 +67,11 @@ pub fn plans(data: &[u8]) {
                 if let Ok(other) = Plan::from_parts(parts) {
                     check_accepted(&other);
                     drive(&other, &mut u);
+                    scoped_alike(&other, &mut u);
                 }
             }
             drive(&plan, &mut u);
+            scoped_alike(&plan, &mut u);
             stale_handles(&plan);
         }
         Err(_) => assert!(rec.validate().is_err(), "refused a valid recording"),
@@ -286,6 +292,151 @@ fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
         );
     }
     assert_eq!(counting.outstanding(), 0, "memory not returned after drop");
+}
+
+/// One step of [`scoped_alike`]'s script.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Alloc(usize, usize),
+    /// Free the `k % live`th live block.
+    Free(usize),
+}
+
+/// The script [`scoped_alike`] runs both ways: `plan`'s events, with the
+/// bytes of `u` sometimes asking for less or more than recorded, adding
+/// blocks or freeing out of order.
+fn script(plan: &Plan, u: &mut Unstructured<'_>) -> Vec<Step> {
+    let rec = plan.recording();
+    let mut order: Vec<u32> = Vec::new();
+    let mut steps = Vec::new();
+    for ev in rec.events.iter().take(MAX_EVENTS) {
+        let tweak = u8::arbitrary(u).unwrap_or(0);
+        match *ev {
+            PlanEvent::Alloc(i) => {
+                let (size, align) = rec.blocks[i as usize];
+                let len = match tweak % 16 {
+                    0 => size / 2 + 1,
+                    1 => size + 64,
+                    _ => size,
+                };
+                steps.push(Step::Alloc(len, align.min(4096)));
+                order.push(i);
+                if tweak % 16 == 2 {
+                    steps.push(Step::Alloc(64 + usize::from(tweak), 1));
+                    order.push(u32::MAX);
+                }
+            }
+            PlanEvent::Free(_) if tweak % 16 == 3 => steps.push(Step::Free(usize::from(tweak))),
+            PlanEvent::Free(i) => {
+                if let Some(k) = order.iter().position(|&x| x == i) {
+                    order.remove(k);
+                    steps.push(Step::Free(k));
+                }
+            }
+        }
+    }
+    steps
+}
+
+/// What one way of running a script showed: each allocation's place
+/// relative to the first block (or `None`, refused), and the report.
+type Shown = (Vec<Option<(isize, usize)>>, RunReport);
+
+/// Runs `plan`'s events (tweaked by `u`) by a planned run and by a scoped
+/// run ([`ScopedRun`](tensor_arena::ScopedRun)) on two fresh arenas of the
+/// default layer (one reservation, so that places compare): every
+/// block lies at the same place relative to the first, every request is
+/// refused or served alike, and the reports agree; the scoped run's live
+/// blocks never overlap and keep their fill patterns.
+fn scoped_alike(plan: &Plan, u: &mut Unstructured<'_>) {
+    let steps = script(plan, u);
+    let plan = Arc::new(plan.clone());
+    {
+        let config = ArenaConfig {
+            max_reserved: 64 << 20,
+            ..ArenaConfig::default()
+        };
+        let by_run: Option<Shown> = {
+            let arena = Arena::try_new(config).expect("a valid configuration");
+            arena.begin_planned_run(Arc::clone(&plan)).ok().map(|run| {
+                let mut shown = Vec::new();
+                let mut first = None;
+                let mut live: Vec<Block<'_>> = Vec::new();
+                for step in &steps {
+                    match *step {
+                        Step::Alloc(len, align) => match arena.try_alloc_aligned(len, align) {
+                            Ok(b) => {
+                                let at = b.as_ptr() as isize;
+                                let from = *first.get_or_insert(at);
+                                shown.push(Some((at - from, b.len())));
+                                live.push(b);
+                            }
+                            Err(_) => shown.push(None),
+                        },
+                        Step::Free(k) if !live.is_empty() => {
+                            let k = k % live.len();
+                            live.remove(k);
+                        }
+                        Step::Free(_) => {}
+                    }
+                }
+                drop(live);
+                (shown, run.finish())
+            })
+        };
+        let mut arena = Arena::try_new(config).expect("a valid configuration");
+        let by_scope: Option<Shown> = arena.begin_scoped_run(&plan).ok().map(|run| {
+            let mut shown = Vec::new();
+            let mut first = None;
+            let mut live: Vec<(ScopedBlock<'_, '_>, u8)> = Vec::new();
+            for (n, step) in steps.iter().enumerate() {
+                match *step {
+                    Step::Alloc(len, align) => match run.try_alloc_aligned(len, align) {
+                        Ok(mut b) => {
+                            let at = b.as_ptr() as isize;
+                            let from = *first.get_or_insert(at);
+                            shown.push(Some((at - from, b.len())));
+                            let fill = n as u8 ^ 0x3c;
+                            b.fill(fill);
+                            live.push((b, fill));
+                        }
+                        Err(_) => shown.push(None),
+                    },
+                    Step::Free(k) if !live.is_empty() => {
+                        let k = k % live.len();
+                        live.remove(k);
+                    }
+                    Step::Free(_) => {}
+                }
+                let mut ranges: Vec<(usize, usize)> = live
+                    .iter()
+                    .filter(|(b, _)| !b.is_empty())
+                    .map(|(b, _)| (b.as_ptr() as usize, b.as_ptr() as usize + b.len()))
+                    .collect();
+                checks::disjoint(&"scoped", "live blocks", &mut ranges);
+                for (b, fill) in &live {
+                    assert!(
+                        b.iter().all(|x| x == fill),
+                        "a scoped run's live block was overwritten"
+                    );
+                }
+            }
+            drop(live);
+            (shown, run.finish())
+        });
+        match (by_run, by_scope) {
+            (Some((run_shown, run_report)), Some((scope_shown, scope_report))) => {
+                assert_eq!(
+                    run_shown, scope_shown,
+                    "a scoped run placed blocks elsewhere"
+                );
+                assert_eq!(run_report, scope_report, "a scoped run reported otherwise");
+            }
+            (None, None) => {}
+            _ => panic!("a planned run and a scoped run began differently"),
+        }
+        assert_eq!(arena.stats().in_use, 0);
+    }
 }
 
 /// Two planned runs of `plan` on the core ([`RawArena`], whose handles are

@@ -417,7 +417,7 @@ fn a_plan_recorded_at_a_finer_granule_is_served_by_the_core_alike() {
         alignment: 128,
         ..ArenaConfig::default()
     };
-    let run_arena = Arena::new(config.clone());
+    let run_arena = Arena::new(config);
     let mut scoped_arena = Arena::new(config);
     let r = scoped_arena.begin_scoped_run(&plan).unwrap();
     assert!(!r.on_tape());
