@@ -257,6 +257,7 @@ impl<M: HostMemory> Arena<M> {
         Ok((raw.ptr, raw.span, raw.size))
     }
 
+    #[inline]
     pub(crate) fn alloc_inner(
         &self,
         len: usize,
@@ -447,6 +448,7 @@ impl<M: HostMemory> Arena<M> {
     }
 
     /// Frees the block of `handle`; used by [`Block`]'s drop.
+    #[inline]
     pub(crate) fn release(&self, handle: Handle) {
         let result = self.state.borrow_mut().raw.free(handle);
         debug_assert!(result.is_ok(), "a live block was not found in its arena");
