@@ -7,7 +7,7 @@
 //! what is measured is the steady state: cached memory for the arena,
 //! learned plans for `planned`, a warm pool for rlsf and talc.
 
-use benches::{replayer, Replay, Strategy, Touch, Trace};
+use benches::{replayer, scoped_replayer, Replay, Strategy, Touch, Trace};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
 
@@ -33,13 +33,20 @@ fn trace_order(c: &mut Criterion) {
             .sample_size(20)
             .warm_up_time(Duration::from_millis(500))
             .measurement_time(Duration::from_secs(2));
-        for strategy in STRATEGIES {
+        type Make<'t> = Box<dyn Fn() -> Box<dyn Replay> + 't>;
+        let mut candidates: Vec<(&str, Make<'_>)> = STRATEGIES
+            .into_iter()
+            .map(|s| -> (&str, Make<'_>) { (s.name(), Box::new(|| replayer(s, &trace))) })
+            .collect();
+        // Planned runs through `ScopedRun` (the arena held exclusively).
+        candidates.insert(2, ("planned-scoped", Box::new(scoped_replayer)));
+        for (name, make) in candidates {
             // Made and warmed up on first use, so that a filtered-out
             // benchmark costs nothing.
             let mut slot: Option<Box<dyn Replay>> = None;
-            group.bench_function(strategy.name(), |b| {
+            group.bench_function(name, |b| {
                 let r = slot.get_or_insert_with(|| {
-                    let mut r = replayer(strategy, &trace);
+                    let mut r = make();
                     replay_untouched(r.as_mut(), &trace);
                     r
                 });

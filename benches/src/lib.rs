@@ -33,7 +33,7 @@ pub use pairs::{arena_pairs_outside_runs, pairs, planned_scoped_pairs, shared_pa
 pub use peers::PoolHeap;
 pub use replay::{
     arena_run, arena_run_with, bare_replayer, config_with, make_plans, preplanned_replayer,
-    replayer, ArenaReplay, Replay, Touch,
+    replayer, scoped_replayer, ArenaReplay, Replay, Touch,
 };
 pub use strategy::{Counters, Strategy, ALIGN};
 pub use trace::{hot_path_sizes, trace_names, traces_dir, Op, Trace, TraceRun};

@@ -12,7 +12,9 @@ use mimalloc::MiMalloc;
 use std::alloc::System;
 use std::collections::HashMap;
 use std::sync::Arc;
-use tensor_arena::{Arena, ArenaConfig, Block, Plan, Run, RunReport, SharedArena, SharedBlock};
+use tensor_arena::{
+    Arena, ArenaConfig, Block, Plan, Run, RunReport, ScopedBlock, SharedArena, SharedBlock,
+};
 use tikv_jemallocator::Jemalloc;
 
 /// Whether a replay writes to the buffers it is given.
@@ -228,6 +230,55 @@ impl Replay for PlannedReplay {
             backing_allocs: Some(stats.backing_allocs),
             reserved: Some(stats.reserved),
         }
+    }
+}
+
+/// [`Strategy::Planned`] with every run of a known shape a
+/// [`ScopedRun`](tensor_arena::ScopedRun) (the arena held exclusively, the
+/// blocks borrowing the run); the first run of a shape is recorded, as for
+/// `planned`.
+pub fn scoped_replayer() -> Box<dyn Replay> {
+    Box::new(ScopedReplay(PlannedReplay {
+        arena: Arena::new(ArenaConfig::default()),
+        plans: HashMap::new(),
+        largest: 0,
+    }))
+}
+
+/// [`scoped_replayer`].
+struct ScopedReplay(PlannedReplay);
+
+impl Replay for ScopedReplay {
+    fn run_with(&mut self, run: &TraceRun, touch: Touch) {
+        let Some(plan) = self.0.plans.get(&run.label) else {
+            // The first run of a shape: recorded, as `planned` does.
+            return self.0.run_with(run, touch);
+        };
+        let r = self
+            .0
+            .arena
+            .begin_scoped_run(plan)
+            .expect("the plan's block could not be drawn");
+        let mut live: Vec<Option<ScopedBlock<'_, '_>>> = Vec::with_capacity(run.slots);
+        live.resize_with(run.slots, || None);
+        for op in &run.ops {
+            match *op {
+                Op::Alloc { id, bytes } => {
+                    let mut block = r.try_alloc(bytes).expect("arena allocation failed");
+                    if touch == Touch::Pages {
+                        touch_pages(&mut block);
+                    }
+                    live[id as usize] = Some(block);
+                }
+                Op::Free { id } => live[id as usize] = None,
+            }
+        }
+        drop(live);
+        r.finish();
+    }
+
+    fn counters(&self) -> Counters {
+        self.0.counters()
     }
 }
 

@@ -12,15 +12,16 @@
 //! 1 KiB-50 MiB, one block live) or a trace name such as
 //! `densenet121-mixed` (the `trace_order` replay: the trace's own order,
 //! no page touched); `STRATEGY` is a name of [`Strategy`] (`arena`,
-//! `planned`, `shared`, `rlsf`, `talc`, ...; for `pairs` also
-//! `planned-scoped`, the planned pairs through a `ScopedRun`). The warm-up (three batches,
+//! `planned`, `shared`, `rlsf`, `talc`, ...; also `planned-scoped`, the
+//! planned runs through a `ScopedRun`). The warm-up (three batches,
 //! or one replay) runs before collection starts; only the functions named
 //! `measure*` are counted. The program prints how many allocations (each
 //! with its free) were measured: callgrind's "Collected" count divided by
 //! it is the instructions per allocation and free.
 
 use benches::{
-    hot_path_sizes, pairs, planned_scoped_pairs, replayer, Pairs, Replay, Strategy, Touch, Trace,
+    hot_path_sizes, pairs, planned_scoped_pairs, replayer, scoped_replayer, Pairs, Replay,
+    Strategy, Touch, Trace,
 };
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -54,8 +55,8 @@ fn main() -> ExitCode {
         eprintln!("usage: icount (pairs | TRACE) STRATEGY");
         return ExitCode::from(2);
     };
-    // `planned-scoped` (pairs only): planned pairs through a `ScopedRun`.
-    let scoped = strategy == "planned-scoped" && workload == "pairs";
+    // `planned-scoped`: planned runs through a `ScopedRun`.
+    let scoped = strategy == "planned-scoped";
     let Some(strategy) = Strategy::from_name(if scoped { "planned" } else { strategy })
         .filter(|s| *s != Strategy::Bare)
     else {
@@ -85,7 +86,11 @@ fn main() -> ExitCode {
         }
         let trace = Trace::load(workload);
         let allocs: usize = trace.runs.iter().map(|r| r.allocs().count()).sum();
-        let mut r = replayer(strategy, &trace);
+        let mut r = if scoped {
+            scoped_replayer()
+        } else {
+            replayer(strategy, &trace)
+        };
         for run in &trace.runs {
             r.run_with(run, Touch::Nothing);
         }
