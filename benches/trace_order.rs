@@ -36,7 +36,10 @@ fn trace_order(c: &mut Criterion) {
         type Make<'t> = Box<dyn Fn() -> Box<dyn Replay> + 't>;
         let mut candidates: Vec<(&str, Make<'_>)> = STRATEGIES
             .into_iter()
-            .map(|s| -> (&str, Make<'_>) { (s.name(), Box::new(|| replayer(s, &trace))) })
+            .map(|s| -> (&str, Make<'_>) {
+                let trace = &trace;
+                (s.name(), Box::new(move || replayer(s, trace)))
+            })
             .collect();
         // Planned runs through `ScopedRun` (the arena held exclusively).
         candidates.insert(2, ("planned-scoped", Box::new(scoped_replayer)));
