@@ -119,8 +119,9 @@ enum Owner {
 
 impl<M: HostMemory> Arena<M> {
     /// Opens a planned run that holds this arena exclusively (and borrows
-    /// `plan`); see [`ScopedRun`]. It serves the same blocks at the same addresses as
-    /// [`Arena::begin_planned_run`], with its blocks borrowing the run.
+    /// `plan`); see [`ScopedRun`]. It serves the same blocks at the same
+    /// addresses as [`Arena::begin_planned_run`], with its blocks borrowing
+    /// the run.
     ///
     /// # Errors
     /// As [`Arena::begin_planned_run`].
