@@ -30,13 +30,7 @@ pub fn pairs(strategy: Strategy, sizes: &[usize]) -> Option<Box<dyn Pairs>> {
             in_run: true,
         }),
         Strategy::Planned => {
-            let arena = Arena::new(ArenaConfig::default());
-            let r = arena.begin_recorded_run();
-            for &len in sizes {
-                black_box(r.try_alloc(len).expect("allocation failed"));
-            }
-            let (_, recording) = r.finish_with_recording();
-            let plan = Arc::new(Plan::from_recording(&recording).expect("a recorded run plans"));
+            let (arena, plan) = learned(sizes);
             Box::new(PlannedPairs { arena, plan })
         }
         Strategy::Shared => shared_pairs(Arc::new(SharedArena::new(ArenaConfig::default()))),
@@ -105,6 +99,12 @@ impl Pairs for PlannedPairs {
 /// the run (the plan is recorded once, dynamically, as for
 /// [`Strategy::Planned`]).
 pub fn planned_scoped_pairs(sizes: &[usize]) -> Box<dyn Pairs> {
+    let (arena, plan) = learned(sizes);
+    Box::new(ScopedPairs { arena, plan })
+}
+
+/// A fresh arena that ran the batch `sizes` once, recorded, and its plan.
+fn learned(sizes: &[usize]) -> (Arena, Arc<Plan>) {
     let arena = Arena::new(ArenaConfig::default());
     let r = arena.begin_recorded_run();
     for &len in sizes {
@@ -112,7 +112,7 @@ pub fn planned_scoped_pairs(sizes: &[usize]) -> Box<dyn Pairs> {
     }
     let (_, recording) = r.finish_with_recording();
     let plan = Arc::new(Plan::from_recording(&recording).expect("a recorded run plans"));
-    Box::new(ScopedPairs { arena, plan })
+    (arena, plan)
 }
 
 /// [`planned_scoped_pairs`]: the batch is one scoped run.
