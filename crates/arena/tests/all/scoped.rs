@@ -133,13 +133,14 @@ fn through_run(
     }
 }
 
-/// `script` as a [`ScopedRun`](tensor_arena::ScopedRun).
+/// `script` as a [`ScopedRun`](tensor_arena::ScopedRun), and whether the
+/// run still served its steps itself at the end.
 fn through_scope(
     arena: &mut Arena,
     plan: &Arc<Plan>,
     mut anchor: Option<usize>,
     script: &[Ev],
-) -> Outcome {
+) -> (Outcome, bool) {
     let r = arena.begin_scoped_run(plan).unwrap();
     let mut live: Vec<(ScopedBlock<'_, '_>, u8)> = Vec::new();
     let mut seen = Vec::new();
@@ -168,13 +169,15 @@ fn through_scope(
         assert!(intact(&b, seed), "a block was overwritten");
     }
     drop(live);
+    let on_tape = r.on_tape();
     let (report, recording) = r.finish_with_recording();
-    Outcome {
+    let outcome = Outcome {
         seen,
         report,
         recording,
         after: arena.stats(),
-    }
+    };
+    (outcome, on_tape)
 }
 
 /// Runs `base` recorded on two fresh arenas, then `script` on one as a
@@ -185,12 +188,20 @@ fn same_both_ways(base: &[Ev], script: &[Ev]) -> Outcome {
     let (mut scoped_arena, plan, anchor) = learned(base);
     assert_eq!(*run_plan, *plan, "the same history plans the same");
     let by_run = through_run(&run_arena, &run_plan, run_anchor, script);
-    let by_scope = through_scope(&mut scoped_arena, &plan, anchor, script);
+    let (by_scope, _) = through_scope(&mut scoped_arena, &plan, anchor, script);
     assert_eq!(by_run, by_scope);
-    // And the arenas go on alike: the next run follows the plan again.
+    // And the arenas go on alike: the next run follows the plan again,
+    // the scoped one on its own reading of the plan to the end (unless the
+    // plan has no block to serve from).
     let again_run = through_run(&run_arena, &run_plan, run_anchor, base);
-    let again_scope = through_scope(&mut scoped_arena, &plan, anchor, base);
+    let (again_scope, on_tape) = through_scope(&mut scoped_arena, &plan, anchor, base);
     assert_eq!(again_run, again_scope);
+    assert!(!again_scope.report.deviated);
+    assert_eq!(
+        on_tape,
+        plan.size() > 0,
+        "a run that follows its plan left it"
+    );
     by_scope
 }
 
@@ -424,7 +435,7 @@ fn a_plan_recorded_at_a_finer_granule_is_served_by_the_core_alike() {
     drop(r);
     drop(run_arena.begin_planned_run(Arc::clone(&plan)).unwrap());
     let by_run = through_run(&run_arena, &plan, None, &base);
-    let by_scope = through_scope(&mut scoped_arena, &plan, None, &base);
+    let (by_scope, on_tape) = through_scope(&mut scoped_arena, &plan, None, &base);
     assert_eq!(by_run, by_scope);
-    assert!(by_scope.report.planned);
+    assert!(by_scope.report.planned && !on_tape);
 }
