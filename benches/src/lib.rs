@@ -29,7 +29,9 @@ pub use pages::{
     minor_faults, peak_rss_bytes, proc_status_bytes, reset_peak_rss, rss_bytes, touch_pages,
     trim_heap, PAGE,
 };
-pub use pairs::{arena_pairs_outside_runs, pairs, planned_scoped_pairs, shared_pairs, Pairs};
+pub use pairs::{
+    arena_pairs_outside_runs, arena_scoped_pairs, pairs, planned_scoped_pairs, shared_pairs, Pairs,
+};
 pub use peers::PoolHeap;
 pub use replay::{
     arena_run, arena_run_with, bare_replayer, config_with, make_plans, preplanned_replayer,

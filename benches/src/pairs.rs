@@ -134,6 +134,33 @@ impl Pairs for ScopedPairs {
     }
 }
 
+/// Dynamic pairs through a [`ScopedRun`](tensor_arena::ScopedRun) with no
+/// plan: the batch is one run that holds the arena exclusively, its blocks
+/// borrowing the run.
+pub fn arena_scoped_pairs() -> Box<dyn Pairs> {
+    Box::new(DynamicScopedPairs {
+        arena: Arena::new(ArenaConfig::default()),
+    })
+}
+
+/// [`arena_scoped_pairs`].
+struct DynamicScopedPairs {
+    arena: Arena,
+}
+
+impl Pairs for DynamicScopedPairs {
+    fn pairs(&mut self, sizes: &[usize]) {
+        let r = self
+            .arena
+            .begin_scoped_dynamic_run()
+            .expect("no run is open");
+        for &len in sizes {
+            black_box(r.try_alloc(len).expect("allocation failed"));
+        }
+        r.finish();
+    }
+}
+
 /// Pairs on `shared`, which other threads may use at the same time: two
 /// lock acquisitions per pair.
 pub fn shared_pairs(shared: Arc<SharedArena>) -> Box<dyn Pairs> {

@@ -20,8 +20,8 @@
 //! it is the instructions per allocation and free.
 
 use benches::{
-    hot_path_sizes, pairs, planned_scoped_pairs, replayer, scoped_replayer, Pairs, Replay,
-    Strategy, Touch, Trace,
+    arena_scoped_pairs, hot_path_sizes, pairs, planned_scoped_pairs, replayer, scoped_replayer,
+    Pairs, Replay, Strategy, Touch, Trace,
 };
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -57,9 +57,13 @@ fn main() -> ExitCode {
     };
     // `planned-scoped`: planned runs through a `ScopedRun`.
     let scoped = strategy == "planned-scoped";
-    let Some(strategy) = Strategy::from_name(if scoped { "planned" } else { strategy })
-        .filter(|s| *s != Strategy::Bare)
-    else {
+    let dynamic_scoped = strategy == "arena-scoped";
+    let Some(strategy) = Strategy::from_name(match strategy.as_str() {
+        "planned-scoped" => "planned",
+        "arena-scoped" => "arena",
+        other => other,
+    })
+    .filter(|s| *s != Strategy::Bare) else {
         eprintln!("icount: unknown strategy {strategy:?}");
         return ExitCode::from(2);
     };
@@ -67,6 +71,8 @@ fn main() -> ExitCode {
         let sizes = hot_path_sizes(BATCH);
         let made = if scoped {
             Some(planned_scoped_pairs(&sizes))
+        } else if dynamic_scoped {
+            Some(arena_scoped_pairs())
         } else {
             pairs(strategy, &sizes)
         };

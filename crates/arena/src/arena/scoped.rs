@@ -1,7 +1,9 @@
-//! [`ScopedRun`]: a planned run with the arena to itself, whose blocks
-//! cannot outlive it; the planned path at the cost of a tape read.
+//! [`ScopedRun`]: a run with the arena to itself, whose blocks cannot
+//! outlive it: planned, the planned path at the cost of a tape read;
+//! dynamic, the pool's path with no handle per block.
 
 use super::{dangling_for, Arena, Shell};
+use crate::freemap::SpanId;
 use crate::memory::{DefaultMemory, HostMemory};
 use crate::plan::{Plan, Recording};
 use crate::raw::{Handle, HandleKind};
@@ -37,6 +39,14 @@ const OFF_TAPE: usize = usize::MAX;
 ///
 /// No handle generations are needed: a block cannot be freed twice (it is
 /// freed by its drop) nor outlive the run (it borrows it).
+///
+/// A scoped run can also be *dynamic* ([`Arena::begin_scoped_dynamic_run`],
+/// and [`Arena::begin_scoped_recorded_run`] for the first run of a shape,
+/// whose recording makes the plan): the pool places every block as a
+/// [`Run`](crate::Run) from [`Arena::begin_run`] would, and a block names
+/// its span rather than a checked handle. So an executor that runs a graph
+/// inside one function can use scoped runs, and one block type, whether a
+/// plan is known yet or not.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -81,7 +91,11 @@ const OFF_TAPE: usize = usize::MAX;
 pub struct ScopedRun<'a, M: HostMemory = DefaultMemory> {
     /// The arena's state; borrowed only off the tape and to finish.
     shell: RefCell<&'a mut Shell<M>>,
-    plan: &'a Arc<Plan>,
+    /// The plan serving the run; `None` for a dynamic run.
+    plan: Option<&'a Arc<Plan>>,
+    /// Whether the run has no plan: the core serves every block, which the
+    /// block names by its span.
+    dynamic: bool,
     /// The plan's compiled steps.
     steps: &'a [crate::plan::Step],
     /// The plan block: address, slot and generation in the core.
@@ -115,6 +129,8 @@ enum Owner {
     /// A block the core handed out (after the run left its plan), by its
     /// slot in [`ScopedRun::handles`].
     Core(u32),
+    /// A block of a dynamic run, by its span in the core's pool.
+    Span(SpanId),
 }
 
 impl<M: HostMemory> Arena<M> {
@@ -151,13 +167,64 @@ impl<M: HostMemory> Arena<M> {
         };
         Ok(ScopedRun {
             shell: RefCell::new(shell),
-            plan,
+            plan: Some(plan),
+            dynamic: false,
             steps: plan.steps(),
             base,
             slot,
             generation,
             granule,
             pos: Cell::new(pos),
+            handles: RefCell::new((Vec::new(), Vec::new())),
+            error: Cell::new(None),
+            id,
+            scratch,
+            open: true,
+        })
+    }
+
+    /// Opens a dynamic run (no plan) that holds this arena exclusively; see
+    /// [`ScopedRun`]. It places blocks exactly as a run from
+    /// [`Arena::begin_run`] does, and reports the same, with its blocks
+    /// borrowing the run: a block goes back by its span, with no handle to
+    /// make or check. Like `begin_run`, it keeps no recording (open the
+    /// first run of a shape with [`Arena::begin_scoped_recorded_run`]).
+    ///
+    /// # Errors
+    /// [`ArenaError::RunAlreadyOpen`] if a run is open (one whose
+    /// [`Run`](crate::Run) was leaked).
+    pub fn begin_scoped_dynamic_run(&mut self) -> Result<ScopedRun<'_, M>, ArenaError> {
+        self.open_scoped_dynamic(false)
+    }
+
+    /// Opens a dynamic run whose [`Recording`] is kept, as
+    /// [`Arena::begin_recorded_run`] does, holding this arena exclusively:
+    /// the first run of a shape, whose
+    /// [`ScopedRun::finish_with_recording`] gives the plan that later runs
+    /// of the shape follow through [`Arena::begin_scoped_run`]. An executor
+    /// can so use scoped runs, and one block type, for every run.
+    ///
+    /// # Errors
+    /// As [`Arena::begin_scoped_dynamic_run`].
+    pub fn begin_scoped_recorded_run(&mut self) -> Result<ScopedRun<'_, M>, ArenaError> {
+        self.open_scoped_dynamic(true)
+    }
+
+    fn open_scoped_dynamic(&mut self, record: bool) -> Result<ScopedRun<'_, M>, ArenaError> {
+        let shell = self.state.get_mut();
+        let id = shell.raw.begin_run(None, record)?;
+        let scratch = shell.scratch.take().unwrap_or_default();
+        let granule = shell.raw.granule();
+        Ok(ScopedRun {
+            shell: RefCell::new(shell),
+            plan: None,
+            dynamic: true,
+            steps: &[],
+            base: NonNull::dangling(),
+            slot: 0,
+            generation: 0,
+            granule,
+            pos: Cell::new(OFF_TAPE),
             handles: RefCell::new((Vec::new(), Vec::new())),
             error: Cell::new(None),
             id,
@@ -173,8 +240,8 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
         self.id
     }
 
-    /// The plan serving the run.
-    pub fn plan(&self) -> &'a Arc<Plan> {
+    /// The plan serving the run; `None` for a dynamic run.
+    pub fn plan(&self) -> Option<&'a Arc<Plan>> {
         self.plan
     }
 
@@ -184,7 +251,8 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
         &self.scratch
     }
 
-    /// Whether every event so far was the plan's, served by the run itself.
+    /// Whether every event so far was the plan's, served by the run itself
+    /// (never for a dynamic run).
     pub fn on_tape(&self) -> bool {
         self.pos.get() != OFF_TAPE
     }
@@ -224,6 +292,7 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
     ) -> Result<ScopedBlock<'_, 'a, M>, ArenaError> {
         let served = match self.serve_step(len, align) {
             Some(served) => Some(served),
+            None if self.dynamic && len != 0 => self.dynamic_alloc(len, align, location),
             None => self.off_tape_alloc(len, align, location),
         };
         match served {
@@ -260,6 +329,24 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
         }
         self.pos.set(pos + 1);
         Some((M::at(self.base, step.offset), Owner::Planned(step.index)))
+    }
+
+    /// An allocation of a dynamic run (`len > 0`): from the core's pool;
+    /// `None` with the error in `self.error`.
+    #[inline(always)]
+    fn dynamic_alloc(
+        &self,
+        len: usize,
+        align: usize,
+        location: &'static Location<'static>,
+    ) -> Option<(NonNull<u8>, Owner)> {
+        match self.shell.borrow_mut().raw.alloc_span(len, align, location) {
+            Ok(got) => Some((got.ptr, Owner::Span(got.span))),
+            Err(e) => {
+                self.error.set(Some(e));
+                None
+            }
+        }
     }
 
     /// An allocation the run does not serve itself; `None` with the error
@@ -318,6 +405,11 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
                 return;
             }
         }
+        if let Owner::Span(span) = owner {
+            let result = self.shell.borrow_mut().raw.free_span(span);
+            debug_assert!(result.is_ok(), "a live block was not found in its arena");
+            return;
+        }
         self.off_tape_release(owner);
     }
 
@@ -325,7 +417,7 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
     #[inline(never)]
     fn off_tape_release(&self, owner: Owner) {
         let handle = match owner {
-            Owner::Empty => return,
+            Owner::Empty | Owner::Span(_) => return,
             Owner::Core(slot) => {
                 let mut handles = self.handles.borrow_mut();
                 let (table, vacant) = &mut *handles;
@@ -450,10 +542,9 @@ impl<M: HostMemory> ScopedBlock<'_, '_, M> {
             Owner::Planned(index) => self
                 .run
                 .plan
-                .recording()
-                .blocks
-                .get(index as usize)
+                .and_then(|p| p.recording().blocks.get(index as usize))
                 .map_or(0, |b| b.0),
+            Owner::Span(span) => self.run.shell.borrow().raw.span_capacity(span),
             Owner::Core(slot) => {
                 let handles = self.run.handles.borrow();
                 match handles.0.get(slot as usize).copied().flatten() {
@@ -482,7 +573,9 @@ impl<M: HostMemory> Deref for ScopedBlock<'_, '_, M> {
         // block at its validated offset (inside the block, checked when
         // served), with the live blocks exactly those the plan has live at
         // that step, which the validated plan never overlaps; or a block the
-        // core handed out; or dangling with `len == 0`. The plan block is
+        // core handed out (by handle, or by span in a dynamic run: the span
+        // stays used until this block's drop frees it); or dangling with
+        // `len == 0`. The plan block is
         // held until the run finishes, and the block borrows the run. The
         // bytes are initialized (the memory layer's promise).
         unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }

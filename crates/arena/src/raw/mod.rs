@@ -642,6 +642,25 @@ impl<M: Memory> RawArena<M> {
         Ok(raw)
     }
 
+    /// A pool block for a dynamic allocation of a scoped run (`len > 0`):
+    /// no handle is made, since the block borrows the run, which gives it
+    /// back by its span exactly once ([`RawArena::free_span`]).
+    #[inline(always)]
+    pub(crate) fn alloc_span(
+        &mut self,
+        len: usize,
+        align: usize,
+        location: &'static Location<'static>,
+    ) -> Result<RawBlock<M::Ptr>, ArenaError> {
+        debug_assert!(len > 0);
+        self.alloc_pool(len, align, location, true)
+    }
+
+    /// Bytes live span `span` holds (0 if it is not live).
+    pub(crate) fn span_capacity(&self, span: SpanId) -> usize {
+        self.pool.get(span).map_or(0, |s| s.0)
+    }
+
     #[inline]
     pub(crate) fn free_span(&mut self, span: SpanId) -> Result<(), crate::freemap::FreeError> {
         self.check();

@@ -13,6 +13,7 @@ mod pressure;
 mod reliability;
 mod review;
 mod scoped;
+mod scoped_dynamic;
 mod shared;
 mod soundness;
 mod trace;

@@ -11,7 +11,7 @@ use tensor_arena::{
 
 /// One event of a script.
 #[derive(Clone, Copy, Debug)]
-enum Ev {
+pub(crate) enum Ev {
     /// Allocate `len` bytes at `align`.
     Alloc(usize, usize),
     /// Free the live block at this position (modulo the live count).
@@ -23,7 +23,7 @@ enum Ev {
 /// What one event gave: the block's address relative to the anchor and its
 /// length, an error, the statistics read, or a free.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Seen {
+pub(crate) enum Seen {
     Block(isize, usize),
     Refused(ArenaError),
     Stats(Stats),
@@ -32,17 +32,17 @@ enum Seen {
 
 /// Everything a script's run showed, to compare between the two ways.
 #[derive(Debug, PartialEq, Eq)]
-struct Outcome {
-    seen: Vec<Seen>,
-    report: RunReport,
-    recording: Recording,
-    after: Stats,
+pub(crate) struct Outcome {
+    pub(crate) seen: Vec<Seen>,
+    pub(crate) report: RunReport,
+    pub(crate) recording: Recording,
+    pub(crate) after: Stats,
 }
 
 /// Where block `b` lies relative to `anchor`, which the first block sets
 /// if the plan's run had none (a zero-size block's address is only
 /// aligned).
-fn at(b: &[u8], anchor: &mut Option<usize>) -> Seen {
+pub(crate) fn at(b: &[u8], anchor: &mut Option<usize>) -> Seen {
     match b.len() {
         0 => Seen::Block(0, 0),
         len => {
@@ -52,17 +52,17 @@ fn at(b: &[u8], anchor: &mut Option<usize>) -> Seen {
     }
 }
 
-fn fill(b: &mut [u8], seed: u8) {
+pub(crate) fn fill(b: &mut [u8], seed: u8) {
     b.fill(seed);
 }
 
-fn intact(b: &[u8], seed: u8) -> bool {
+pub(crate) fn intact(b: &[u8], seed: u8) -> bool {
     b.iter().all(|&x| x == seed)
 }
 
 /// An arena that ran `base` once, recorded: its plan and an anchor address
 /// (the first block's, if any), the same for every arena made this way.
-fn learned(base: &[Ev]) -> (Arena, Arc<Plan>, Option<usize>) {
+pub(crate) fn learned(base: &[Ev]) -> (Arena, Arc<Plan>, Option<usize>) {
     let arena = Arena::new(ArenaConfig::default());
     let r = arena.begin_recorded_run();
     let mut live: Vec<Block<'_>> = Vec::new();
@@ -91,7 +91,7 @@ fn learned(base: &[Ev]) -> (Arena, Arc<Plan>, Option<usize>) {
 }
 
 /// `script` as a planned [`Run`](tensor_arena::Run).
-fn through_run(
+pub(crate) fn through_run(
     arena: &Arena,
     plan: &Arc<Plan>,
     mut anchor: Option<usize>,
@@ -135,7 +135,7 @@ fn through_run(
 
 /// `script` as a [`ScopedRun`](tensor_arena::ScopedRun), and whether the
 /// run still served its steps itself at the end.
-fn through_scope(
+pub(crate) fn through_scope(
     arena: &mut Arena,
     plan: &Arc<Plan>,
     mut anchor: Option<usize>,
@@ -206,7 +206,7 @@ fn same_both_ways(base: &[Ev], script: &[Ev]) -> Outcome {
 }
 
 /// A script: allocations of mixed sizes, frees in any order.
-fn base_script() -> Vec<Ev> {
+pub(crate) fn base_script() -> Vec<Ev> {
     vec![
         Ev::Alloc(4096, 1),
         Ev::Alloc(1000, 64),
@@ -353,7 +353,7 @@ fn a_scoped_run_serves_a_real_trace_like_a_run() {
     assert!(!outcome.recording.is_empty());
 }
 
-fn ev() -> impl Strategy<Value = Ev> {
+pub(crate) fn ev() -> impl Strategy<Value = Ev> {
     prop_oneof![
         6 => (1usize..20_000, prop::sample::select(vec![1usize, 64, 128, 4096]))
             .prop_map(|(len, align)| Ev::Alloc(len, align)),
