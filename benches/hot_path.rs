@@ -7,7 +7,8 @@
 //! what is measured is the steady state (cached memory).
 
 use benches::{
-    arena_pairs_outside_runs, hot_path_sizes, pairs, planned_scoped_pairs, Pairs, Strategy,
+    arena_pairs_outside_runs, arena_scoped_pairs, hot_path_sizes, pairs, planned_scoped_pairs,
+    Pairs, Strategy,
 };
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
@@ -38,8 +39,9 @@ fn hot_path(c: &mut Criterion) {
         1,
         ("arena-no-run", Box::new(|_| arena_pairs_outside_runs())),
     );
+    candidates.insert(2, ("arena-scoped", Box::new(|_| arena_scoped_pairs())));
     candidates.insert(
-        3,
+        4,
         (
             "planned-scoped",
             Box::new(|sizes| planned_scoped_pairs(sizes)),

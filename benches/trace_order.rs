@@ -7,7 +7,7 @@
 //! what is measured is the steady state: cached memory for the arena,
 //! learned plans for `planned`, a warm pool for rlsf and talc.
 
-use benches::{replayer, scoped_replayer, Replay, Strategy, Touch, Trace};
+use benches::{dynamic_scoped_replayer, replayer, scoped_replayer, Replay, Strategy, Touch, Trace};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
 
@@ -41,8 +41,10 @@ fn trace_order(c: &mut Criterion) {
                 (s.name(), Box::new(move || replayer(s, trace)))
             })
             .collect();
-        // Planned runs through `ScopedRun` (the arena held exclusively).
-        candidates.insert(2, ("planned-scoped", Box::new(scoped_replayer)));
+        // Dynamic and planned runs through `ScopedRun` (the arena held
+        // exclusively).
+        candidates.insert(1, ("arena-scoped", Box::new(dynamic_scoped_replayer)));
+        candidates.insert(3, ("planned-scoped", Box::new(scoped_replayer)));
         for (name, make) in candidates {
             // Made and warmed up on first use, so that a filtered-out
             // benchmark costs nothing.

@@ -13,7 +13,8 @@ use std::alloc::System;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tensor_arena::{
-    Arena, ArenaConfig, Block, Plan, Run, RunReport, ScopedBlock, SharedArena, SharedBlock,
+    Arena, ArenaConfig, Block, Plan, Run, RunReport, ScopedBlock, ScopedRun, SharedArena,
+    SharedBlock,
 };
 use tikv_jemallocator::Jemalloc;
 
@@ -259,21 +260,53 @@ impl Replay for ScopedReplay {
             .arena
             .begin_scoped_run(plan)
             .expect("the plan's block could not be drawn");
-        let mut live: Vec<Option<ScopedBlock<'_, '_>>> = Vec::with_capacity(run.slots);
-        live.resize_with(run.slots, || None);
-        for op in &run.ops {
-            match *op {
-                Op::Alloc { id, bytes } => {
-                    let mut block = r.try_alloc(bytes).expect("arena allocation failed");
-                    if touch == Touch::Pages {
-                        touch_pages(&mut block);
-                    }
-                    live[id as usize] = Some(block);
+        replay_scoped(&r, run, touch);
+        r.finish();
+    }
+
+    fn counters(&self) -> Counters {
+        self.0.counters()
+    }
+}
+
+/// Replays `run` in the scoped run `r` (allocate, touch, free as traced).
+fn replay_scoped(r: &ScopedRun<'_>, run: &TraceRun, touch: Touch) {
+    let mut live: Vec<Option<ScopedBlock<'_, '_>>> = Vec::with_capacity(run.slots);
+    live.resize_with(run.slots, || None);
+    for op in &run.ops {
+        match *op {
+            Op::Alloc { id, bytes } => {
+                let mut block = r.try_alloc(bytes).expect("arena allocation failed");
+                if touch == Touch::Pages {
+                    touch_pages(&mut block);
                 }
-                Op::Free { id } => live[id as usize] = None,
+                live[id as usize] = Some(block);
             }
+            Op::Free { id } => live[id as usize] = None,
         }
-        drop(live);
+    }
+}
+
+/// [`Strategy::Arena`] with every run a dynamic
+/// [`ScopedRun`](tensor_arena::ScopedRun) (the arena held exclusively, the
+/// blocks borrowing the run and named by their spans, no handles).
+pub fn dynamic_scoped_replayer() -> Box<dyn Replay> {
+    Box::new(DynamicScopedReplay(ArenaReplay {
+        arena: Arena::new(ArenaConfig::default()),
+    }))
+}
+
+/// [`dynamic_scoped_replayer`].
+struct DynamicScopedReplay(ArenaReplay);
+
+impl Replay for DynamicScopedReplay {
+    fn run_with(&mut self, run: &TraceRun, touch: Touch) {
+        let r = self
+            .0
+            .arena
+            .begin_scoped_dynamic_run()
+            .expect("no run is open");
+        replay_scoped(&r, run, touch);
         r.finish();
     }
 

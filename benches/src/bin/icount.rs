@@ -13,15 +13,16 @@
 //! `densenet121-mixed` (the `trace_order` replay: the trace's own order,
 //! no page touched); `STRATEGY` is a name of [`Strategy`] (`arena`,
 //! `planned`, `shared`, `rlsf`, `talc`, ...; also `planned-scoped`, the
-//! planned runs through a `ScopedRun`). The warm-up (three batches,
+//! planned runs through a `ScopedRun`, and `arena-scoped`, dynamic runs
+//! through one). The warm-up (three batches,
 //! or one replay) runs before collection starts; only the functions named
 //! `measure*` are counted. The program prints how many allocations (each
 //! with its free) were measured: callgrind's "Collected" count divided by
 //! it is the instructions per allocation and free.
 
 use benches::{
-    arena_scoped_pairs, hot_path_sizes, pairs, planned_scoped_pairs, replayer, scoped_replayer,
-    Pairs, Replay, Strategy, Touch, Trace,
+    arena_scoped_pairs, dynamic_scoped_replayer, hot_path_sizes, pairs, planned_scoped_pairs,
+    replayer, scoped_replayer, Pairs, Replay, Strategy, Touch, Trace,
 };
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -94,6 +95,8 @@ fn main() -> ExitCode {
         let allocs: usize = trace.runs.iter().map(|r| r.allocs().count()).sum();
         let mut r = if scoped {
             scoped_replayer()
+        } else if dynamic_scoped {
+            dynamic_scoped_replayer()
         } else {
             replayer(strategy, &trace)
         };

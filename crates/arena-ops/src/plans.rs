@@ -339,26 +339,34 @@ fn script(plan: &Plan, u: &mut Unstructured<'_>) -> Vec<Step> {
 }
 
 /// What one way of running a script showed: each allocation's place
-/// relative to the first block (or `None`, refused), and the report.
-type Shown = (Vec<Option<(isize, usize)>>, RunReport);
+/// relative to the first block (or `None`, refused), the report and the
+/// recording.
+type Shown = (Vec<Option<(isize, usize)>>, RunReport, Recording);
 
-/// Runs `plan`'s events (tweaked by `u`) by a planned run and by a scoped
-/// run ([`ScopedRun`](tensor_arena::ScopedRun)) on two fresh arenas of the
-/// default layer (one reservation, so that places compare): every
-/// block lies at the same place relative to the first, every request is
-/// refused or served alike, and the reports agree; the scoped run's live
-/// blocks never overlap and keep their fill patterns.
+/// Runs `plan`'s events (tweaked by `u`) on two fresh arenas of the default
+/// layer (one reservation, so that places compare), once by a planned run
+/// and a scoped run ([`ScopedRun`](tensor_arena::ScopedRun)) of `plan`, and
+/// once by a recorded dynamic run and a recorded dynamic scoped run: each
+/// time, every block lies at the same place relative to the first, every
+/// request is refused or served alike, and the reports and recordings
+/// agree; the scoped run's live blocks never overlap and keep their fill
+/// patterns.
 fn scoped_alike(plan: &Plan, u: &mut Unstructured<'_>) {
     let steps = script(plan, u);
     let plan = Arc::new(plan.clone());
-    {
-        let config = ArenaConfig {
-            max_reserved: 64 << 20,
-            ..ArenaConfig::default()
-        };
+    let config = ArenaConfig {
+        max_reserved: 64 << 20,
+        ..ArenaConfig::default()
+    };
+    for planned in [true, false] {
         let by_run: Option<Shown> = {
             let arena = Arena::try_new(config).expect("a valid configuration");
-            arena.begin_planned_run(Arc::clone(&plan)).ok().map(|run| {
+            let run = if planned {
+                arena.begin_planned_run(Arc::clone(&plan))
+            } else {
+                arena.try_begin_recorded_run()
+            };
+            run.ok().map(|run| {
                 let mut shown = Vec::new();
                 let mut first = None;
                 let mut live: Vec<Block<'_>> = Vec::new();
@@ -381,11 +389,17 @@ fn scoped_alike(plan: &Plan, u: &mut Unstructured<'_>) {
                     }
                 }
                 drop(live);
-                (shown, run.finish())
+                let (report, recording) = run.finish_with_recording();
+                (shown, report, recording)
             })
         };
         let mut arena = Arena::try_new(config).expect("a valid configuration");
-        let by_scope: Option<Shown> = arena.begin_scoped_run(&plan).ok().map(|run| {
+        let run = if planned {
+            arena.begin_scoped_run(&plan)
+        } else {
+            arena.begin_scoped_recorded_run()
+        };
+        let by_scope: Option<Shown> = run.ok().map(|run| {
             let mut shown = Vec::new();
             let mut first = None;
             let mut live: Vec<(ScopedBlock<'_, '_>, u8)> = Vec::new();
@@ -422,18 +436,17 @@ fn scoped_alike(plan: &Plan, u: &mut Unstructured<'_>) {
                 }
             }
             drop(live);
-            (shown, run.finish())
+            let (report, recording) = run.finish_with_recording();
+            (shown, report, recording)
         });
         match (by_run, by_scope) {
-            (Some((run_shown, run_report)), Some((scope_shown, scope_report))) => {
-                assert_eq!(
-                    run_shown, scope_shown,
-                    "a scoped run placed blocks elsewhere"
-                );
-                assert_eq!(run_report, scope_report, "a scoped run reported otherwise");
+            (Some(by_run), Some(by_scope)) => {
+                assert_eq!(by_run.0, by_scope.0, "a scoped run placed blocks elsewhere");
+                assert_eq!(by_run.1, by_scope.1, "a scoped run reported otherwise");
+                assert_eq!(by_run.2, by_scope.2, "a scoped run recorded otherwise");
             }
             (None, None) => {}
-            _ => panic!("a planned run and a scoped run began differently"),
+            _ => panic!("a run and a scoped run began differently"),
         }
         assert_eq!(arena.stats().in_use, 0);
     }

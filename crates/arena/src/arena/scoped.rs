@@ -292,8 +292,7 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
     ) -> Result<ScopedBlock<'_, 'a, M>, ArenaError> {
         let served = match self.serve_step(len, align) {
             Some(served) => Some(served),
-            None if self.dynamic && len != 0 => self.dynamic_alloc(len, align, location),
-            None => self.off_tape_alloc(len, align, location),
+            None => self.pool_alloc(len, align, location),
         };
         match served {
             Some((ptr, owner)) => Ok(ScopedBlock {
@@ -331,17 +330,22 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
         Some((M::at(self.base, step.offset), Owner::Planned(step.index)))
     }
 
-    /// An allocation of a dynamic run (`len > 0`): from the core's pool;
-    /// `None` with the error in `self.error`.
-    #[inline(always)]
-    fn dynamic_alloc(
+    /// An allocation the run's tape does not serve: a dynamic run's (from
+    /// the core's pool, by span), or one off a plan's tape. Out of line, so
+    /// that the planned path stays a few instructions in the caller; `None`
+    /// with the error in `self.error`.
+    #[inline(never)]
+    fn pool_alloc(
         &self,
         len: usize,
         align: usize,
         location: &'static Location<'static>,
     ) -> Option<(NonNull<u8>, Owner)> {
+        if !self.dynamic || len == 0 {
+            return self.off_tape_alloc(len, align, location);
+        }
         match self.shell.borrow_mut().raw.alloc_span(len, align, location) {
-            Ok(got) => Some((got.ptr, Owner::Span(got.span))),
+            Ok((ptr, span)) => Some((ptr, Owner::Span(span))),
             Err(e) => {
                 self.error.set(Some(e));
                 None
@@ -405,6 +409,14 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
                 return;
             }
         }
+        self.pool_release(owner);
+    }
+
+    /// Gives back a block that is not the plan's next free: a dynamic
+    /// run's (by span), or through the core. Out of line, as
+    /// [`ScopedRun::pool_alloc`].
+    #[inline(never)]
+    fn pool_release(&self, owner: Owner) {
         if let Owner::Span(span) = owner {
             let result = self.shell.borrow_mut().raw.free_span(span);
             debug_assert!(result.is_ok(), "a live block was not found in its arena");
