@@ -235,7 +235,7 @@ impl Replay for PlannedReplay {
 }
 
 /// [`Strategy::Planned`] with every run of a known shape a
-/// [`ScopedRun`](tensor_arena::ScopedRun) (the arena held exclusively, the
+/// [`ScopedRun`] (the arena held exclusively, the
 /// blocks borrowing the run); the first run of a shape is recorded, as for
 /// `planned`.
 pub fn scoped_replayer() -> Box<dyn Replay> {
@@ -288,7 +288,7 @@ fn replay_scoped(r: &ScopedRun<'_>, run: &TraceRun, touch: Touch) {
 }
 
 /// [`Strategy::Arena`] with every run a dynamic
-/// [`ScopedRun`](tensor_arena::ScopedRun) (the arena held exclusively, the
+/// [`ScopedRun`] (the arena held exclusively, the
 /// blocks borrowing the run and named by their spans, no handles).
 pub fn dynamic_scoped_replayer() -> Box<dyn Replay> {
     Box::new(DynamicScopedReplay(ArenaReplay {

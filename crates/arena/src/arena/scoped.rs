@@ -6,7 +6,7 @@ use super::{dangling_for, Arena, Shell};
 use crate::freemap::SpanId;
 use crate::memory::{DefaultMemory, HostMemory};
 use crate::plan::{Plan, Recording};
-use crate::raw::{Handle, HandleKind};
+use crate::raw::{Handle, HandleKind, RawAlloc};
 use crate::stats::{RunReport, Stats};
 use crate::ArenaError;
 use bumpalo::Bump;
@@ -344,8 +344,21 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
         if !self.dynamic || len == 0 {
             return self.off_tape_alloc(len, align, location);
         }
-        match self.shell.borrow_mut().raw.alloc_span(len, align, location) {
-            Ok((ptr, span)) => Some((ptr, Owner::Span(span))),
+        let got = self.shell.borrow_mut().raw.alloc_at(len, align, location);
+        match got {
+            // A dynamic run's blocks come from the pool: the block names its
+            // span, and its handle is kept nowhere (the block is freed once,
+            // by its drop, so no generation is needed).
+            Ok(RawAlloc {
+                ptr,
+                handle:
+                    Handle {
+                        kind: HandleKind::Pool { span },
+                        ..
+                    },
+            }) => Some((ptr, Owner::Span(span))),
+            // Never for a run with no plan; kept correct all the same.
+            Ok(got) => Some((got.ptr, self.hold(got.handle))),
             Err(e) => {
                 self.error.set(Some(e));
                 None
@@ -378,21 +391,28 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
                 return None;
             }
         };
+        Some((got.ptr, self.hold(got.handle)))
+    }
+
+    /// Keeps the handle of a block the core handed out in the run's side
+    /// table; the block carries its slot.
+    #[cold]
+    fn hold(&self, handle: Handle) -> Owner {
         let mut handles = self.handles.borrow_mut();
         let (table, vacant) = &mut *handles;
         let slot = match vacant.pop() {
             Some(slot) => {
-                table[slot as usize] = Some(got.handle);
+                table[slot as usize] = Some(handle);
                 slot
             }
             None => {
-                table.push(Some(got.handle));
+                table.push(Some(handle));
                 // As many slots as live blocks, which are far fewer than
                 // `u32::MAX` (each holds at least a granule).
                 u32::try_from(table.len() - 1).unwrap_or(u32::MAX)
             }
         };
-        Some((got.ptr, Owner::Core(slot)))
+        Owner::Core(slot)
     }
 
     /// Gives a block back: the plan's next step, or through the core.
@@ -587,9 +607,9 @@ impl<M: HostMemory> Deref for ScopedBlock<'_, '_, M> {
         // that step, which the validated plan never overlaps; or a block the
         // core handed out (by handle, or by span in a dynamic run: the span
         // stays used until this block's drop frees it); or dangling with
-        // `len == 0`. The plan block is
-        // held until the run finishes, and the block borrows the run. The
-        // bytes are initialized (the memory layer's promise).
+        // `len == 0`. The plan block is held until the run finishes, and
+        // the block borrows the run. The bytes are initialized (the memory
+        // layer's promise).
         unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }

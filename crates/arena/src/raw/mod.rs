@@ -642,28 +642,6 @@ impl<M: Memory> RawArena<M> {
         Ok(raw)
     }
 
-    /// A pool block for a dynamic allocation of a scoped run (`len > 0`),
-    /// as [`RawArena::alloc_at`] places it; returns its address and span.
-    /// The block borrows the run, which gives it back by its span exactly
-    /// once ([`RawArena::free_span`]), so its handle is not kept. (Going
-    /// through `alloc_at` keeps the pool's allocation inline in the one
-    /// path every block takes.)
-    #[inline(always)]
-    pub(crate) fn alloc_span(
-        &mut self,
-        len: usize,
-        align: usize,
-        location: &'static Location<'static>,
-    ) -> Result<(M::Ptr, SpanId), ArenaError> {
-        debug_assert!(len > 0);
-        let got = self.alloc_at(len, align, location)?;
-        match got.handle.kind {
-            HandleKind::Pool { span } => Ok((got.ptr, span)),
-            // A dynamic run has no plan to serve from.
-            HandleKind::Planned { .. } => unreachable!("a dynamic run served from a plan"),
-        }
-    }
-
     /// Bytes live span `span` holds (0 if it is not live).
     pub(crate) fn span_capacity(&self, span: SpanId) -> usize {
         self.pool.get(span).map_or(0, |s| s.0)
