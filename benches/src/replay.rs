@@ -7,15 +7,13 @@ use crate::peers::{replay_pool_len, PoolHeap, TalcHeap, TlsfHeap};
 use crate::{touch_pages, Counters, Op, Strategy, Trace, TraceRun, ALIGN, PAGE};
 use bumpalo::Bump;
 use core::alloc::{GlobalAlloc, Layout};
+use core::ops::DerefMut;
 use core::ptr::NonNull;
 use mimalloc::MiMalloc;
 use std::alloc::System;
 use std::collections::HashMap;
 use std::sync::Arc;
-use tensor_arena::{
-    Arena, ArenaConfig, Block, Plan, Run, RunReport, ScopedBlock, ScopedRun, SharedArena,
-    SharedBlock,
-};
+use tensor_arena::{Arena, ArenaConfig, Plan, Run, RunReport, ScopedRun, SharedArena};
 use tikv_jemallocator::Jemalloc;
 
 /// Whether a replay writes to the buffers it is given.
@@ -92,13 +90,26 @@ pub fn config_with(policy: tensor_arena::ShrinkPolicy) -> ArenaConfig {
 }
 
 /// Replays `run` in an open arena run: allocate, touch, free as traced.
-fn replay_in<'a>(r: &Run<'a>, run: &TraceRun, touch: Touch) {
-    let mut live: Vec<Option<Block<'a>>> = Vec::with_capacity(run.slots);
+fn replay_in(r: &Run<'_>, run: &TraceRun, touch: Touch) {
+    replay_blocks(run, touch, |bytes| {
+        r.try_alloc(bytes).expect("arena allocation failed")
+    });
+}
+
+/// Replays `run` with blocks from `alloc`: each touched as `touch` says and
+/// dropped (freed) where the trace frees it.
+#[inline(always)]
+fn replay_blocks<B: DerefMut<Target = [u8]>>(
+    run: &TraceRun,
+    touch: Touch,
+    mut alloc: impl FnMut(usize) -> B,
+) {
+    let mut live: Vec<Option<B>> = Vec::with_capacity(run.slots);
     live.resize_with(run.slots, || None);
     for op in &run.ops {
         match *op {
             Op::Alloc { id, bytes } => {
-                let mut block = r.try_alloc(bytes).expect("arena allocation failed");
+                let mut block = alloc(bytes);
                 if touch == Touch::Pages {
                     touch_pages(&mut block);
                 }
@@ -271,20 +282,9 @@ impl Replay for ScopedReplay {
 
 /// Replays `run` in the scoped run `r` (allocate, touch, free as traced).
 fn replay_scoped(r: &ScopedRun<'_>, run: &TraceRun, touch: Touch) {
-    let mut live: Vec<Option<ScopedBlock<'_, '_>>> = Vec::with_capacity(run.slots);
-    live.resize_with(run.slots, || None);
-    for op in &run.ops {
-        match *op {
-            Op::Alloc { id, bytes } => {
-                let mut block = r.try_alloc(bytes).expect("arena allocation failed");
-                if touch == Touch::Pages {
-                    touch_pages(&mut block);
-                }
-                live[id as usize] = Some(block);
-            }
-            Op::Free { id } => live[id as usize] = None,
-        }
-    }
+    replay_blocks(run, touch, |bytes| {
+        r.try_alloc(bytes).expect("arena allocation failed")
+    });
 }
 
 /// [`Strategy::Arena`] with every run a dynamic
@@ -322,20 +322,10 @@ struct SharedReplay {
 
 impl Replay for SharedReplay {
     fn run_with(&mut self, run: &TraceRun, touch: Touch) {
-        let mut live: Vec<Option<SharedBlock<'_>>> = Vec::with_capacity(run.slots);
-        live.resize_with(run.slots, || None);
-        for op in &run.ops {
-            match *op {
-                Op::Alloc { id, bytes } => {
-                    let mut block = self.shared.try_alloc(bytes).expect("allocation failed");
-                    if touch == Touch::Pages {
-                        touch_pages(&mut block);
-                    }
-                    live[id as usize] = Some(block);
-                }
-                Op::Free { id } => live[id as usize] = None,
-            }
-        }
+        let shared = &self.shared;
+        replay_blocks(run, touch, |bytes| {
+            shared.try_alloc(bytes).expect("allocation failed")
+        });
     }
 
     fn counters(&self) -> Counters {

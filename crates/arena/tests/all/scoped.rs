@@ -3,6 +3,7 @@
 //! thing, whether the run follows its plan or leaves it anywhere.
 
 use crate::common::read_trace;
+use core::ops::DerefMut;
 use proptest::prelude::*;
 use std::sync::Arc;
 use tensor_arena::{
@@ -42,7 +43,7 @@ pub(crate) struct Outcome {
 /// Where block `b` lies relative to `anchor`, which the first block sets
 /// if the plan's run had none (a zero-size block's address is only
 /// aligned).
-pub(crate) fn at(b: &[u8], anchor: &mut Option<usize>) -> Seen {
+fn at(b: &[u8], anchor: &mut Option<usize>) -> Seen {
     match b.len() {
         0 => Seen::Block(0, 0),
         len => {
@@ -52,11 +53,11 @@ pub(crate) fn at(b: &[u8], anchor: &mut Option<usize>) -> Seen {
     }
 }
 
-pub(crate) fn fill(b: &mut [u8], seed: u8) {
+fn fill(b: &mut [u8], seed: u8) {
     b.fill(seed);
 }
 
-pub(crate) fn intact(b: &[u8], seed: u8) -> bool {
+fn intact(b: &[u8], seed: u8) -> bool {
     b.iter().all(|&x| x == seed)
 }
 
@@ -90,21 +91,25 @@ pub(crate) fn learned(base: &[Ev]) -> (Arena, Arc<Plan>, Option<usize>) {
     (arena, plan, anchor)
 }
 
-/// `script` as a planned [`Run`](tensor_arena::Run).
-pub(crate) fn through_run(
-    arena: &Arena,
-    plan: &Arc<Plan>,
-    mut anchor: Option<usize>,
+/// Plays `script`: allocates with `alloc`, hands each block to `check`,
+/// fills it, frees blocks as the script says (checking their fill), reads
+/// statistics with `stats`; returns what each event showed. Every block is
+/// dropped, its fill checked, before it returns.
+pub(crate) fn play<B: DerefMut<Target = [u8]>>(
     script: &[Ev],
-) -> Outcome {
-    let r = arena.begin_planned_run(Arc::clone(plan)).unwrap();
-    let mut live: Vec<(Block<'_>, u8)> = Vec::new();
+    mut anchor: Option<usize>,
+    mut alloc: impl FnMut(usize, usize) -> Result<B, ArenaError>,
+    mut check: impl FnMut(&B),
+    mut stats: impl FnMut() -> Stats,
+) -> Vec<Seen> {
+    let mut live: Vec<(B, u8)> = Vec::new();
     let mut seen = Vec::new();
     for (n, ev) in script.iter().enumerate() {
         match *ev {
-            Ev::Alloc(len, align) => match r.arena().try_alloc_aligned(len, align) {
+            Ev::Alloc(len, align) => match alloc(len, align) {
                 Ok(mut b) => {
                     seen.push(at(&b, &mut anchor));
+                    check(&b);
                     let seed = n as u8 ^ 0xa5;
                     fill(&mut b, seed);
                     live.push((b, seed));
@@ -117,13 +122,30 @@ pub(crate) fn through_run(
                 seen.push(Seen::Freed);
             }
             Ev::Free(_) => {}
-            Ev::Stats => seen.push(Seen::Stats(arena.stats())),
+            Ev::Stats => seen.push(Seen::Stats(stats())),
         }
     }
     for (b, seed) in live.drain(..) {
         assert!(intact(&b, seed), "a block was overwritten");
     }
-    drop(live);
+    seen
+}
+
+/// `script` as a planned [`Run`](tensor_arena::Run).
+pub(crate) fn through_run(
+    arena: &Arena,
+    plan: &Arc<Plan>,
+    anchor: Option<usize>,
+    script: &[Ev],
+) -> Outcome {
+    let r = arena.begin_planned_run(Arc::clone(plan)).unwrap();
+    let seen = play(
+        script,
+        anchor,
+        |len, align| r.arena().try_alloc_aligned(len, align),
+        |_: &Block<'_>| {},
+        || arena.stats(),
+    );
     let (report, recording) = r.finish_with_recording();
     Outcome {
         seen,
@@ -138,37 +160,17 @@ pub(crate) fn through_run(
 pub(crate) fn through_scope(
     arena: &mut Arena,
     plan: &Arc<Plan>,
-    mut anchor: Option<usize>,
+    anchor: Option<usize>,
     script: &[Ev],
 ) -> (Outcome, bool) {
     let r = arena.begin_scoped_run(plan).unwrap();
-    let mut live: Vec<(ScopedBlock<'_, '_>, u8)> = Vec::new();
-    let mut seen = Vec::new();
-    for (n, ev) in script.iter().enumerate() {
-        match *ev {
-            Ev::Alloc(len, align) => match r.try_alloc_aligned(len, align) {
-                Ok(mut b) => {
-                    seen.push(at(&b, &mut anchor));
-                    assert!(b.capacity() >= b.len());
-                    let seed = n as u8 ^ 0xa5;
-                    fill(&mut b, seed);
-                    live.push((b, seed));
-                }
-                Err(e) => seen.push(Seen::Refused(e)),
-            },
-            Ev::Free(i) if !live.is_empty() => {
-                let (b, seed) = live.remove(i % live.len());
-                assert!(intact(&b, seed), "event {n}: a block was overwritten");
-                seen.push(Seen::Freed);
-            }
-            Ev::Free(_) => {}
-            Ev::Stats => seen.push(Seen::Stats(r.stats())),
-        }
-    }
-    for (b, seed) in live.drain(..) {
-        assert!(intact(&b, seed), "a block was overwritten");
-    }
-    drop(live);
+    let seen = play(
+        script,
+        anchor,
+        |len, align| r.try_alloc_aligned(len, align),
+        |b: &ScopedBlock<'_, '_>| assert!(b.capacity() >= b.len()),
+        || r.stats(),
+    );
     let on_tape = r.on_tape();
     let (report, recording) = r.finish_with_recording();
     let outcome = Outcome {

@@ -3,9 +3,7 @@
 //! statistics, reports and recordings as a dynamic [`Run`](tensor_arena::Run)
 //! doing the same thing, and a recording that plans the scoped runs after it.
 
-use crate::scoped::{
-    at, base_script, ev, fill, intact, learned, through_run, through_scope, Ev, Outcome, Seen,
-};
+use crate::scoped::{base_script, ev, learned, play, through_run, through_scope, Ev, Outcome};
 use proptest::prelude::*;
 use std::sync::Arc;
 use tensor_arena::{Arena, ArenaConfig, ArenaError, Block, Plan, ScopedBlock};
@@ -14,7 +12,7 @@ use tensor_arena::{Arena, ArenaConfig, ArenaError, Block, Plan, ScopedBlock};
 fn through_dynamic_run(
     arena: &Arena,
     record: bool,
-    mut anchor: Option<usize>,
+    anchor: Option<usize>,
     script: &[Ev],
 ) -> Outcome {
     let r = if record {
@@ -22,32 +20,13 @@ fn through_dynamic_run(
     } else {
         arena.begin_run()
     };
-    let mut live: Vec<(Block<'_>, u8)> = Vec::new();
-    let mut seen = Vec::new();
-    for (n, ev) in script.iter().enumerate() {
-        match *ev {
-            Ev::Alloc(len, align) => match r.arena().try_alloc_aligned(len, align) {
-                Ok(mut b) => {
-                    seen.push(at(&b, &mut anchor));
-                    let seed = n as u8 ^ 0x5a;
-                    fill(&mut b, seed);
-                    live.push((b, seed));
-                }
-                Err(e) => seen.push(Seen::Refused(e)),
-            },
-            Ev::Free(i) if !live.is_empty() => {
-                let (b, seed) = live.remove(i % live.len());
-                assert!(intact(&b, seed), "event {n}: a block was overwritten");
-                seen.push(Seen::Freed);
-            }
-            Ev::Free(_) => {}
-            Ev::Stats => seen.push(Seen::Stats(arena.stats())),
-        }
-    }
-    for (b, seed) in live.drain(..) {
-        assert!(intact(&b, seed), "a block was overwritten");
-    }
-    drop(live);
+    let seen = play(
+        script,
+        anchor,
+        |len, align| r.arena().try_alloc_aligned(len, align),
+        |_: &Block<'_>| {},
+        || arena.stats(),
+    );
     let (report, recording) = r.finish_with_recording();
     Outcome {
         seen,
@@ -62,7 +41,7 @@ fn through_dynamic_run(
 fn through_dynamic_scope(
     arena: &mut Arena,
     record: bool,
-    mut anchor: Option<usize>,
+    anchor: Option<usize>,
     script: &[Ev],
 ) -> Outcome {
     let granule = ArenaConfig::default().alignment;
@@ -73,34 +52,14 @@ fn through_dynamic_scope(
     }
     .unwrap();
     assert!(r.plan().is_none() && !r.on_tape());
-    let mut live: Vec<(ScopedBlock<'_, '_>, u8)> = Vec::new();
-    let mut seen = Vec::new();
-    for (n, ev) in script.iter().enumerate() {
-        match *ev {
-            Ev::Alloc(len, align) => match r.try_alloc_aligned(len, align) {
-                Ok(mut b) => {
-                    seen.push(at(&b, &mut anchor));
-                    // A span holds the request rounded up to the granule.
-                    assert_eq!(b.capacity(), len.div_ceil(granule) * granule);
-                    let seed = n as u8 ^ 0x5a;
-                    fill(&mut b, seed);
-                    live.push((b, seed));
-                }
-                Err(e) => seen.push(Seen::Refused(e)),
-            },
-            Ev::Free(i) if !live.is_empty() => {
-                let (b, seed) = live.remove(i % live.len());
-                assert!(intact(&b, seed), "event {n}: a block was overwritten");
-                seen.push(Seen::Freed);
-            }
-            Ev::Free(_) => {}
-            Ev::Stats => seen.push(Seen::Stats(r.stats())),
-        }
-    }
-    for (b, seed) in live.drain(..) {
-        assert!(intact(&b, seed), "a block was overwritten");
-    }
-    drop(live);
+    let seen = play(
+        script,
+        anchor,
+        |len, align| r.try_alloc_aligned(len, align),
+        // A span holds the request rounded up to the granule.
+        |b: &ScopedBlock<'_, '_>| assert_eq!(b.capacity(), b.len().div_ceil(granule) * granule),
+        || r.stats(),
+    );
     let (report, recording) = r.finish_with_recording();
     Outcome {
         seen,
