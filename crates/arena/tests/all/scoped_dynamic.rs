@@ -3,7 +3,10 @@
 //! statistics, reports and recordings as a dynamic [`Run`](tensor_arena::Run)
 //! doing the same thing, and a recording that plans the scoped runs after it.
 
-use crate::scoped::{base_script, ev, learned, play, through_run, through_scope, Ev, Outcome};
+use crate::common::Counting;
+use crate::scoped::{
+    base_script, ev, learned, play, through_run, through_scope, Ev, Outcome, Seen,
+};
 use proptest::prelude::*;
 use std::sync::Arc;
 use tensor_arena::{Arena, ArenaConfig, ArenaError, Block, Plan, ScopedBlock};
@@ -239,6 +242,85 @@ fn an_executor_uses_scoped_runs_for_every_run() {
             );
         }
         assert_eq!(s.in_use, 0);
+    }
+}
+
+#[test]
+fn on_heap_regions_a_dynamic_scoped_run_reports_like_a_run_and_returns_everything() {
+    // Memory that grows by regions (`Heap`): a growth adds a region, and the
+    // run's high-water mark is simulated from its log. Regions lie anywhere,
+    // so places are compared by length only; everything else the runs show
+    // must agree, and dropping each arena gives back every byte it took.
+    let mut script = base_script();
+    script.extend([
+        Ev::Alloc(8 << 20, 64),
+        Ev::Stats,
+        Ev::Alloc(3 << 20, 1),
+        Ev::Free(0),
+        Ev::Stats,
+    ]);
+    let lengths = |seen: Vec<Seen>| -> Vec<Seen> {
+        seen.into_iter()
+            .map(|s| match s {
+                Seen::Block(_, len) => Seen::Block(0, len),
+                other => other,
+            })
+            .collect()
+    };
+    let (run_counting, scope_counting) = (Counting::default(), Counting::default());
+    {
+        let run_arena = Arena::with_backing(ArenaConfig::default(), &run_counting);
+        let mut scoped_arena = Arena::with_backing(ArenaConfig::default(), &scope_counting);
+        for record in [true, false, true] {
+            let r = if record {
+                run_arena.begin_recorded_run()
+            } else {
+                run_arena.begin_run()
+            };
+            let seen = play(
+                &script,
+                None,
+                |len, align| r.arena().try_alloc_aligned(len, align),
+                |_: &Block<'_, _>| {},
+                || run_arena.stats(),
+            );
+            let (report, recording) = r.finish_with_recording();
+            let by_run = Outcome {
+                seen: lengths(seen),
+                report,
+                recording,
+                after: run_arena.stats(),
+            };
+            let r = if record {
+                scoped_arena.begin_scoped_recorded_run()
+            } else {
+                scoped_arena.begin_scoped_dynamic_run()
+            }
+            .unwrap();
+            let seen = play(
+                &script,
+                None,
+                |len, align| r.try_alloc_aligned(len, align),
+                |_: &ScopedBlock<'_, '_, _>| {},
+                || r.stats(),
+            );
+            let (report, recording) = r.finish_with_recording();
+            let by_scope = Outcome {
+                seen: lengths(seen),
+                report,
+                recording,
+                after: scoped_arena.stats(),
+            };
+            assert_eq!(by_run, by_scope);
+            assert!(
+                by_scope.after.backing_allocs >= 2,
+                "the script grew the arena"
+            );
+        }
+    }
+    for c in [&run_counting, &scope_counting] {
+        assert_eq!(c.outstanding.get(), 0, "memory not returned after drop");
+        assert_eq!(c.allocs.get(), c.frees.get());
     }
 }
 
