@@ -7,7 +7,8 @@ use core::ops::DerefMut;
 use proptest::prelude::*;
 use std::sync::Arc;
 use tensor_arena::{
-    Arena, ArenaConfig, ArenaError, Block, Plan, Recording, RunReport, ScopedBlock, Stats,
+    Arena, ArenaConfig, ArenaError, Block, HostMemory, Plan, Recording, Run, RunReport,
+    ScopedBlock, ScopedRun, Stats,
 };
 
 /// One event of a script.
@@ -131,19 +132,18 @@ pub(crate) fn play<B: DerefMut<Target = [u8]>>(
     seen
 }
 
-/// `script` as a planned [`Run`](tensor_arena::Run).
-pub(crate) fn through_run(
-    arena: &Arena,
-    plan: &Arc<Plan>,
+/// `script` played in `arena`'s open run `r`, which then finishes.
+pub(crate) fn run_outcome<M: HostMemory>(
+    arena: &Arena<M>,
+    r: Run<'_, M>,
     anchor: Option<usize>,
     script: &[Ev],
 ) -> Outcome {
-    let r = arena.begin_planned_run(Arc::clone(plan)).unwrap();
     let seen = play(
         script,
         anchor,
         |len, align| r.arena().try_alloc_aligned(len, align),
-        |_: &Block<'_>| {},
+        |_: &Block<'_, M>| {},
         || arena.stats(),
     );
     let (report, recording) = r.finish_with_recording();
@@ -155,6 +155,42 @@ pub(crate) fn through_run(
     }
 }
 
+/// What a scoped run showed: the events, its report and recording, and
+/// whether it still served its steps itself at the end.
+pub(crate) type Scoped = (Vec<Seen>, RunReport, Recording, bool);
+
+/// `script` played in the scoped run `r` (each block handed to `check`),
+/// which then finishes; the arena's statistics afterwards are the caller's
+/// to read once `r` is gone.
+pub(crate) fn scope_outcome<M: HostMemory>(
+    r: ScopedRun<'_, M>,
+    anchor: Option<usize>,
+    script: &[Ev],
+    check: impl FnMut(&ScopedBlock<'_, '_, M>),
+) -> Scoped {
+    let seen = play(
+        script,
+        anchor,
+        |len, align| r.try_alloc_aligned(len, align),
+        check,
+        || r.stats(),
+    );
+    let on_tape = r.on_tape();
+    let (report, recording) = r.finish_with_recording();
+    (seen, report, recording, on_tape)
+}
+
+/// `script` as a planned [`Run`](tensor_arena::Run).
+pub(crate) fn through_run(
+    arena: &Arena,
+    plan: &Arc<Plan>,
+    anchor: Option<usize>,
+    script: &[Ev],
+) -> Outcome {
+    let r = arena.begin_planned_run(Arc::clone(plan)).unwrap();
+    run_outcome(arena, r, anchor, script)
+}
+
 /// `script` as a [`ScopedRun`](tensor_arena::ScopedRun), and whether the
 /// run still served its steps itself at the end.
 pub(crate) fn through_scope(
@@ -164,15 +200,9 @@ pub(crate) fn through_scope(
     script: &[Ev],
 ) -> (Outcome, bool) {
     let r = arena.begin_scoped_run(plan).unwrap();
-    let seen = play(
-        script,
-        anchor,
-        |len, align| r.try_alloc_aligned(len, align),
-        |b: &ScopedBlock<'_, '_>| assert!(b.capacity() >= b.len()),
-        || r.stats(),
-    );
-    let on_tape = r.on_tape();
-    let (report, recording) = r.finish_with_recording();
+    let (seen, report, recording, on_tape) = scope_outcome(r, anchor, script, |b| {
+        assert!(b.capacity() >= b.len());
+    });
     let outcome = Outcome {
         seen,
         report,

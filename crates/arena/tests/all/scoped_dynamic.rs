@@ -5,15 +5,16 @@
 
 use crate::common::Counting;
 use crate::scoped::{
-    base_script, ev, learned, play, through_run, through_scope, Ev, Outcome, Seen,
+    base_script, ev, learned, run_outcome, scope_outcome, through_run, through_scope, Ev, Outcome,
+    Seen,
 };
 use proptest::prelude::*;
 use std::sync::Arc;
-use tensor_arena::{Arena, ArenaConfig, ArenaError, Block, Plan, ScopedBlock};
+use tensor_arena::{Arena, ArenaConfig, ArenaError, HostMemory, Plan, ScopedBlock};
 
 /// `script` as a dynamic [`Run`](tensor_arena::Run), recorded or not.
-fn through_dynamic_run(
-    arena: &Arena,
+fn through_dynamic_run<M: HostMemory>(
+    arena: &Arena<M>,
     record: bool,
     anchor: Option<usize>,
     script: &[Ev],
@@ -23,31 +24,18 @@ fn through_dynamic_run(
     } else {
         arena.begin_run()
     };
-    let seen = play(
-        script,
-        anchor,
-        |len, align| r.arena().try_alloc_aligned(len, align),
-        |_: &Block<'_>| {},
-        || arena.stats(),
-    );
-    let (report, recording) = r.finish_with_recording();
-    Outcome {
-        seen,
-        report,
-        recording,
-        after: arena.stats(),
-    }
+    run_outcome(arena, r, anchor, script)
 }
 
 /// `script` as a dynamic [`ScopedRun`](tensor_arena::ScopedRun), recorded
-/// or not.
-fn through_dynamic_scope(
-    arena: &mut Arena,
+/// or not; `check` sees each block.
+fn through_dynamic_scope<M: HostMemory>(
+    arena: &mut Arena<M>,
     record: bool,
     anchor: Option<usize>,
     script: &[Ev],
+    check: impl FnMut(&ScopedBlock<'_, '_, M>),
 ) -> Outcome {
-    let granule = ArenaConfig::default().alignment;
     let r = if record {
         arena.begin_scoped_recorded_run()
     } else {
@@ -55,15 +43,8 @@ fn through_dynamic_scope(
     }
     .unwrap();
     assert!(r.plan().is_none() && !r.on_tape());
-    let seen = play(
-        script,
-        anchor,
-        |len, align| r.try_alloc_aligned(len, align),
-        // A span holds the request rounded up to the granule.
-        |b: &ScopedBlock<'_, '_>| assert_eq!(b.capacity(), b.len().div_ceil(granule) * granule),
-        || r.stats(),
-    );
-    let (report, recording) = r.finish_with_recording();
+    let (seen, report, recording, on_tape) = scope_outcome(r, anchor, script, check);
+    assert!(!on_tape);
     Outcome {
         seen,
         report,
@@ -80,7 +61,11 @@ fn same_both_ways(history: &[Ev], script: &[Ev], record: bool) -> Outcome {
     let (run_arena, _, run_anchor) = learned(history);
     let (mut scoped_arena, _, anchor) = learned(history);
     let by_run = through_dynamic_run(&run_arena, record, run_anchor, script);
-    let by_scope = through_dynamic_scope(&mut scoped_arena, record, anchor, script);
+    // A span holds the request rounded up to the granule.
+    let granule = ArenaConfig::default().alignment;
+    let by_scope = through_dynamic_scope(&mut scoped_arena, record, anchor, script, |b| {
+        assert_eq!(b.capacity(), b.len().div_ceil(granule) * granule);
+    });
     assert_eq!(by_run, by_scope);
     assert!(!by_scope.report.planned && !by_scope.report.deviated);
     if !record {
@@ -272,45 +257,11 @@ fn on_heap_regions_a_dynamic_scoped_run_reports_like_a_run_and_returns_everythin
         let run_arena = Arena::with_backing(ArenaConfig::default(), &run_counting);
         let mut scoped_arena = Arena::with_backing(ArenaConfig::default(), &scope_counting);
         for record in [true, false, true] {
-            let r = if record {
-                run_arena.begin_recorded_run()
-            } else {
-                run_arena.begin_run()
-            };
-            let seen = play(
-                &script,
-                None,
-                |len, align| r.arena().try_alloc_aligned(len, align),
-                |_: &Block<'_, _>| {},
-                || run_arena.stats(),
-            );
-            let (report, recording) = r.finish_with_recording();
-            let by_run = Outcome {
-                seen: lengths(seen),
-                report,
-                recording,
-                after: run_arena.stats(),
-            };
-            let r = if record {
-                scoped_arena.begin_scoped_recorded_run()
-            } else {
-                scoped_arena.begin_scoped_dynamic_run()
-            }
-            .unwrap();
-            let seen = play(
-                &script,
-                None,
-                |len, align| r.try_alloc_aligned(len, align),
-                |_: &ScopedBlock<'_, '_, _>| {},
-                || r.stats(),
-            );
-            let (report, recording) = r.finish_with_recording();
-            let by_scope = Outcome {
-                seen: lengths(seen),
-                report,
-                recording,
-                after: scoped_arena.stats(),
-            };
+            let mut by_run = through_dynamic_run(&run_arena, record, None, &script);
+            let mut by_scope =
+                through_dynamic_scope(&mut scoped_arena, record, None, &script, |_| {});
+            by_run.seen = lengths(by_run.seen);
+            by_scope.seen = lengths(by_scope.seen);
             assert_eq!(by_run, by_scope);
             assert!(
                 by_scope.after.backing_allocs >= 2,
