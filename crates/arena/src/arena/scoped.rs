@@ -91,11 +91,9 @@ const OFF_TAPE: usize = usize::MAX;
 pub struct ScopedRun<'a, M: HostMemory = DefaultMemory> {
     /// The arena's state; borrowed only off the tape and to finish.
     shell: RefCell<&'a mut Shell<M>>,
-    /// The plan serving the run; `None` for a dynamic run.
+    /// The plan serving the run; `None` for a dynamic run, whose blocks
+    /// the core serves and name by their spans.
     plan: Option<&'a Arc<Plan>>,
-    /// Whether the run has no plan: the core serves every block, which the
-    /// block names by its span.
-    dynamic: bool,
     /// The plan's compiled steps.
     steps: &'a [crate::plan::Step],
     /// The plan block: address, slot and generation in the core.
@@ -147,14 +145,13 @@ impl<M: HostMemory> Arena<M> {
     ) -> Result<ScopedRun<'a, M>, ArenaError> {
         let shell = self.state.get_mut();
         let id = shell.raw.begin_run(Some(Arc::clone(plan)), false)?;
-        let scratch = shell.scratch.take().unwrap_or_default();
         let granule = shell.raw.granule();
         // Every block of a validated plan lies inside its `size` bytes, so
         // a plan block that large holds every step; and with every size a
         // multiple of this arena's granule, a request is a step's exactly
         // when it is at most the step's size and within a granule of it.
         let quantum = plan.whole().size_quantum;
-        let (base, slot, generation, pos) = match shell.raw.exact_serving() {
+        let tape = match shell.raw.exact_serving() {
             Some((base, size, slot, generation))
                 if plan.size() <= size && quantum % granule == 0 =>
             {
@@ -165,22 +162,7 @@ impl<M: HostMemory> Arena<M> {
             // core serves every event.
             _ => (NonNull::dangling(), 0, 0, OFF_TAPE),
         };
-        Ok(ScopedRun {
-            shell: RefCell::new(shell),
-            plan: Some(plan),
-            dynamic: false,
-            steps: plan.steps(),
-            base,
-            slot,
-            generation,
-            granule,
-            pos: Cell::new(pos),
-            handles: RefCell::new((Vec::new(), Vec::new())),
-            error: Cell::new(None),
-            id,
-            scratch,
-            open: true,
-        })
+        Ok(ScopedRun::opened(shell, id, Some(plan), tape))
     }
 
     /// Opens a dynamic run (no plan) that holds this arena exclusively; see
@@ -213,28 +195,45 @@ impl<M: HostMemory> Arena<M> {
     fn open_scoped_dynamic(&mut self, record: bool) -> Result<ScopedRun<'_, M>, ArenaError> {
         let shell = self.state.get_mut();
         let id = shell.raw.begin_run(None, record)?;
+        Ok(ScopedRun::opened(
+            shell,
+            id,
+            None,
+            (NonNull::dangling(), 0, 0, OFF_TAPE),
+        ))
+    }
+}
+
+impl<'a, M: HostMemory> ScopedRun<'a, M> {
+    /// The scoped face of run `id`, just opened on `shell`'s core, served
+    /// by `plan` if any. `tape` is the plan block (address, slot and
+    /// generation in the core) and the first step the run serves itself,
+    /// or [`OFF_TAPE`] when the core serves every event.
+    fn opened(
+        shell: &'a mut Shell<M>,
+        id: u64,
+        plan: Option<&'a Arc<Plan>>,
+        (base, slot, generation, pos): (NonNull<u8>, u32, u32, usize),
+    ) -> Self {
         let scratch = shell.scratch.take().unwrap_or_default();
         let granule = shell.raw.granule();
-        Ok(ScopedRun {
+        ScopedRun {
             shell: RefCell::new(shell),
-            plan: None,
-            dynamic: true,
-            steps: &[],
-            base: NonNull::dangling(),
-            slot: 0,
-            generation: 0,
+            plan,
+            steps: plan.map_or(&[], |p| p.steps()),
+            base,
+            slot,
+            generation,
             granule,
-            pos: Cell::new(OFF_TAPE),
+            pos: Cell::new(pos),
             handles: RefCell::new((Vec::new(), Vec::new())),
             error: Cell::new(None),
             id,
             scratch,
             open: true,
-        })
+        }
     }
-}
 
-impl<'a, M: HostMemory> ScopedRun<'a, M> {
     /// The run's id, as in [`RunReport::run`].
     pub fn id(&self) -> u64 {
         self.id
@@ -341,7 +340,7 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
         align: usize,
         location: &'static Location<'static>,
     ) -> Option<(NonNull<u8>, Owner)> {
-        if !self.dynamic || len == 0 {
+        if self.plan.is_some() || len == 0 {
             return self.off_tape_alloc(len, align, location);
         }
         let got = self.shell.borrow_mut().raw.alloc_at(len, align, location);
