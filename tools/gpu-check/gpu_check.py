@@ -3,7 +3,10 @@
 
 Runs DenseNet-121 at batches 16,1,4,1,8,16 and ResNet-50 at 64,8,32,8,64
 (torchvision, random weights, torch.manual_seed(0), cuDNN benchmark off,
-224x224 inputs), once with PyTorch's native caching allocator and once with
+224x224 inputs), and BERT-base (transformers, random weights) at batch 8
+with sequence lengths 512,128,64,64,512 (its shapes change every run and
+its activations are not convolutions), once with PyTorch's native caching
+allocator and once with
 tensor-arena, each in its own process (PyTorch cannot change its allocator
 once it has allocated). Checks that the outputs are identical and prints,
 per batch, the live peak, each allocator's reserved bytes and the time per
@@ -31,22 +34,41 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "crates", "cuda", "python"))
 
+# Per model, what changes from run to run: the batch of 224x224 images for
+# the vision models, the sequence length (at batch BERT_BATCH) for BERT.
 MODELS = {
     "densenet121": [16, 1, 4, 1, 8, 16],
     "resnet50": [64, 8, 32, 8, 64],
+    "bert": [512, 128, 64, 64, 512],
 }
+BERT_BATCH = 8
 MIB = 1 << 20
 
 
-def inputs(batches):
+def inputs(model, batches):
     """The same inputs in both processes: CPU tensors from fixed seeds."""
     import torch
 
     out = []
     for i, b in enumerate(batches):
         g = torch.Generator().manual_seed(1000 + i)
-        out.append(torch.randn(b, 3, 224, 224, generator=g))
+        if model == "bert":
+            out.append(torch.randint(0, 30522, (BERT_BATCH, b), generator=g))
+        else:
+            out.append(torch.randn(b, 3, 224, 224, generator=g))
     return out
+
+
+def make_model(name):
+    """The model with random weights from seed 0, on the host."""
+    if name == "bert":
+        import transformers
+
+        config = transformers.BertConfig()  # BERT-base: 12 layers, 768 wide
+        return transformers.BertModel(config), lambda m, x: m(input_ids=x).last_hidden_state
+    import torchvision
+
+    return getattr(torchvision.models, name)(weights=None), lambda m, x: m(x)
 
 
 def child(args):
@@ -59,17 +81,17 @@ def child(args):
         # Before anything touches CUDA memory.
         arena = tensor_arena_cuda.install(args.lib)
     import torch
-    import torchvision
 
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     dev = torch.device("cuda")
-    model = getattr(torchvision.models, args.model)(weights=None).to(dev).eval()
+    model, call = make_model(args.model)
+    model = model.to(dev).eval()
     batches = MODELS[args.model]
     # Inputs stay on the host; each batch copies its own in, inside the run,
     # so the live peak is weights + one batch's tensors.
-    xs = inputs(batches)
+    xs = inputs(args.model, batches)
 
     def reserved():
         if arena is None:
@@ -85,7 +107,7 @@ def child(args):
             if measure:
                 torch.cuda.reset_peak_memory_stats()
             x = xs[i].to(dev)
-            out = model(x)
+            out = call(model, x)
             host = out.cpu() if keep_output else None
             torch.cuda.synchronize()
             del out, x
@@ -94,7 +116,7 @@ def child(args):
             return host, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
         with arena.run(key):
             x = xs[i].to(dev)
-            out = model(x)
+            out = call(model, x)
             host = out.cpu() if keep_output else None
             torch.cuda.synchronize()
             # Device tensors die inside the run, so it can be planned.
@@ -217,7 +239,7 @@ def report(model, native, arena, same):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lib", help="path to libtensor_arena_cuda.so")
-    p.add_argument("--models", default="densenet121,resnet50")
+    p.add_argument("--models", default="densenet121,resnet50,bert")
     p.add_argument("--repeat", type=int, default=10, help="timed runs per batch")
     p.add_argument("--json", help="write all figures to this file")
     p.add_argument("--child", choices=["native", "arena"], help=argparse.SUPPRESS)
@@ -233,8 +255,10 @@ def main():
     try:
         import torch
         import torchvision  # noqa: F401
+        if "bert" in args.models.split(","):
+            import transformers  # noqa: F401
     except ImportError as e:
-        print(f"PyTorch and torchvision are needed: {e}", file=sys.stderr)
+        print(f"PyTorch, torchvision and transformers (for bert) are needed: {e}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("no CUDA device visible to PyTorch", file=sys.stderr)

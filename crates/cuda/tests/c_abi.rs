@@ -238,14 +238,14 @@ fn gpu_check_flow_with_a_stand_in_for_torch() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
-    for model in ["densenet121", "resnet50"] {
+    for model in ["densenet121", "resnet50", "bert"] {
         assert!(text.contains(&format!("== {model} (fake")), "{text}");
     }
-    assert_eq!(text.matches("outputs identical: True").count(), 2, "{text}");
+    assert_eq!(text.matches("outputs identical: True").count(), 3, "{text}");
     assert_eq!(
         text.matches("driver calls in a pass of planned runs: 0")
             .count(),
-        2,
+        3,
         "{text}"
     );
 }

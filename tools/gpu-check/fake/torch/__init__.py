@@ -22,6 +22,8 @@ class Tensor:
         if self.ptr and _alloc: _alloc.free(self.ptr, 0, 0, None)
     def __eq__(self, o): return self.batch == o.batch
 def randn(b, *shape, generator=None): return Tensor(b)
+# (batch, sequence length) token ids: a "batch" that grows with the length.
+def randint(lo, hi, shape, generator=None): return Tensor(shape[0] * shape[1] // 128)
 def equal(a, b): return a == b
 def save(obj, path): pickle.dump([t.batch for t in obj], open(path, "wb"))
 def load(path): return [Tensor(b) for b in pickle.load(open(path, "rb"))]
