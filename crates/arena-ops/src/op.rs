@@ -75,6 +75,12 @@ pub enum Op {
         /// Target in KiB.
         kib: u16,
     },
+    /// `Arena::shrink_for_plans` with the size of the kept plan number
+    /// `plan % plans` (0 if none is kept).
+    ShrinkForPlans {
+        /// Which plan.
+        plan: u8,
+    },
     /// Make the next `calls % 4` backing allocation calls fail.
     FailBacking {
         /// How many (modulo 4).

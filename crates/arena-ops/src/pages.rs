@@ -225,6 +225,13 @@ impl<'a> Model<'a> {
                 let target = kib as usize * 1024;
                 self.shrink(at, target, |a| a.shrink_to(target));
             }
+            Op::ShrinkForPlans { plan } => {
+                let block = match self.plans.len() {
+                    0 => 0,
+                    n => self.plans[plan as usize % n].size(),
+                };
+                self.shrink_for_plans(at, block);
+            }
             Op::FailBacking { calls } => {
                 self.ledger.borrow_mut().fail_next += u64::from(calls % 4);
             }
@@ -352,6 +359,69 @@ impl<'a> Model<'a> {
         }
     }
 
+    /// `shrink_for_plans(block)`: what stays committed is the live
+    /// blocks' granules, the free spans between them that can hold the
+    /// block, and the top up to the block (none of it when a span below
+    /// holds the block): no whole granule of a smaller free span between
+    /// live blocks, and none past that top.
+    fn shrink_for_plans(&mut self, at: &str, block: usize) {
+        let before = self.arena.stats();
+        let base = self.ledger.borrow().bases().first().copied();
+        let released = self.arena.shrink_for_plans(block);
+        let after = self.arena.stats();
+        checks::shrink_accounting(&at, &before, &after, released);
+        let (Some(base), false) = (base, self.plan_block_held()) else {
+            return;
+        };
+        if after.reserved == 0 {
+            assert_eq!(after.in_use, 0, "{at}: released with blocks live");
+            return;
+        }
+        let props = self.arena.memory_props();
+        let up = |x: usize| x.next_multiple_of(props.commit_step(x));
+        let block = block.next_multiple_of(self.arena.config().alignment);
+        let mut live: Vec<(usize, usize)> = self
+            .live
+            .iter()
+            .filter(|l| !l.block.is_empty())
+            .map(|l| (l.block.as_ptr() as usize - base, l.block.capacity()))
+            .collect();
+        live.sort_unstable();
+        let mut gaps = Vec::new();
+        let mut used_end = 0;
+        for &(a, n) in &live {
+            if a > used_end {
+                gaps.push((used_end, a));
+            }
+            used_end = used_end.max(a + n);
+        }
+        let held = gaps.iter().any(|&(a, b)| b - a >= block);
+        let keep_top = up(used_end + if held { 0 } else { block });
+        let committed = self.ledger.borrow().committed_granules();
+        let prefix = committed
+            .iter()
+            .map(|&(a, n)| a + n - base)
+            .max()
+            .unwrap_or(0);
+        let hs = props.commit_step(prefix);
+        for (addr, _) in committed {
+            let o = addr - base;
+            assert!(
+                o < keep_top,
+                "{at}: granule at +{o:#x} committed past the top kept for a block of \
+                 {block:#x} ({keep_top:#x})"
+            );
+            for &(fa, fb) in gaps.iter().filter(|&&(a, b)| b - a < block) {
+                let (lo, hi) = (fa.next_multiple_of(hs), fb / hs * hs);
+                assert!(
+                    !(lo <= o && o < hi),
+                    "{at}: granule at +{o:#x} of the free span {fa:#x}..{fb:#x}, too small \
+                     for a block of {block:#x}, is committed"
+                );
+            }
+        }
+    }
+
     fn shrink(&mut self, at: &str, target: usize, f: impl FnOnce(&Arena<Mem>) -> usize) {
         let before = self.arena.stats();
         let base = self.ledger.borrow().bases().first().copied();
@@ -367,6 +437,20 @@ impl<'a> Model<'a> {
                 .unwrap_or(0)
         };
         let prefix_before = base.map_or(0, |b| prefix(self, b));
+        // The decommitted holes below the prefix, as offsets, in order.
+        let holes_before: Vec<(usize, usize)> = base.map_or_else(Vec::new, |b| {
+            let mut granules = self.ledger.borrow().committed_granules();
+            granules.sort_unstable();
+            let mut holes = Vec::new();
+            let mut at = 0;
+            for (a, n) in granules {
+                if a - b > at {
+                    holes.push((at, a - b - at));
+                }
+                at = a - b + n;
+            }
+            holes
+        });
         let released = f(self.arena);
         let after = self.arena.stats();
         checks::shrink_accounting(&at, &before, &after, released);
@@ -380,7 +464,8 @@ impl<'a> Model<'a> {
         // What the arena promises, in offsets: the top is cut to the target
         // (or the highest live block) in commit steps, and every whole
         // step-aligned part of a free gap between live blocks at or above
-        // the target is decommitted.
+        // the target is decommitted. Holes below count for nothing: the
+        // target is where `target` committed bytes end.
         let props = self.arena.memory_props();
         let up = |x: usize| x.next_multiple_of(props.commit_step(x));
         let mut live: Vec<(usize, usize)> = self
@@ -391,8 +476,28 @@ impl<'a> Model<'a> {
             .collect();
         live.sort_unstable();
         let used_end = live.iter().map(|&(a, n)| a + n).max().unwrap_or(0);
-        let keep_from = up(target);
+        let keep_from = {
+            let mut x = up(target);
+            for &(h, l) in &holes_before {
+                if h >= x {
+                    break;
+                }
+                x += l;
+            }
+            if x == up(target) {
+                x
+            } else {
+                up(x)
+            }
+        };
         let keep_top = keep_from.max(up(used_end));
+        assert!(
+            after.reserved >= before.reserved.min(up(target)),
+            "{at}: {} committed after a shrink to {target:#x} (from {}): more given back \
+             than asked",
+            after.reserved,
+            before.reserved
+        );
         let hs = props.commit_step(prefix_before.min(keep_top));
         let mut gaps = Vec::new();
         let mut at_off = 0;

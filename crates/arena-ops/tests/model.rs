@@ -49,6 +49,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<u8>().prop_map(|plan| Op::BeginPlannedRun { plan }),
         1 => Just(Op::Shrink),
         1 => (0u16..32768).prop_map(|kib| Op::ShrinkTo { kib }),
+        1 => any::<u8>().prop_map(|plan| Op::ShrinkForPlans { plan }),
         1 => any::<u8>().prop_map(|calls| Op::FailBacking { calls }),
         1 => (0u16..5000).prop_map(|len| Op::Collection { len }),
         1 => Just(Op::SessionClone),

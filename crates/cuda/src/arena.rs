@@ -337,9 +337,11 @@ impl DeviceArena {
                 self.largest_plan = self.largest_plan.max(plan.size());
                 self.plans.insert(key, Arc::new(plan));
                 if self.shrink_to_plans {
-                    // What stays live between runs, and one plan's block.
-                    let outside = self.raw.stats().in_use;
-                    report.released += self.shrink_to(outside + self.largest_plan);
+                    // What stays live between runs, and one plan's block:
+                    // fragments no plan's block fits are unmapped too (the
+                    // one below a block that outlived its run, say).
+                    let released = self.raw.shrink_for_plans(self.largest_plan);
+                    report.released += self.after_shrink(released);
                 }
             }
         }

@@ -278,6 +278,15 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
                 let target = kib as usize * 1024;
                 self.shrink(at, target, |a| a.shrink_to(target));
             }
+            Op::ShrinkForPlans { plan } => {
+                let block = match self.plans.len() {
+                    0 => 0,
+                    n => self.plans[plan as usize % n].size(),
+                };
+                // On `Heap`: `shrink_to` of what is live and the block.
+                let target = self.arena.stats().in_use.saturating_add(block);
+                self.shrink(at, target, |a| a.shrink_for_plans(block));
+            }
             Op::FailBacking { calls } => self.counting.fail_next(u64::from(calls % 4)),
             Op::Collection { len } => self.collection(at, len % 2048),
             Op::SessionClone => {

@@ -407,6 +407,22 @@ impl<M: HostMemory> Arena<M> {
         self.state.borrow_mut().raw.shrink()
     }
 
+    /// Gives back what planned runs whose one block is `block` bytes (the
+    /// largest plan's [`Plan::size`](crate::Plan::size)) do not use; returns
+    /// the bytes released.
+    ///
+    /// On [`Pages`](crate::memory::Pages): decommits the whole free
+    /// granules between live blocks in every free span too small to hold
+    /// the block (no planned run uses them), and the top beyond the block.
+    /// [`Arena::shrink_to`] a byte target cuts the top first and keeps such
+    /// fragments, such as the one left below a block that outlived the run
+    /// it was allocated in; the next planned run then grows the top again
+    /// and the fragment stays committed and unused. On [`Heap`]: as
+    /// `shrink_to` of the bytes in use and the block.
+    pub fn shrink_for_plans(&self, block: usize) -> usize {
+        self.state.borrow_mut().raw.shrink_for_plans(block)
+    }
+
     /// Gives memory back until at most `bytes` (rounded up to the granule)
     /// stay reserved, as far as live blocks allow; see [`Arena::shrink`].
     /// Returns the bytes released.

@@ -459,6 +459,33 @@ impl<T: Copy> FreeMap<T> {
             self.find_binned(size, align)
         };
         let (id, start) = binned.or_else(|| self.find_top(size, align))?;
+        Some(self.take(id, start, size, tag))
+    }
+
+    /// Like [`FreeMap::alloc`], but from the smallest region top that holds
+    /// the request when one does (wilderness first), else as `alloc`. For a
+    /// plan's block: the top is where the largest plan's block is kept
+    /// committed, where a smaller free span below may have been given back.
+    pub(crate) fn alloc_top_first(
+        &mut self,
+        size: usize,
+        align: usize,
+        tag: T,
+    ) -> Option<(RegionId, usize, SpanId)> {
+        debug_assert!(size > 0);
+        if self.front_map != 0 {
+            self.flush_front();
+        }
+        match self.find_top(size, align) {
+            Some((id, start)) => Some(self.take(id, start, size, tag)),
+            None => self.alloc(size, align, tag),
+        }
+    }
+
+    /// Hands out `size` bytes at `start` of free span `id` (found to hold
+    /// them), splitting off what is left before and after.
+    #[inline(always)]
+    fn take(&mut self, id: SpanId, start: usize, size: usize, tag: T) -> (RegionId, usize, SpanId) {
         let (span_size, rid, off) = {
             let s = &self.spans[id as usize];
             (s.size, s.rid, s.off)
@@ -477,7 +504,7 @@ impl<T: Copy> FreeMap<T> {
             self.regions[rid as usize].top_size = span_end - end;
             self.free_bytes -= size;
             self.used_count += 1;
-            return Some((rid, start, block));
+            return (rid, start, block);
         }
         self.unfile_free(id);
         // The block: the found span itself, or a new span after the padding.
@@ -498,7 +525,7 @@ impl<T: Copy> FreeMap<T> {
             self.file_free(rest);
         }
         self.used_count += 1;
-        Some((rid, start, block))
+        (rid, start, block)
     }
 
     /// Links a new span at `off` right after span `after`; returns its id.

@@ -204,10 +204,30 @@ impl<M: Memory> Pool<M> {
         let Some(keep_from) = step(target) else {
             return 0;
         };
+        // Holes below count for nothing: keep `target` committed bytes, so
+        // that what was given back between live blocks (by
+        // `trim_for_block`) does not make this give back more than asked.
+        let keep_from = {
+            let holes = &self.regions[rid as usize]
+                .as_ref()
+                .expect("live region")
+                .holes;
+            let past = holes_below(holes, keep_from);
+            if past == keep_from {
+                keep_from
+            } else {
+                match step(past) {
+                    Some(x) => x,
+                    None => return 0,
+                }
+            }
+        };
         let before = self.reserved;
         // 1. The top.
-        let region = self.regions[rid as usize].as_ref().expect("live region");
-        let (committed, base) = (region.committed, region.base);
+        let committed = self.regions[rid as usize]
+            .as_ref()
+            .expect("live region")
+            .committed;
         // The used end lies inside the reservation, so it rounds up without
         // overflow.
         let keep = keep_from.max(step(self.map.used_end(rid)).unwrap_or(committed));
@@ -217,51 +237,7 @@ impl<M: Memory> Pool<M> {
             return before - self.reserved;
         }
         if keep < committed {
-            // Decommit what is committed of `keep..committed`: the gaps
-            // between the holes already there.
-            let region = self.regions[rid as usize].as_ref().expect("live region");
-            let mut gaps = Vec::new();
-            let mut at = keep;
-            for &(h, l) in &region.holes {
-                if h + l <= at {
-                    continue;
-                }
-                if h > at {
-                    gaps.push((at, h - at));
-                }
-                at = at.max(h + l);
-            }
-            if at < committed {
-                gaps.push((at, committed - at));
-            }
-            let mut ok = true;
-            for &(off, n) in &gaps {
-                self.calls.decommits += 1;
-                if self.memory.decommit(base, off, n).is_err() {
-                    ok = false;
-                    break;
-                }
-                // Decommitted, whether or not the top is cut below.
-                let region = self.regions[rid as usize].as_mut().expect("live region");
-                let i = region.holes.partition_point(|&(h, _)| h < off);
-                region.holes.insert(i, (off, n));
-                self.reserved -= n;
-            }
-            if ok {
-                let truncated = self.map.truncate_region(rid, keep);
-                debug_assert!(truncated, "the top above the used end is free");
-                let region = self.regions[rid as usize].as_mut().expect("live region");
-                region.committed = keep;
-                // Holes above the new top go with it (they are decommitted
-                // already: `reserved` does not change).
-                region.holes.retain_mut(|(h, l)| {
-                    if *h + *l > keep {
-                        *l = keep.saturating_sub(*h);
-                    }
-                    *l > 0
-                });
-            }
-            self.merge_holes(rid);
+            self.cut_top(rid, keep);
         }
         // 2. Whole free granules inside the committed part, above the target
         // (whole huge pages in an arena that has reached one).
@@ -281,6 +257,112 @@ impl<M: Memory> Pool<M> {
         }
         self.bytes_released += (before - self.reserved) as u64;
         before - self.reserved
+    }
+
+    /// In place, before planned runs whose one block is `block` bytes:
+    /// gives back the whole free granules of every free span between live
+    /// blocks that cannot hold the block (no planned run uses them), and
+    /// cuts the free top to `block` bytes (to the highest live block when a
+    /// span below can hold it). Returns the bytes decommitted.
+    ///
+    /// What stays committed is what planned runs use: the live blocks and
+    /// the place the block will take (it is placed like any request: the
+    /// smallest free span that holds it, the top last). A fragment left
+    /// below a block that outlived its run (PyTorch's cuBLAS workspace,
+    /// allocated in the first run and kept) would otherwise stay committed
+    /// and unused for good, and shrinking by a byte target cuts the top
+    /// first, so the block would then grow the top again.
+    pub(super) fn trim_for_block_in_place(&mut self, block: usize) -> usize {
+        let Some(rid) = self.map.region_ids().next() else {
+            return 0;
+        };
+        let before = self.reserved;
+        let used_end = self.map.used_end(rid);
+        let spans: Vec<(usize, usize)> = self
+            .map
+            .free_spans(rid)
+            .filter(|&(off, _)| off < used_end)
+            .collect();
+        let held = spans.iter().any(|&(_, size)| size >= block);
+        let keep = used_end
+            .checked_add(if held { 0 } else { block })
+            .and_then(|end| end.checked_next_multiple_of(self.props.commit_step(end)));
+        if keep == Some(0) && self.map.is_region_free(rid) {
+            self.release_reservation(rid);
+            self.bytes_released += (before - self.reserved) as u64;
+            return before - self.reserved;
+        }
+        // The top first, then the fragments in whole commit steps of what
+        // is left (whole huge pages only while the arena still has one).
+        let committed = self.regions[rid as usize]
+            .as_ref()
+            .expect("live region")
+            .committed;
+        if let Some(keep) = keep.filter(|&k| k < committed) {
+            self.cut_top(rid, keep);
+        }
+        let region = self.regions[rid as usize].as_ref().expect("live region");
+        let g = self.props.commit_step(region.committed);
+        for (off, size) in spans.into_iter().filter(|&(_, size)| size < block) {
+            let lo = off.next_multiple_of(g);
+            let hi = (off + size) & !(g - 1);
+            if lo < hi {
+                self.decommit_hole(rid, lo, hi - lo);
+            }
+        }
+        self.bytes_released += (before - self.reserved) as u64;
+        before - self.reserved
+    }
+
+    /// Cuts the committed top of region `rid` (free above `keep`, which is
+    /// a commit-step boundary at or above its used end) down to `keep`:
+    /// decommits what is committed of `keep..committed` (the gaps between
+    /// the holes there) and truncates the region.
+    fn cut_top(&mut self, rid: RegionId, keep: usize) {
+        let region = self.regions[rid as usize].as_ref().expect("live region");
+        let (committed, base) = (region.committed, region.base);
+        let mut gaps = Vec::new();
+        let mut at = keep;
+        for &(h, l) in &region.holes {
+            if h + l <= at {
+                continue;
+            }
+            if h > at {
+                gaps.push((at, h - at));
+            }
+            at = at.max(h + l);
+        }
+        if at < committed {
+            gaps.push((at, committed - at));
+        }
+        let mut ok = true;
+        for &(off, n) in &gaps {
+            self.calls.decommits += 1;
+            if self.memory.decommit(base, off, n).is_err() {
+                ok = false;
+                break;
+            }
+            // Decommitted, whether or not the top is cut below.
+            let region = self.regions[rid as usize].as_mut().expect("live region");
+            let i = region.holes.partition_point(|&(h, _)| h < off);
+            region.holes.insert(i, (off, n));
+            self.reserved -= n;
+        }
+        if ok {
+            let truncated = self.map.truncate_region(rid, keep);
+            debug_assert!(truncated, "the top above the used end is free");
+            let region = self.regions[rid as usize].as_mut().expect("live region");
+            region.committed = keep;
+            // Holes above the new top go with it (they are decommitted
+            // already: `reserved` does not change).
+            region.holes.retain_mut(|(h, l)| {
+                if *h + *l > keep {
+                    *l = keep.saturating_sub(*h);
+                }
+                *l > 0
+            });
+        }
+        self.merge_holes(rid);
     }
 
     /// Decommits the parts of `lo..lo + len` (whole granules of one free
@@ -339,4 +421,18 @@ impl<M: Memory> Pool<M> {
         self.calls.releases += 1;
         self.memory.release(region.base, region.len, region.align);
     }
+}
+
+/// The lowest offset below which `bytes` are committed in a prefix with
+/// decommitted `holes` (sorted, disjoint): `bytes` plus every hole that
+/// starts below the offset reached.
+fn holes_below(holes: &[(usize, usize)], bytes: usize) -> usize {
+    let mut x = bytes;
+    for &(h, l) in holes {
+        if h >= x {
+            break;
+        }
+        x = x.saturating_add(l);
+    }
+    x
 }

@@ -226,6 +226,30 @@ impl<M: Memory> Pool<M> {
         })
     }
 
+    /// [`Pool::alloc`] for a plan's block. In place, once memory between
+    /// live blocks has been given back (holes), the block is taken from the
+    /// committed top when that holds it: the top is what
+    /// [`Pool::trim_for_block`] keeps for the largest plan, and best fit
+    /// would rather commit a smaller free span below again, so that both
+    /// stay committed.
+    pub(crate) fn alloc_plan_block(
+        &mut self,
+        size: usize,
+        align: usize,
+        tag: Tag,
+    ) -> Result<RawBlock<M::Ptr>, ArenaError> {
+        let holes = self.in_place() && self.regions.iter().flatten().any(|r| !r.holes.is_empty());
+        if !holes {
+            return self.alloc(size, align, tag);
+        }
+        let align = align.max(self.align);
+        let Some((rid, off, span)) = self.map.alloc_top_first(size, align, tag) else {
+            return self.alloc_grown(size, align, tag);
+        };
+        self.cache_hits += 1;
+        self.cover_holes(rid, off, span, size, tag, None)
+    }
+
     /// [`Pool::alloc`] when no cached span fits: grows, then places.
     #[cold]
     #[inline(never)]
@@ -473,6 +497,17 @@ impl<M: Memory> Pool<M> {
         } else {
             self.release_free_regions(target)
         }
+    }
+
+    /// In place: gives back what planned runs whose one block is `block`
+    /// bytes do not use: every fragment (whole free granules between live
+    /// blocks) that cannot hold the block, and the top beyond the block
+    /// (beyond the used end when a fragment holds it). Returns the bytes
+    /// given back.
+    pub(crate) fn trim_for_block(&mut self, block: usize) -> usize {
+        debug_assert!(self.in_place());
+        self.map.flush_front();
+        self.trim_for_block_in_place(block)
     }
 
     /// Releases wholly free regions, largest first, until reserved bytes are

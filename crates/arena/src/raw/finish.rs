@@ -210,6 +210,11 @@ impl<M: Memory> RawArena<M> {
         } else {
             self.pool.trim(bytes)
         };
+        self.after_shrink(released)
+    }
+
+    /// Counts a shrink that gave `released` bytes back; returns them.
+    pub(super) fn after_shrink(&mut self, released: usize) -> usize {
         if released > 0 {
             self.shrinks += 1;
             self.need_since_shrink = 0;

@@ -23,7 +23,7 @@ impl<M: Memory> RawArena<M> {
             #[cfg(debug_assertions)]
             location: core::panic::Location::caller(),
         };
-        let raw = self.pool.alloc(size, plan.align(), tag)?;
+        let raw = self.pool.alloc_plan_block(size, plan.align(), tag)?;
         let mut served = core::mem::take(&mut self.spare_served);
         served.clear();
         served.resize(plan.len(), 0);

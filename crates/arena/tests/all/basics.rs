@@ -342,3 +342,84 @@ fn dropping_the_arena_returns_every_region() {
     assert_eq!(counting.allocs.get(), counting.frees.get());
     assert_eq!(counting.outstanding.get(), 0);
 }
+
+/// Before planned runs, `shrink_for_plans` gives back the fragments no
+/// plan's block fits: a block that outlived its run (a workspace allocated
+/// on first use, say) leaves a fragment below it that a byte target keeps
+/// committed for good, while it cuts the top the plan's block needs.
+#[test]
+fn shrink_for_plans_gives_back_fragments_no_plan_block_fits() {
+    use std::sync::Arc;
+    use tensor_arena::memory::{HugePages, Pages, PagesConfig};
+    use tensor_arena::{Plan, RawArena};
+    const MIB: usize = 1 << 20;
+    let pages = || {
+        Pages::new(PagesConfig {
+            reservation: 256 * MIB,
+            huge_pages: HugePages::Never,
+            ..PagesConfig::default()
+        })
+    };
+    // The same history on two arenas, then a byte target on one and
+    // `shrink_for_plans` on the other; then planned runs on both.
+    let history = |raw: &mut RawArena<Pages>| {
+        let weights = raw.alloc(2 * MIB, 64).unwrap();
+        raw.begin_run(None, false).unwrap();
+        let x = raw.alloc(8 * MIB, 64).unwrap();
+        let workspace = raw.alloc(MIB, 64).unwrap();
+        let y = raw.alloc(6 * MIB, 64).unwrap();
+        raw.free(x.handle).unwrap();
+        raw.free(y.handle).unwrap();
+        assert_eq!(raw.finish_run_unrecorded().leaked_blocks, 1);
+        // The shape again, recorded: x lands in the fragment, y on top.
+        raw.begin_run(None, true).unwrap();
+        let x = raw.alloc(8 * MIB, 64).unwrap();
+        let y = raw.alloc(6 * MIB, 64).unwrap();
+        raw.free(x.handle).unwrap();
+        raw.free(y.handle).unwrap();
+        let (report, recording) = raw.finish_run();
+        assert_eq!(report.leaked_blocks, 0);
+        let plan = Arc::new(Plan::from_recording(&recording).unwrap());
+        assert_eq!(plan.size(), 14 * MIB);
+        assert_eq!(raw.stats().reserved, 17 * MIB);
+        (weights, workspace, plan)
+    };
+    let planned = |raw: &mut RawArena<Pages>, plan: &Arc<Plan>| {
+        raw.begin_run(Some(Arc::clone(plan)), false).unwrap();
+        let x = raw.alloc(8 * MIB, 64).unwrap();
+        let y = raw.alloc(6 * MIB, 64).unwrap();
+        raw.free(x.handle).unwrap();
+        raw.free(y.handle).unwrap();
+        let report = raw.finish_run_unrecorded();
+        assert!(report.planned && !report.deviated, "{report:?}");
+    };
+    let mut by_bytes = RawArena::new(ArenaConfig::default(), pages()).unwrap();
+    let (_, _, plan) = history(&mut by_bytes);
+    let in_use = by_bytes.stats().in_use;
+    by_bytes.shrink_to(in_use + plan.size());
+    for _ in 0..3 {
+        planned(&mut by_bytes, &plan);
+    }
+    // The 8 MiB fragment stays, and the block grew the top past it.
+    assert_eq!(by_bytes.stats().reserved, 25 * MIB);
+
+    let mut for_plans = RawArena::new(ArenaConfig::default(), pages()).unwrap();
+    let (_, _, plan) = history(&mut for_plans);
+    let released = for_plans.shrink_for_plans(plan.size());
+    // The fragment (8 MiB, too small for the 14 MiB block) goes; the top
+    // (6 MiB) stays, short of the block.
+    assert_eq!(released, 8 * MIB);
+    assert_eq!(for_plans.stats().reserved, 9 * MIB);
+    planned(&mut for_plans, &plan);
+    let st = for_plans.stats();
+    assert_eq!(st.reserved, 3 * MIB + 14 * MIB, "weights, workspace, block");
+    let commits = st.commits;
+    for _ in 0..3 {
+        planned(&mut for_plans, &plan);
+    }
+    assert_eq!(for_plans.stats().commits, commits, "no commit once planned");
+    assert_eq!(for_plans.stats().reserved, 17 * MIB);
+    // Nothing more to give: a second call releases nothing.
+    assert_eq!(for_plans.shrink_for_plans(plan.size()), 0);
+    for_plans.check_invariants();
+}

@@ -270,6 +270,80 @@ fn learning_a_plan_shrinks_to_what_the_plans_need() {
     assert_device_clean(&sim);
 }
 
+/// What PyTorch does with its cuBLAS workspace: allocated at the first
+/// matrix product, inside the first run, and kept for good. It sits above
+/// that run's activations; once plans are learned, the free granules below
+/// it (a fragment no plan block fits) are unmapped, and what stays mapped
+/// is the weights, the workspace and one plan block, which the top holds:
+/// planned runs map nothing more and make no driver call.
+#[test]
+fn a_block_that_outlives_its_run_leaves_no_mapped_fragment_once_planned() {
+    let (mut a, sim) = sim_arena(SMALL, DeviceConfig::default());
+    let w = a.alloc(G, S).unwrap();
+    let mut workspace = None;
+    let mut pass = |a: &mut tensor_arena_cuda::DeviceArena| {
+        a.begin_run(b"k").unwrap();
+        let x = a.alloc(4 * G, S).unwrap();
+        if workspace.is_none() {
+            workspace = Some(a.alloc(2 * G, S).unwrap());
+        }
+        let y = a.alloc(3 * G, S).unwrap();
+        a.free(x, S).unwrap();
+        a.free(y, S).unwrap();
+        a.end_run().unwrap()
+    };
+    let first = pass(&mut a);
+    assert_eq!(first.leaked_blocks, 1, "the workspace outlives the run");
+    let second = pass(&mut a);
+    assert!(!second.planned, "no plan from a run that leaked");
+    // The plan: x and y live at once, 7 granules. The 4-granule fragment
+    // below the workspace (x's place in the first run) no plan block fits:
+    // unmapped. The top (y's 3 granules) stays.
+    let st = a.stats();
+    assert_eq!(st.plans.plans, 1);
+    assert_eq!(st.mapped, G + 2 * G + 3 * G, "the fragment unmapped");
+    // The first planned run grows the top to the plan block; from then on
+    // nothing more is mapped and no driver call is made.
+    let first_planned = pass(&mut a);
+    assert!(first_planned.planned && !first_planned.deviated);
+    assert_eq!(
+        a.stats().mapped,
+        G + 2 * G + 7 * G,
+        "weights, workspace and one plan block"
+    );
+    let calls = sim.calls();
+    for _ in 0..3 {
+        let again = pass(&mut a);
+        assert!(again.planned && !again.deviated, "{again:?}");
+    }
+    assert_eq!(sim.calls(), calls, "planned runs make no driver call");
+    assert_eq!(a.stats().mapped, 10 * G);
+    // A smaller shape, whose block the fragment would hold: its first run
+    // is dynamic (and commits the fragment again); once its plan is
+    // learned, its block is taken from the top kept for the larger plan,
+    // not from the fragment, which is given back again.
+    let small = |a: &mut tensor_arena_cuda::DeviceArena| {
+        a.begin_run(b"s").unwrap();
+        let p = a.alloc(3 * G, S).unwrap();
+        a.free(p, S).unwrap();
+        a.end_run().unwrap()
+    };
+    small(&mut a);
+    assert_eq!(a.stats().mapped, 10 * G, "learned: the fragment given back");
+    let calls = sim.calls();
+    for _ in 0..3 {
+        assert!(small(&mut a).planned);
+        assert!(pass(&mut a).planned);
+    }
+    assert_eq!(sim.calls(), calls, "both shapes planned, no driver call");
+    assert_eq!(a.stats().mapped, 10 * G);
+    a.free(workspace.take().unwrap(), S).unwrap();
+    a.free(w, S).unwrap();
+    a.check_invariants();
+    drop(a);
+    assert_device_clean(&sim);
+}
+
 #[test]
 fn shrink_keeps_what_lives_outside_runs_and_the_last_runs_need() {
     let config = DeviceConfig {
