@@ -32,7 +32,10 @@ pub struct DeviceConfig {
     /// Whether learning a plan shrinks the arena to what the plans need
     /// (the blocks live outside runs, such as weights, plus the largest
     /// plan): every key seen before is served from its plan's block, so
-    /// nothing more is needed until a new key comes. Default true.
+    /// nothing more is needed until a new key comes. Free granules between
+    /// live blocks that no plan's block fits are unmapped too
+    /// ([`RawArena::shrink_for_plans`]): the fragment below a block that
+    /// outlived its run, such as PyTorch's cuBLAS workspace. Default true.
     pub shrink_to_plans: bool,
 }
 
