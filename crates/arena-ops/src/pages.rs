@@ -359,6 +359,27 @@ impl<'a> Model<'a> {
         }
     }
 
+    /// The free gaps between live blocks, as offsets from `base` in
+    /// address order, and where the highest live block ends.
+    fn free_gaps(&self, base: usize) -> (Vec<(usize, usize)>, usize) {
+        let mut live: Vec<(usize, usize)> = self
+            .live
+            .iter()
+            .filter(|l| !l.block.is_empty())
+            .map(|l| (l.block.as_ptr() as usize - base, l.block.capacity()))
+            .collect();
+        live.sort_unstable();
+        let mut gaps = Vec::new();
+        let mut used_end = 0;
+        for (a, n) in live {
+            if a > used_end {
+                gaps.push((used_end, a));
+            }
+            used_end = used_end.max(a + n);
+        }
+        (gaps, used_end)
+    }
+
     /// `shrink_for_plans(block)`: what stays committed is the live
     /// blocks' granules, the free spans between them that can hold the
     /// block, and the top up to the block (none of it when a span below
@@ -380,21 +401,7 @@ impl<'a> Model<'a> {
         let props = self.arena.memory_props();
         let up = |x: usize| x.next_multiple_of(props.commit_step(x));
         let block = block.next_multiple_of(self.arena.config().alignment);
-        let mut live: Vec<(usize, usize)> = self
-            .live
-            .iter()
-            .filter(|l| !l.block.is_empty())
-            .map(|l| (l.block.as_ptr() as usize - base, l.block.capacity()))
-            .collect();
-        live.sort_unstable();
-        let mut gaps = Vec::new();
-        let mut used_end = 0;
-        for &(a, n) in &live {
-            if a > used_end {
-                gaps.push((used_end, a));
-            }
-            used_end = used_end.max(a + n);
-        }
+        let (gaps, used_end) = self.free_gaps(base);
         let held = gaps.iter().any(|&(a, b)| b - a >= block);
         let keep_top = up(used_end + if held { 0 } else { block });
         let committed = self.ledger.borrow().committed_granules();
@@ -468,14 +475,7 @@ impl<'a> Model<'a> {
         // target is where `target` committed bytes end.
         let props = self.arena.memory_props();
         let up = |x: usize| x.next_multiple_of(props.commit_step(x));
-        let mut live: Vec<(usize, usize)> = self
-            .live
-            .iter()
-            .filter(|l| !l.block.is_empty())
-            .map(|l| (l.block.as_ptr() as usize - base, l.block.capacity()))
-            .collect();
-        live.sort_unstable();
-        let used_end = live.iter().map(|&(a, n)| a + n).max().unwrap_or(0);
+        let (gaps, used_end) = self.free_gaps(base);
         let keep_from = {
             let mut x = up(target);
             for &(h, l) in &holes_before {
@@ -499,14 +499,6 @@ impl<'a> Model<'a> {
             before.reserved
         );
         let hs = props.commit_step(prefix_before.min(keep_top));
-        let mut gaps = Vec::new();
-        let mut at_off = 0;
-        for &(a, n) in &live {
-            if a > at_off {
-                gaps.push((at_off, a));
-            }
-            at_off = at_off.max(a + n);
-        }
         for (addr, _) in self.ledger.borrow().committed_granules() {
             let o = addr - base;
             assert!(
