@@ -5,6 +5,8 @@
 mod arena;
 mod budget;
 mod config;
+#[cfg(feature = "cxx")]
+pub mod cxx;
 mod error;
 mod freemap;
 pub mod memory;

@@ -35,8 +35,10 @@ class Arena:
             raise FileNotFoundError(f"tensor-arena-cuda library not found: {self.path}")
         lib = ctypes.CDLL(self.path)
         c_int, c_size, c_ssize = ctypes.c_int, ctypes.c_size_t, ctypes.c_ssize_t
-        lib.alloc_fn.argtypes = [c_ssize, c_int, ctypes.c_void_p]
-        lib.alloc_fn.restype = ctypes.c_void_p
+        # `alloc_fn` throws std::bad_alloc where PyTorch's C++ runtime is
+        # loaded; from ctypes, `tensor_arena_alloc` (null on failure).
+        lib.tensor_arena_alloc.argtypes = [c_ssize, c_int, ctypes.c_void_p]
+        lib.tensor_arena_alloc.restype = ctypes.c_void_p
         lib.free_fn.argtypes = [ctypes.c_void_p, c_ssize, c_int, ctypes.c_void_p]
         lib.free_fn.restype = None
         lib.tensor_arena_init.argtypes = [ctypes.c_char_p]
@@ -129,8 +131,9 @@ class Arena:
         return n
 
     def alloc(self, size, device=0, stream=0):
-        """A raw device allocation (what PyTorch calls); 0 on failure."""
-        return self.lib.alloc_fn(size, device, stream) or 0
+        """A raw device allocation (PyTorch calls ``alloc_fn``, which throws
+        std::bad_alloc on failure; this never throws); 0 on failure."""
+        return self.lib.tensor_arena_alloc(size, device, stream) or 0
 
     def free(self, ptr, size=0, device=0, stream=0):
         """Gives a raw allocation back."""

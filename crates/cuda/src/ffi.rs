@@ -4,7 +4,10 @@
 //! Every `extern "C"` function is a thin trampoline: raw arguments are
 //! wrapped at the edge, the work is a safe Rust function, and a panic is
 //! caught and turned into a null pointer or an error code (the message in
-//! [`tensor_arena_last_error`]), never unwound into C.
+//! [`tensor_arena_last_error`]), never unwound into C. The one exception
+//! on purpose is [`alloc_fn`], PyTorch's: a request it cannot serve throws
+//! `std::bad_alloc` into its C++ caller, as PyTorch's own allocator throws,
+//! because PyTorch uses the pointer unchecked.
 //!
 //! One arena per device, made on the device's first allocation, behind one
 //! mutex (PyTorch may allocate from several threads). The driver is the
@@ -199,7 +202,8 @@ fn alloc(size: isize, device: c_int, stream: Stream) -> *mut c_void {
         Ok(p) => p.0 as usize as *mut c_void,
         Err(e) => {
             let msg = format!("allocating {size} bytes on device {device}: {e}");
-            // PyTorch does not check for null here: say why on stderr too.
+            // Say why on stderr too: the exception `alloc_fn` throws (or
+            // the null it returns without a C++ runtime) carries no message.
             let _ = writeln!(std::io::stderr(), "tensor-arena-cuda: {msg}");
             set_error(msg);
             core::ptr::null_mut()
@@ -256,13 +260,55 @@ fn stats_json(device: c_int) -> Result<String, CudaError> {
 }
 
 /// `CUDAPluggableAllocator`'s allocation function: `size` bytes on
-/// `device` for work on `stream`. Null for a zero size or on failure (the
-/// message in [`tensor_arena_last_error`]).
+/// `device` for work on `stream`. Null for a zero size. A request that
+/// cannot be served (out of device memory, a bad device) **throws
+/// `std::bad_alloc`** when the process has a C++ runtime loaded (PyTorch's),
+/// and returns null otherwise; the message is in
+/// [`tensor_arena_last_error`] either way.
+///
+/// PyTorch does not check the pointer `alloc_fn` returns: a null becomes a
+/// tensor at address 0, and the first kernel on it poisons the CUDA
+/// context (an illegal memory access; seen on an H100). Thrown, the
+/// exception unwinds PyTorch as its own allocator's would and reaches
+/// Python as an exception; the process stays usable (`tensor_arena::cxx`).
+///
+/// # Safety
+/// - `stream` is 0 or a live CUDA stream of `device`'s primary context;
+/// - the caller is C++ (PyTorch) and can be unwound by `std::bad_alloc`:
+///   C, Rust and ctypes callers use [`tensor_arena_alloc`], which never
+///   throws.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn alloc_fn(
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    // SAFETY: the caller's promise about `stream`.
+    let p = unsafe { tensor_arena_alloc(size, device, stream) };
+    if p.is_null() && size > 0 {
+        if let Some(rt) = tensor_arena::cxx::runtime() {
+            // SAFETY: this `extern "C-unwind"` function is called by C++
+            // that can be unwound (the caller's promise), and nothing in
+            // this frame has a destructor or holds a lock: the arena's
+            // mutex was released when `tensor_arena_alloc` returned.
+            unsafe { tensor_arena::cxx::throw_bad_alloc(rt) }
+        }
+    }
+    p
+}
+
+/// `size` bytes on `device` for work on `stream`, for callers that cannot
+/// catch a C++ exception (C, Rust, Python's ctypes): null for a zero size
+/// or on failure (the message in [`tensor_arena_last_error`]); never throws.
 ///
 /// # Safety
 /// `stream` is 0 or a live CUDA stream of `device`'s primary context.
 #[no_mangle]
-pub unsafe extern "C" fn alloc_fn(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+pub unsafe extern "C" fn tensor_arena_alloc(
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
     // SAFETY: the caller's promise about `stream`.
     let stream = unsafe { stream_of(stream) };
     trampoline(core::ptr::null_mut(), || alloc(size, device, stream))

@@ -10,8 +10,14 @@ use std::process::Command;
 // Links the library whose symbols the prototypes below name.
 use tensor_arena_cuda as _;
 
-extern "C" {
+extern "C-unwind" {
+    // Throws std::bad_alloc on failure where a C++ runtime is loaded: only
+    // requests that succeed go through it here (`cxx_host` below throws).
     fn alloc_fn(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void;
+}
+
+extern "C" {
+    fn tensor_arena_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void;
     fn free_fn(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void);
     fn tensor_arena_init(driver: *const c_char) -> c_int;
     fn tensor_arena_run_begin(device: c_int, key: *const u8, key_len: usize) -> c_int;
@@ -49,7 +55,7 @@ fn stats(device: c_int) -> serde_json::Value {
 
 fn alloc(size: isize, stream: usize) -> *mut c_void {
     // SAFETY: the simulated driver accepts any stream value.
-    unsafe { alloc_fn(size, 0, stream as *mut c_void) }
+    unsafe { tensor_arena_alloc(size, 0, stream as *mut c_void) }
 }
 
 fn free(p: *mut c_void, size: isize, stream: usize) {
@@ -112,11 +118,22 @@ fn c_abi_contract() {
     assert!(alloc(-1, 0).is_null());
     assert!(last_error().contains("negative"), "{}", last_error());
     // SAFETY: a device out of range is refused before anything else.
-    let bad_device = unsafe { alloc_fn(64, 999, core::ptr::null_mut()) };
+    let bad_device = unsafe { tensor_arena_alloc(64, 999, core::ptr::null_mut()) };
     assert!(bad_device.is_null());
     assert!(last_error().contains("999"), "{}", last_error());
     assert!(alloc(1 << 50, 0).is_null(), "more than the device has");
     assert!(!last_error().is_empty());
+    // PyTorch's entry, on requests that succeed (a failure would throw
+    // where a C++ runtime is loaded): the same blocks.
+    // SAFETY: the simulated driver accepts any stream value; nothing fails.
+    let (z, p) = unsafe {
+        (
+            alloc_fn(0, 0, core::ptr::null_mut()),
+            alloc_fn(4096, 0, core::ptr::null_mut()),
+        )
+    };
+    assert!(z.is_null() && !p.is_null(), "{}", last_error());
+    free(p, 4096, 0);
     // Free of something not ours, or null: ignored, with a message.
     free(core::ptr::null_mut(), 0, 0);
     free(0x1234 as *mut c_void, 16, 0);
@@ -248,4 +265,79 @@ fn gpu_check_flow_with_a_stand_in_for_torch() {
         3,
         "{text}"
     );
+}
+
+/// `alloc_fn` refuses a C++ caller by throwing `std::bad_alloc`, as
+/// PyTorch's own allocator throws, where a null would be used unchecked:
+/// a C++ host (built here with `c++`) loads the library with the
+/// simulated driver, catches the exception for a request past the
+/// device's memory, and goes on allocating; `tensor_arena_alloc` returns
+/// null for the same request without throwing. Needs a C++ compiler: a
+/// missing one fails the test rather than skipping it.
+#[test]
+fn alloc_fn_throws_bad_alloc_into_a_cxx_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("host.cc");
+    std::fs::write(
+        &src,
+        r#"
+#include <cstdio>
+#include <dlfcn.h>
+#include <new>
+typedef void* (*alloc_t)(long, int, void*);
+typedef void (*free_t)(void*, long, int, void*);
+int main(int argc, char** argv) {
+    void* lib = dlopen(argv[1], RTLD_NOW);
+    if (!lib) { std::printf("dlopen: %s\n", dlerror()); return 2; }
+    alloc_t a = (alloc_t)dlsym(lib, "alloc_fn");
+    alloc_t c = (alloc_t)dlsym(lib, "tensor_arena_alloc");
+    free_t f = (free_t)dlsym(lib, "free_fn");
+    void* p = a(1 << 20, 0, nullptr);
+    std::printf("small: %s\n", p ? "ok" : "null");
+    std::printf("zero: %s\n", a(0, 0, nullptr) ? "non-null" : "null");
+    try {
+        void* q = a(1L << 50, 0, nullptr);
+        std::printf("huge: returned %p\n", q);
+    } catch (const std::bad_alloc&) {
+        std::printf("huge: caught std::bad_alloc\n");
+    }
+    std::printf("huge, C entry: %s\n", c(1L << 50, 0, nullptr) ? "non-null" : "null");
+    void* r = a(1 << 20, 0, nullptr);
+    std::printf("after: %s\n", r && r != p ? "ok" : "bad");
+    f(p, 0, 0, nullptr);
+    f(r, 0, 0, nullptr);
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let host = dir.path().join("host");
+    let cxx = Command::new("c++")
+        .arg("-o")
+        .arg(&host)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .expect("a C++ compiler (c++) is needed to build the test's C++ host");
+    assert!(cxx.success());
+    let out = Command::new(&host)
+        .arg(cdylib())
+        .env("TENSOR_ARENA_CUDA_DRIVER", "simulated")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    for line in [
+        "small: ok",
+        "zero: null",
+        "huge: caught std::bad_alloc",
+        "huge, C entry: null",
+        "after: ok",
+    ] {
+        assert!(text.contains(line), "{line:?} missing in:\n{text}");
+    }
 }

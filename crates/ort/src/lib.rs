@@ -6,7 +6,6 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod adopt;
-mod bad_alloc;
 mod block;
 mod error;
 mod follow;

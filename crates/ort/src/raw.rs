@@ -155,7 +155,7 @@ pub(crate) fn return_null_on_failure() {
 
 /// `Alloc`. `extern "C-unwind"`: when nothing can serve the request it
 /// throws `std::bad_alloc` into ONNX Runtime, which fails the run with a
-/// status instead of dereferencing a null (see `bad_alloc`).
+/// status instead of dereferencing a null (see `tensor_arena::cxx`).
 extern "C-unwind" fn tensor_arena_alloc(
     _this: *mut ort::sys::OrtAllocator,
     size: usize,
@@ -169,11 +169,11 @@ extern "C-unwind" fn tensor_arena_alloc(
     }
     THREAD_FAILED_ALLOCS.with(|c| c.set(c.get() + 1));
     if THROW_ON_FAILURE.with(std::cell::Cell::get) {
-        if let Some(rt) = crate::bad_alloc::runtime() {
+        if let Some(rt) = tensor_arena::cxx::runtime() {
             // SAFETY: this is the `extern "C-unwind"` function ONNX Runtime
             // calls (C++), and nothing in this frame has a destructor or
             // holds a lock now: the exception may unwind it.
-            unsafe { crate::bad_alloc::throw_bad_alloc(rt) }
+            unsafe { tensor_arena::cxx::throw_bad_alloc(rt) }
         }
     }
     std::ptr::null_mut()
@@ -251,7 +251,7 @@ pub(crate) fn register(env: &ort::environment::Environment) -> Result<(), String
     .map_err(|e| e.message().to_string())?;
     let _ = MEMORY_INFO.set(Info(info));
     // Find the C++ runtime now, not while a run is out of memory.
-    let _ = crate::bad_alloc::runtime();
+    let _ = tensor_arena::cxx::runtime();
     let api = ort::api();
     // SAFETY: 1. `env.ptr()` is a live environment (borrowed for the call);
     // 2. `ALLOCATOR` is a `static`, so it outlives the environment; its

@@ -1,27 +1,28 @@
-//! Refusing an allocation the way ONNX Runtime expects: by throwing
-//! `std::bad_alloc`.
+//! Refusing an allocation the way a C++ host expects: by throwing
+//! `std::bad_alloc` (feature `cxx`).
 //!
-//! ONNX Runtime's own CPU allocators throw `std::bad_alloc` when memory runs
-//! out, and the call sites of `IAllocator::Alloc` rely on it: the tensor
-//! constructors and the executor's buffer allocation use the returned
-//! pointer without a null check, while the exception is caught where the
-//! kernel runs (`ExecuteKernel`) and turned into a failed status that
-//! `Run` returns. The wrapper ONNX Runtime puts around a registered
-//! `OrtAllocator` (`AllocatorWrapper` / `IAllocatorImplWrappingOrtAllocator`)
-//! passes our pointer on unchecked, so a null from `Alloc` is dereferenced
-//! (a crash, or `std::terminate` on a thread-pool thread) instead of failing
-//! the run.
+//! C++ runtimes that embed an allocator through a C function pointer often
+//! use the pointer it returns without a null check, because their own
+//! allocators report failure by throwing:
 //!
-//! So when neither the worker's arena nor the system allocator can serve a
-//! request, `Alloc` throws `std::bad_alloc` through the C++ runtime ONNX
-//! Runtime itself uses (`libstdc++.so.6`, already loaded with it: found
-//! with `dlopen(RTLD_NOLOAD)`, never loaded here), exactly as ONNX Runtime's
-//! own allocator would: the run fails with a status, every tensor it
-//! allocated is freed by ONNX Runtime's unwinding, and the session stays
-//! usable. The trampoline that throws is `extern "C-unwind"`, so the
-//! foreign exception may leave it; it holds no value with a destructor at
-//! that point. Where the C++ runtime cannot be found, `Alloc` returns null
-//! as before.
+//! - **ONNX Runtime**: its CPU allocators throw `std::bad_alloc`; the
+//!   wrapper around a registered `OrtAllocator` passes the pointer on
+//!   unchecked, and the exception is caught where the kernel runs
+//!   (`ExecuteKernel`) and turned into the status `Run` returns. A null is
+//!   dereferenced instead (a crash, or `std::terminate` on a pool thread).
+//! - **PyTorch**: `CUDAPluggableAllocator::malloc` records and returns the
+//!   pointer of its `alloc_fn` unchecked, and its own caching allocator
+//!   throws (`torch.cuda.OutOfMemoryError`). A null becomes a tensor at
+//!   address 0: the first kernel on it is an illegal memory access, which
+//!   poisons the process's CUDA context (seen on an H100: `BENCHMARKS.md`).
+//!
+//! So an allocation function that nothing can serve throws `std::bad_alloc`
+//! through the C++ runtime the host itself uses (`libstdc++.so.6`, already
+//! loaded with it: found with `dlopen(RTLD_NOLOAD)`, never loaded here):
+//! the host unwinds as from its own allocator and stays usable. The
+//! function that throws must be `extern "C-unwind"`, called only from C++,
+//! with no value with a destructor and no lock held in its frames when it
+//! throws. Where the C++ runtime cannot be found, it returns null instead.
 
 use std::ffi::{c_void, CStr};
 use std::sync::OnceLock;
@@ -32,7 +33,7 @@ type Throw = unsafe extern "C-unwind" fn(*mut c_void, *mut c_void, Option<Destru
 
 /// What throwing `std::bad_alloc` takes, resolved in the loaded
 /// `libstdc++.so.6`.
-pub(crate) struct CxxRuntime {
+pub struct CxxRuntime {
     allocate: AllocateException,
     throw: Throw,
     /// `typeinfo for std::bad_alloc`.
@@ -44,18 +45,18 @@ pub(crate) struct CxxRuntime {
 }
 
 // SAFETY: the fields are addresses of functions and read-only data of a
-// shared library that is never unloaded while ONNX Runtime (which links
-// it) is loaded; nothing is written through them.
+// shared library that is never unloaded while the host (which links it)
+// is loaded; nothing is written through them.
 unsafe impl Send for CxxRuntime {}
 // SAFETY: as above: shared, read-only.
 unsafe impl Sync for CxxRuntime {}
 
 static RUNTIME: OnceLock<Option<CxxRuntime>> = OnceLock::new();
 
-/// The C++ runtime, if a `libstdc++.so.6` is loaded in the process (ONNX
-/// Runtime's); looked up once, after ONNX Runtime is loaded (`Runtime`'s
-/// registration calls this).
-pub(crate) fn runtime() -> Option<&'static CxxRuntime> {
+/// The C++ runtime, if a `libstdc++.so.6` is loaded in the process (the
+/// host's); looked up once. Call it first once the host is loaded (when
+/// registering the allocator), not while memory is short.
+pub fn runtime() -> Option<&'static CxxRuntime> {
     RUNTIME.get_or_init(resolve).as_ref()
 }
 
@@ -101,11 +102,11 @@ fn resolve() -> Option<CxxRuntime> {
 /// Throws `std::bad_alloc`; never returns.
 ///
 /// # Safety
-/// - The caller is an `extern "C-unwind"` function called from C++ (ONNX
-///   Runtime), and every frame between here and that caller may be
-///   unwound by a foreign exception: no Rust frame in between has a value
-///   with a destructor or a lock held.
-pub(crate) unsafe fn throw_bad_alloc(rt: &CxxRuntime) -> ! {
+/// - The caller is an `extern "C-unwind"` function called from C++ (the
+///   host), and every frame between here and that caller may be unwound
+///   by a foreign exception: no Rust frame in between has a value with a
+///   destructor or a lock held.
+pub unsafe fn throw_bad_alloc(rt: &CxxRuntime) -> ! {
     // `std::bad_alloc` is one vtable pointer (an exception with no data).
     // SAFETY: `__cxa_allocate_exception` returns room for an object of the
     // size asked (it terminates rather than returning null).
