@@ -196,6 +196,15 @@ fn c_abi_contract() {
 }
 
 /// The library file next to this test binary (`target/<profile>/deps`).
+/// A child's stdout and stderr, as text.
+fn text_of(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 fn cdylib() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
@@ -222,11 +231,7 @@ fn python_module_ctypes_layer() {
         .env_remove("TENSOR_ARENA_CUDA_DRIVER")
         .output()
         .expect("python3 is needed for this test (no torch, no GPU)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = text_of(&out);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("python ctypes layer: ok"), "{text}");
 }
@@ -249,11 +254,7 @@ fn gpu_check_flow_with_a_stand_in_for_torch() {
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("python3 is needed for this test (no torch, no GPU)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = text_of(&out);
     assert!(out.status.success(), "{text}");
     for model in ["densenet121", "resnet50", "bert"] {
         assert!(text.contains(&format!("== {model} (fake")), "{text}");
@@ -325,11 +326,7 @@ int main(int argc, char** argv) {
         .env("TENSOR_ARENA_CUDA_DRIVER", "simulated")
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = text_of(&out);
     assert!(out.status.success(), "{text}");
     for line in [
         "small: ok",
