@@ -34,10 +34,13 @@ class _Cuda:
         class CUDAPluggableAllocator:
             def __init__(self, path, a, f):
                 lib = ctypes.CDLL(path)
-                lib.alloc_fn.restype = ctypes.c_void_p
-                lib.alloc_fn.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+                # PyTorch (C++) calls `alloc_fn`, which may throw
+                # std::bad_alloc; ctypes cannot catch it: the C entry.
+                alloc_c = lib.tensor_arena_alloc
+                alloc_c.restype = ctypes.c_void_p
+                alloc_c.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
                 lib.free_fn.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-                self.alloc, self.free = lib.alloc_fn, lib.free_fn
+                self.alloc, self.free = alloc_c, lib.free_fn
         @staticmethod
         def change_current_allocator(a):
             global _alloc; _alloc = a
