@@ -106,6 +106,7 @@ impl<T: Copy> FreeMap<T> {
                     "class {class} lists span {id}"
                 );
                 assert_eq!(class_of(s.size), class, "span {id} in the wrong class");
+                assert_eq!(usize::from(s.class), class, "span {id}: stale class");
                 assert_eq!(s.prev_free, prev, "class {class}: broken back link");
                 prev = id;
                 listed += 1;

@@ -161,6 +161,9 @@ struct Span<T> {
     /// Whether the free span sits in the exact-size front (then it is in no
     /// class list, is not the top, and is not merged with its neighbours).
     front: bool,
+    /// The size class whose list holds the span (free, binned spans only):
+    /// taking it out needs no class computed.
+    class: u16,
 }
 
 /// Why [`RawArena::free`](crate::RawArena::free) refused a handle.
@@ -313,6 +316,7 @@ impl<T: Copy> FreeMap<T> {
             let s = &mut self.spans[id as usize];
             s.prev_free = NIL;
             s.next_free = head;
+            s.class = class as u16;
         }
         if head != NIL {
             self.spans[head as usize].prev_free = id;
@@ -341,11 +345,10 @@ impl<T: Copy> FreeMap<T> {
 
     /// Takes free span `id`, not a top, out of its class's list.
     fn unfile_binned(&mut self, id: SpanId) {
-        let (size, prev, next) = {
+        let (class, prev, next) = {
             let s = &self.spans[id as usize];
-            (s.size, s.prev_free, s.next_free)
+            (s.class as usize % CLASSES, s.prev_free, s.next_free)
         };
-        let class = class_of(size);
         if prev == NIL {
             self.bins[class] = next;
         } else {
@@ -426,158 +429,6 @@ impl<T: Copy> FreeMap<T> {
             id = self.spans[this as usize].next_free;
             Some(this)
         })
-    }
-
-    /// Finds a free span for `size` bytes at alignment `align` (relative to
-    /// the region start, which the owner aligns to at least `align`), marks
-    /// it used with `tag`, and returns `(region, offset, span)`.
-    ///
-    /// `size` must be non-zero. Returns `None` when no span can hold it.
-    #[inline]
-    pub(crate) fn alloc(
-        &mut self,
-        size: usize,
-        align: usize,
-        tag: T,
-    ) -> Option<(RegionId, usize, SpanId)> {
-        debug_assert!(size > 0);
-        if let Some(found) = self.take_front(size, align, tag) {
-            return Some(found);
-        }
-        // A miss: the front is coalesced first, so that every other request
-        // sees the free spans as plain best fit would.
-        if self.front_map != 0 {
-            self.flush_front();
-        }
-        // No class holds a span (the common case of a heap that merges
-        // back into its top): skip the search's call.
-        let binned = if self.power_map == 0 {
-            None
-        } else if self.fit == Fit::Good {
-            self.find_good(size, align)
-        } else {
-            self.find_binned(size, align)
-        };
-        let (id, start) = binned.or_else(|| self.find_top(size, align))?;
-        Some(self.take(id, start, size, tag))
-    }
-
-    /// Like [`FreeMap::alloc`], but from the smallest region top that holds
-    /// the request when one does (wilderness first), else as `alloc`. For a
-    /// plan's block: the top is where the largest plan's block is kept
-    /// committed, where a smaller free span below may have been given back.
-    pub(crate) fn alloc_top_first(
-        &mut self,
-        size: usize,
-        align: usize,
-        tag: T,
-    ) -> Option<(RegionId, usize, SpanId)> {
-        debug_assert!(size > 0);
-        if self.front_map != 0 {
-            self.flush_front();
-        }
-        match self.find_top(size, align) {
-            Some((id, start)) => Some(self.take(id, start, size, tag)),
-            None => self.alloc(size, align, tag),
-        }
-    }
-
-    /// Hands out `size` bytes at `start` of free span `id` (found to hold
-    /// them), splitting off what is left before and after.
-    #[inline(always)]
-    fn take(&mut self, id: SpanId, start: usize, size: usize, tag: T) -> (RegionId, usize, SpanId) {
-        let (span_size, rid, off) = {
-            let s = &self.spans[id as usize];
-            (s.size, s.rid, s.off)
-        };
-        let pad = start - off;
-        let end = start + size;
-        let span_end = off + span_size;
-        if pad == 0 && end < span_end && self.regions[rid as usize].top == id {
-            // The block is cut from the start of the region's top, which
-            // stays the top, smaller (the same spans as a split, without
-            // taking the top out and filing the rest back).
-            let block = self.insert_before(id, off, size, Some(tag));
-            let top = &mut self.spans[id as usize];
-            top.off = end;
-            top.size = span_end - end;
-            self.regions[rid as usize].top_size = span_end - end;
-            self.free_bytes -= size;
-            self.used_count += 1;
-            return (rid, start, block);
-        }
-        self.unfile_free(id);
-        // The block: the found span itself, or a new span after the padding.
-        let block = if pad > 0 {
-            // The leading gap stays free; it ends where the block starts, so
-            // it is not a top.
-            self.spans[id as usize].size = pad;
-            self.file_free(id);
-            self.insert_after(id, start, size, Some(tag))
-        } else {
-            let s = &mut self.spans[id as usize];
-            s.size = size;
-            s.used = Some(tag);
-            id
-        };
-        if end < span_end {
-            let rest = self.insert_after(block, end, span_end - end, None);
-            self.file_free(rest);
-        }
-        self.used_count += 1;
-        (rid, start, block)
-    }
-
-    /// Links a new span at `off` right after span `after`; returns its id.
-    #[inline]
-    fn insert_after(&mut self, after: SpanId, off: usize, size: usize, used: Option<T>) -> SpanId {
-        let (rid, next) = {
-            let a = &self.spans[after as usize];
-            (a.rid, a.next)
-        };
-        let id = self.new_span(Span {
-            rid,
-            off,
-            size,
-            prev: after,
-            next,
-            prev_free: NIL,
-            next_free: NIL,
-            used,
-            front: false,
-        });
-        self.spans[after as usize].next = id;
-        if next != NIL {
-            self.spans[next as usize].prev = id;
-        }
-        id
-    }
-
-    /// Links a new span at `off` right before span `at`; returns its id.
-    #[inline]
-    fn insert_before(&mut self, at: SpanId, off: usize, size: usize, used: Option<T>) -> SpanId {
-        let (rid, prev) = {
-            let a = &self.spans[at as usize];
-            (a.rid, a.prev)
-        };
-        let id = self.new_span(Span {
-            rid,
-            off,
-            size,
-            prev,
-            next: at,
-            prev_free: NIL,
-            next_free: NIL,
-            used,
-            front: false,
-        });
-        self.spans[at as usize].prev = id;
-        if prev == NIL {
-            self.regions[rid as usize].head = id;
-        } else {
-            self.spans[prev as usize].next = id;
-        }
-        id
     }
 
     /// Unlinks span `id` from its region's list and frees its slot.
@@ -769,5 +620,6 @@ mod check;
 mod front;
 mod regions;
 mod search;
+mod take;
 #[cfg(test)]
 mod tests;

@@ -30,6 +30,7 @@ impl<T: Copy> FreeMap<T> {
             next_free: NIL,
             used: None,
             front: false,
+            class: 0,
         });
         self.regions[rid as usize] = RegionInfo {
             size,

@@ -91,6 +91,12 @@ impl<T: Copy> FreeMap<T> {
 
     /// The smallest region top that holds the request (regions are few).
     pub(super) fn find_top(&self, size: usize, align: usize) -> Option<(SpanId, usize)> {
+        if let [r] = self.regions.as_slice() {
+            if r.top == NIL || r.top_size < size {
+                return None;
+            }
+            return self.fit(r.top, size, align).map(|start| (r.top, start));
+        }
         let mut best: Option<(SpanId, usize, usize)> = None;
         for r in &self.regions {
             if r.top == NIL || r.top_size < size || best.is_some_and(|b| b.2 <= r.top_size) {
