@@ -89,6 +89,23 @@ impl<T: Copy> FreeMap<T> {
         None
     }
 
+    /// The first span, in class order then newest first, that holds the
+    /// request: every free span of the request's class and above is looked
+    /// at (the last resort before a request is refused).
+    pub(super) fn find_any(&self, size: usize, align: usize) -> Option<(SpanId, usize)> {
+        let mut class = class_of(size);
+        while let Some(next) = self.next_class(class) {
+            if let Some(found) = self
+                .free_list(next)
+                .find_map(|id| self.fit(id, size, align).map(|start| (id, start)))
+            {
+                return Some(found);
+            }
+            class = next + 1;
+        }
+        None
+    }
+
     /// The smallest region top that holds the request (regions are few).
     pub(super) fn find_top(&self, size: usize, align: usize) -> Option<(SpanId, usize)> {
         if let [r] = self.regions.as_slice() {

@@ -37,8 +37,17 @@ impl<T: Copy> FreeMap<T> {
                 return Some(self.take(id, start, size, tag));
             }
         }
-        let (id, start) = self.find_top(size, align)?;
-        Some(self.take_top(id, start, size, tag))
+        if let Some((id, start)) = self.find_top(size, align) {
+            return Some(self.take_top(id, start, size, tag));
+        }
+        // Refused so far: the owner would now grow (a system call) or fail
+        // the request. Good fit looks at two list heads and best fit at a
+        // few spans per class, so a span that holds the request may be
+        // further down a list; every one is tried before the request is
+        // refused, so that nothing fails while a free span holds it. Not
+        // constant time, but only on the way to a growth or an error.
+        let (id, start) = self.find_any(size, align)?;
+        Some(self.take(id, start, size, tag))
     }
 
     /// Hands out `size` bytes at `start` of region top `id` (found to hold

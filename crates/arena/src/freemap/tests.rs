@@ -336,3 +336,45 @@ fn pow2_is_is_power_of_two() {
         assert_eq!(super::pow2(x), x.is_power_of_two(), "{x:#x}");
     }
 }
+
+/// Free spans of sizes `sizes` (oldest first) separated by used 10-byte
+/// spans, in a region with no top left; returns the map and the offset of
+/// each free span.
+fn holes(fit: Fit, sizes: &[usize]) -> (FreeMap<u8>, Vec<usize>) {
+    let mut m = FreeMap::<u8>::with_policy(fit, Coalesce::Immediate);
+    m.add_region(sizes.iter().map(|s| s + 10).sum());
+    let mut made = Vec::new();
+    for &size in sizes {
+        let (_, off, id) = m.alloc(size, 1, 0).unwrap();
+        m.alloc(10, 1, 0).unwrap();
+        made.push((off, id));
+    }
+    assert_eq!(m.alloc(1, 1, 0), None, "the region is full");
+    for &(_, id) in &made {
+        m.free(id).unwrap();
+    }
+    (m, made.into_iter().map(|(off, _)| off).collect())
+}
+
+#[test]
+fn good_fit_takes_a_span_past_its_class_head_before_refusing() {
+    // 100 and 102 share a class; the 100 (freed last) heads it. Good fit
+    // rounds 102 up to the next class (empty) and finds the head too
+    // small: the 102 further down the list must still be found.
+    let (mut m, offs) = holes(Fit::Good, &[102, 100]);
+    assert_eq!(class_of(100), class_of(102));
+    assert_eq!(at(&mut m, 102, 1), Some((0, offs[0])));
+    m.check_invariants();
+}
+
+#[test]
+fn best_fit_takes_a_span_past_its_scan_before_refusing() {
+    // Best fit compares the first `SCAN` spans of the class: a fitting
+    // span behind them must still be found before the request is refused.
+    let mut sizes = vec![103];
+    sizes.extend([100; SCAN]);
+    let (mut m, offs) = holes(Fit::Best, &sizes);
+    assert_eq!(at(&mut m, 103, 1), Some((0, offs[0])));
+    assert_eq!(at(&mut m, 101, 1), None, "no span of 101 is left");
+    m.check_invariants();
+}
