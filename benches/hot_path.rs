@@ -7,8 +7,8 @@
 //! what is measured is the steady state (cached memory).
 
 use benches::{
-    arena_pairs_outside_runs, arena_scoped_pairs, hot_path_sizes, pairs, planned_scoped_pairs,
-    Pairs, Strategy,
+    arena_pairs_outside_runs, arena_scoped_pairs, floor_pairs, hot_path_sizes, pairs,
+    planned_scoped_pairs, Pairs, Strategy,
 };
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
@@ -47,6 +47,9 @@ fn hot_path(c: &mut Criterion) {
             Box::new(|sizes| planned_scoped_pairs(sizes)),
         ),
     );
+
+    // The floor of side-table bookkeeping (`benches::floor`).
+    candidates.push(("floor", Box::new(|_| floor_pairs())));
 
     for (name, make) in candidates {
         // Made and warmed up on first use, so that a filtered-out benchmark

@@ -7,7 +7,10 @@
 //! what is measured is the steady state: cached memory for the arena,
 //! learned plans for `planned`, a warm pool for rlsf and talc.
 
-use benches::{dynamic_scoped_replayer, replayer, scoped_replayer, Replay, Strategy, Touch, Trace};
+use benches::{
+    dynamic_scoped_replayer, floor_replayer, replayer, scoped_replayer, Replay, Strategy, Touch,
+    Trace,
+};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
 
@@ -45,6 +48,8 @@ fn trace_order(c: &mut Criterion) {
         // exclusively).
         candidates.insert(1, ("arena-scoped", Box::new(dynamic_scoped_replayer)));
         candidates.insert(3, ("planned-scoped", Box::new(scoped_replayer)));
+        // The floor of side-table bookkeeping (`benches::floor`).
+        candidates.push(("floor", Box::new(floor_replayer)));
         for (name, make) in candidates {
             // Made and warmed up on first use, so that a filtered-out
             // benchmark costs nothing.

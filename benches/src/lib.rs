@@ -18,6 +18,7 @@
 //! One module per concept: [`trace`], [`pages`], [`strategy`], [`replay`],
 //! [`pairs`](mod@pairs), [`peers`].
 
+pub mod floor;
 pub mod pages;
 pub mod pairs;
 pub mod peers;
@@ -25,6 +26,7 @@ pub mod replay;
 pub mod strategy;
 pub mod trace;
 
+pub use floor::{floor_pairs, floor_replayer, OffsetsTlsf};
 pub use pages::{
     minor_faults, peak_rss_bytes, proc_status_bytes, reset_peak_rss, rss_bytes, touch_pages,
     trim_heap, PAGE,

@@ -14,15 +14,16 @@
 //! no page touched); `STRATEGY` is a name of [`Strategy`] (`arena`,
 //! `planned`, `shared`, `rlsf`, `talc`, ...; also `planned-scoped`, the
 //! planned runs through a `ScopedRun`, and `arena-scoped`, dynamic runs
-//! through one). The warm-up (three batches,
+//! through one; and `floor`, the offsets-only TLSF of `benches::floor`,
+//! with no arena). The warm-up (three batches,
 //! or one replay) runs before collection starts; only the functions named
 //! `measure*` are counted. The program prints how many allocations (each
 //! with its free) were measured: callgrind's "Collected" count divided by
 //! it is the instructions per allocation and free.
 
 use benches::{
-    arena_scoped_pairs, dynamic_scoped_replayer, hot_path_sizes, pairs, planned_scoped_pairs,
-    replayer, scoped_replayer, Pairs, Replay, Strategy, Touch, Trace,
+    arena_scoped_pairs, dynamic_scoped_replayer, floor_pairs, floor_replayer, hot_path_sizes,
+    pairs, planned_scoped_pairs, replayer, scoped_replayer, Pairs, Replay, Strategy, Touch, Trace,
 };
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -59,9 +60,12 @@ fn main() -> ExitCode {
     // `planned-scoped`: planned runs through a `ScopedRun`.
     let scoped = strategy == "planned-scoped";
     let dynamic_scoped = strategy == "arena-scoped";
+    // `floor`: the offsets-only TLSF of `benches::floor`, no arena.
+    let floor = strategy == "floor";
     let Some(strategy) = Strategy::from_name(match strategy.as_str() {
         "planned-scoped" => "planned",
         "arena-scoped" => "arena",
+        "floor" => "rlsf",
         other => other,
     })
     .filter(|s| *s != Strategy::Bare) else {
@@ -70,7 +74,9 @@ fn main() -> ExitCode {
     };
     if workload == "pairs" {
         let sizes = hot_path_sizes(BATCH);
-        let made = if scoped {
+        let made = if floor {
+            Some(floor_pairs())
+        } else if scoped {
             Some(planned_scoped_pairs(&sizes))
         } else if dynamic_scoped {
             Some(arena_scoped_pairs())
@@ -93,7 +99,9 @@ fn main() -> ExitCode {
         }
         let trace = Trace::load(workload);
         let allocs: usize = trace.runs.iter().map(|r| r.allocs().count()).sum();
-        let mut r = if scoped {
+        let mut r = if floor {
+            floor_replayer()
+        } else if scoped {
             scoped_replayer()
         } else if dynamic_scoped {
             dynamic_scoped_replayer()
