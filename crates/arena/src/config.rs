@@ -59,7 +59,11 @@ pub enum Relayout {
 /// freed last first).
 ///
 /// Both bound the work per allocation by a constant; they differ in how
-/// closely the span found fits, that is in the footprint of a run.
+/// closely the span found fits, that is in the footprint of a run. With
+/// either, a request that neither the spans looked at nor a region's top
+/// holds is not refused yet: every free span of its class and above is
+/// tried first (not constant time, but only on the way to growing the
+/// arena or failing), so no request fails while a free span holds it.
 /// `BENCHMARKS.md` (issue 23) has both on every shared trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]

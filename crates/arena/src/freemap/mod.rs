@@ -16,7 +16,10 @@
 //! which always holds it (two bit-scans, no list walked), else the head of
 //! its own class if that holds it. Only when no span can does a request
 //! take a region's *top* (the free span that ends at the region's end),
-//! like dlmalloc's top chunk.
+//! like dlmalloc's top chunk. A request that neither holds is tried
+//! against every free span of its class and above before it is refused
+//! (the owner would grow or fail next): not constant time, but no request
+//! fails while a free span holds it.
 //!
 //! When a span is freed ([`Coalesce`]): by default it is merged at once
 //! with its free neighbours (at most two) and filed, as TLSF does. With
