@@ -63,9 +63,8 @@ impl<T: Copy> FreeMap<T> {
         tag: T,
     ) -> (RegionId, usize, SpanId) {
         let s = &self.spans[id as usize];
-        let (span_size, rid, off) = (s.size, s.rid, s.off);
+        let (span_size, rid, off, prev) = (s.size, s.rid, s.off, s.prev);
         if start == off && size < span_size {
-            let prev = self.spans[id as usize].prev;
             let block = self.new_span(Span {
                 rid,
                 off,
