@@ -350,6 +350,8 @@ impl<T: Copy> FreeMap<T> {
     fn unfile_binned(&mut self, id: SpanId) {
         let (class, prev, next) = {
             let s = &self.spans[id as usize];
+            // A filed class is below `CLASSES` (a power of two): the
+            // remainder changes nothing and spares the bounds checks below.
             (s.class as usize % CLASSES, s.prev_free, s.next_free)
         };
         if prev == NIL {
