@@ -65,6 +65,7 @@ fn main() -> ExitCode {
     let Some(strategy) = Strategy::from_name(match strategy.as_str() {
         "planned-scoped" => "planned",
         "arena-scoped" => "arena",
+        // Not used for the floor, which is no `Strategy`.
         "floor" => "rlsf",
         other => other,
     })
