@@ -160,6 +160,9 @@ fn with_arena<T>(
             }
         };
         *slot = Some(arena);
+        // Find the C++ runtime `alloc_fn` throws through now, while memory
+        // is not short (the host, PyTorch, is loaded: it is allocating).
+        let _ = tensor_arena::cxx::runtime();
     }
     f(slot.as_mut().expect("made above"))
 }

@@ -195,7 +195,6 @@ fn c_abi_contract() {
     assert_eq!(init(c"cuda"), -1);
 }
 
-/// The library file next to this test binary (`target/<profile>/deps`).
 /// A child's stdout and stderr, as text.
 fn text_of(out: &std::process::Output) -> String {
     format!(
@@ -205,6 +204,7 @@ fn text_of(out: &std::process::Output) -> String {
     )
 }
 
+/// The library file next to this test binary (`target/<profile>/deps`).
 fn cdylib() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
