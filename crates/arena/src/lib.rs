@@ -25,7 +25,10 @@ pub use config::{ArenaConfig, Coalesce, Fit, Growth, Relayout, ShrinkPolicy, DEF
 pub use error::ArenaError;
 pub use freemap::FreeError;
 pub use memory::{DefaultMemory, Heap, HostMemory, Memory};
-pub use plan::{Plan, PlanCache, PlanError, PlanStats, Recording};
+pub use plan::{
+    Deviation, DynamicReason, FamilyCounts, FamilyStats, KeyDims, Lookup, Plan, PlanCache,
+    PlanError, PlanSource, PlanStats, Recording,
+};
 pub use pressure::{PressureConfig, PressureMonitor, PressureStats, Relief, Signal, Watch};
 pub use raw::{Handle, RawAlloc, RawArena};
 pub use shared::{SharedArena, SharedArenaGuard, SharedBlock};

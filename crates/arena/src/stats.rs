@@ -127,6 +127,8 @@ pub struct RunReport {
     pub planned: bool,
     /// Whether a planned run deviated from its plan.
     pub deviated: bool,
+    /// Why a planned run left its plan (`None` when it did not).
+    pub deviation: Option<crate::plan::Deviation>,
     /// Blocks served from the plan; `allocs - planned_allocs` came from the
     /// dynamic pool.
     pub planned_allocs: u64,

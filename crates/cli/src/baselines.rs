@@ -154,6 +154,7 @@ impl<G: GlobalAlloc> Backend for GlobalAllocBackend<G> {
             peak_in_use: self.peak,
             reserved: self.reserved(),
             backing_calls: Some(self.calls - self.calls_at_run_start),
+            ..EndOfRun::default()
         }
     }
 
@@ -236,6 +237,7 @@ impl Backend for BumpBackend {
             peak_in_use: peak,
             reserved: Some(self.bump.allocated_bytes() as u64),
             backing_calls: Some(allocated + freed),
+            ..EndOfRun::default()
         }
     }
 

@@ -71,7 +71,7 @@ pub fn touch_slice(buf: &mut [u8], touch: Touch) {
 }
 
 /// What a strategy reports at the end of a run.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct EndOfRun {
     /// Highest bytes in use during the run, as the strategy counts them.
     pub peak_in_use: u64,
@@ -79,6 +79,12 @@ pub struct EndOfRun {
     pub reserved: Option<u64>,
     /// Calls to the backing allocator during the run (and its end).
     pub backing_calls: Option<u64>,
+    /// How a planning strategy served the run (exact plan, predicted,
+    /// fell back and why, dynamic and why); `None` for the others.
+    pub plan: Option<String>,
+    /// The run's high-water mark in the arena (how far into one free
+    /// region its blocks reached); arena strategies only.
+    pub high_water: Option<u64>,
 }
 
 /// One allocation strategy, driven by [`replay`].
@@ -121,6 +127,13 @@ pub struct RunResult {
     pub reserved: Option<u64>,
     /// Calls to the backing allocator during the run.
     pub backing_calls: Option<u64>,
+    /// How the run was served on a plan (planning strategies only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// The run's high-water mark (arena strategies only): with the lower
+    /// bound, what placement cost at first sight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_water: Option<u64>,
     /// Minor page faults of the process during the run.
     pub minor_faults: Option<u64>,
     /// Resident memory of the process after the run (`/proc/self/statm`),
@@ -150,6 +163,43 @@ pub struct Summary {
     pub backing_calls: Option<u64>,
     /// Runs aborted because an allocation failed.
     pub failed_runs: u64,
+    /// Planning strategies: runs by how they were served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plans: Option<PlanCounts>,
+}
+
+/// Runs of a planning strategy by how they were served.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PlanCounts {
+    /// Served by their own key's plan.
+    pub exact: u64,
+    /// Served by a plan predicted from their family (including those that
+    /// fell back).
+    pub predicted: u64,
+    /// Predicted runs that left the prediction.
+    pub fell_back: u64,
+    /// Served dynamically.
+    pub dynamic: u64,
+}
+
+impl PlanCounts {
+    /// The counts of a plan cache's families.
+    pub fn of(c: &tensor_arena::FamilyCounts) -> Self {
+        Self {
+            exact: c.exact,
+            predicted: c.predicted,
+            fell_back: c.fell_back(),
+            dynamic: c.dynamic,
+        }
+    }
+
+    /// `exact / predicted / fell back / dynamic`, for tables.
+    pub fn cell(&self) -> String {
+        format!(
+            "{}/{}/{}/{}",
+            self.exact, self.predicted, self.fell_back, self.dynamic
+        )
+    }
 }
 
 /// The timeline of one strategy: bytes after each event, for `--svg`.
@@ -296,6 +346,8 @@ pub fn replay<B: Backend>(
             peak_in_use: end.peak_in_use,
             reserved: end.reserved,
             backing_calls: end.backing_calls,
+            plan: end.plan,
+            high_water: end.high_water,
             minor_faults: faults_before
                 .zip(faults_after)
                 .map(|(a, b)| b.saturating_sub(a)),
@@ -337,6 +389,7 @@ pub fn summarize(runs: &[RunResult]) -> Summary {
         minor_faults: sum(|r| r.minor_faults),
         backing_calls: sum(|r| r.backing_calls),
         failed_runs: runs.iter().filter(|r| r.error.is_some()).count() as u64,
+        plans: None,
     }
 }
 

@@ -188,6 +188,12 @@ pub fn plain(report: &Report<'_>) -> String {
                 bytes(r.peak_in_use),
                 or_dash(r.reserved.map(bytes)),
                 or_dash(ratio),
+                or_dash(
+                    r.high_water
+                        .filter(|_| r.lower_bound > 0)
+                        .map(|h| format!("{:.3}", h as f64 / r.lower_bound as f64)),
+                ),
+                or_dash(r.plan.clone()),
                 or_dash(r.backing_calls.map(count)),
                 or_dash(r.minor_faults.map(count)),
                 or_dash(growth(r.rss_bytes, s.baseline_rss_bytes).map(bytes)),
@@ -210,13 +216,15 @@ pub fn plain(report: &Report<'_>) -> String {
             "peak in use",
             "reserved",
             "res/lb",
+            "hw/lb",
+            "plan",
             "backing",
             "minor faults",
             "rss growth",
             "time",
         ],
         &rows,
-        &[0, 2],
+        &[0, 2, 9],
     );
 
     out.push('\n');
@@ -233,6 +241,7 @@ pub fn plain(report: &Report<'_>) -> String {
                 or_dash(m.reserved_over_lower_bound.map(|r| format!("{r:.2}"))),
                 or_dash(m.minor_faults.map(count)),
                 or_dash(m.backing_calls.map(count)),
+                or_dash(m.plans.map(|p| p.cell())),
                 or_dash(s.baseline_rss_bytes.map(bytes)),
                 or_dash(growth(s.peak_rss_bytes, s.baseline_rss_bytes).map(bytes)),
                 if s.error.is_some() {
@@ -255,12 +264,13 @@ pub fn plain(report: &Report<'_>) -> String {
             "max res/lb",
             "minor faults",
             "backing calls",
+            "plans ex/pred/fell/dyn",
             "baseline rss",
             "peak rss growth",
             "",
         ],
         &rows,
-        &[0, 9],
+        &[0, 10],
     );
 
     out.push('\n');
@@ -295,6 +305,12 @@ fn legend(strategies: &[StrategyResult]) -> String {
     out.push_str(
         "res/lb: reserved / lower bound. backing: calls to the backing allocator in the run \
          (arena: memory-layer calls, i.e. reservations, releases, commits and decommits; system, mimalloc, jemalloc: alloc + free calls; bump: chunks drawn + freed).\n",
+    );
+    out.push_str(
+        "hw/lb: the run's high-water mark in the arena (how far into one free region its blocks reach) / lower bound. \
+         plan: how a planning strategy served the run: exact (its shape's own plan), predicted (a plan predicted from its family's earlier shapes), \
+         fell back (left the prediction: a block larger than its slot, an extra allocation, frees in another order, a short run), \
+         dynamic (no plan: a new family, one shape seen, sizes that follow no fit). plans ex/pred/fell/dyn: those counts over the replay.\n",
     );
     out.push_str("minor faults: getrusage(RUSAGE_SELF) ru_minflt during the run. time: wall time of the run.\n");
     out.push_str(

@@ -1,13 +1,15 @@
 //! The strategies `replay` compares, and how each is set up.
 
-use std::sync::Arc;
 use tensor_arena::memory::{default_memory, HugePages, PagesConfig};
-use tensor_arena::{Arena, ArenaConfig, Block, Plan, PlanCache, Run, ShrinkPolicy};
+use tensor_arena::{
+    Arena, ArenaConfig, Block, Deviation, DynamicReason, Lookup, PlanCache, PlanSource, Run,
+    RunReport, ShrinkPolicy,
+};
 
 use crate::baselines::{pool_len, BumpBackend, GlobalAllocBackend, PoolAlloc, Talc, Tlsf};
 use crate::replay::{
-    replay, summarize, touch_slice, Backend, EndOfRun, Progress, ShrinkMode, StrategyResult,
-    Timeline, Touch,
+    replay, summarize, touch_slice, Backend, EndOfRun, PlanCounts, Progress, ShrinkMode,
+    StrategyResult, Timeline, Touch,
 };
 use crate::workload::{Ev, Workload};
 
@@ -286,9 +288,10 @@ fn replay_on_arena(
             labels: workload.runs.iter().map(|r| r.label.clone()).collect(),
             next: 0,
             largest: 0,
+            lookup: Lookup::none(DynamicReason::Off),
         });
     }
-    let result = replay_with(
+    let mut result = replay_with(
         name,
         RESERVED_ARENA,
         &mut backend,
@@ -296,6 +299,9 @@ fn replay_on_arena(
         settings,
         progress,
     );
+    if let Some(p) = &backend.plans {
+        result.summary.plans = Some(PlanCounts::of(&p.cache.stats().runs));
+    }
     drop(backend);
     debug_assert_eq!(arena.stats().in_use, 0);
     result
@@ -310,6 +316,38 @@ struct Planner {
     next: usize,
     /// Size of the largest plan learned.
     largest: usize,
+    /// The open run's plan and where it came from.
+    lookup: Lookup,
+}
+
+/// How a run was served, in words: `exact`, `predicted`, `fell back
+/// (larger)`, `dynamic (new family)`...
+pub fn served_as(lookup: &Lookup, report: &RunReport) -> String {
+    let why = |d: Option<Deviation>| match d {
+        Some(Deviation::Larger) => "larger",
+        Some(Deviation::Extra) => "extra",
+        Some(Deviation::Order) => "order",
+        Some(Deviation::Short) | None => "short",
+    };
+    match lookup.source {
+        PlanSource::Exact | PlanSource::Predicted if !report.planned => "dynamic (off)".into(),
+        PlanSource::Exact if report.deviated => format!("exact, left ({})", why(report.deviation)),
+        PlanSource::Exact => "exact".into(),
+        PlanSource::Predicted if report.deviated => {
+            format!("fell back ({})", why(report.deviation))
+        }
+        PlanSource::Predicted => "predicted".into(),
+        PlanSource::Dynamic(r) => format!(
+            "dynamic ({})",
+            match r {
+                DynamicReason::NewFamily => "new family",
+                DynamicReason::OneShape => "one shape",
+                DynamicReason::Unfit => "unfit",
+                DynamicReason::Unpredictable => "unpredictable",
+                DynamicReason::Off => "off",
+            }
+        ),
+    }
 }
 
 /// Drives an [`Arena`]: each workload run is an arena run, each tensor a
@@ -355,7 +393,8 @@ impl Backend for ArenaBackend<'_> {
         let plan = self.plans.as_mut().and_then(|p| {
             let label = p.labels.get(p.next)?;
             p.next += 1;
-            p.cache.get(label)
+            p.lookup = p.cache.lookup(label.as_str());
+            p.lookup.plan.clone()
         });
         // Only a shape with no plan yet is recorded (its plan is learned).
         let record = self.plans.is_some() && plan.is_none();
@@ -394,22 +433,27 @@ impl Backend for ArenaBackend<'_> {
             .take()
             .map(Run::finish_with_recording)
             .unwrap_or_default();
+        let mut served = None;
         if let Some(p) = &mut self.plans {
             let label = p
                 .labels
                 .get(p.next.wrapping_sub(1))
-                .cloned()
-                .unwrap_or_default();
-            if (!report.planned || report.deviated) && report.leaked_blocks == 0 {
-                // The arena's own recordings always validate; were one not
-                // to, the shape simply stays unplanned.
-                if let Ok(plan) = Plan::from_recording(&recording) {
-                    p.largest = p.largest.max(plan.size());
-                    p.cache.insert(label, Arc::new(plan));
-                    // Every shape seen is now served from its plan's block.
-                    self.arena.shrink_to(p.largest);
-                }
+                .map_or("", |l| l.as_str());
+            // A run that leaked keeps blocks its recording does not free:
+            // it teaches nothing.
+            let learned = p.cache.after_run(
+                label,
+                &p.lookup,
+                &report,
+                &recording,
+                report.leaked_blocks == 0,
+            );
+            if let Some(plan) = learned {
+                p.largest = p.largest.max(plan.size());
+                // Every shape seen is now served from its plan's block.
+                self.arena.shrink_to(p.largest);
             }
+            served = Some(served_as(&p.lookup, &report));
         }
         if self.shrink == ShrinkMode::ManualAfterSmaller && smaller {
             self.arena.shrink();
@@ -418,6 +462,8 @@ impl Backend for ArenaBackend<'_> {
             peak_in_use: report.peak_in_use as u64,
             reserved: Some(self.arena.stats().reserved as u64),
             backing_calls: Some(self.backing_calls() - self.backing_at_run_start),
+            plan: served,
+            high_water: Some(report.high_water as u64),
         }
     }
 

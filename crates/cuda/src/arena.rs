@@ -9,8 +9,8 @@ use hashbrown::HashMap;
 use std::sync::Arc;
 use tensor_arena::memory::{Budgeted, ErrorCode};
 use tensor_arena::{
-    ArenaConfig, ArenaError, Handle, Plan, PlanCache, PlanStats, RawArena, RunReport, ShrinkPolicy,
-    Stats,
+    ArenaConfig, ArenaError, Handle, Lookup, PlanCache, PlanStats, RawArena, RunReport,
+    ShrinkPolicy, Stats,
 };
 use tensor_arena::{Budget, Memory};
 
@@ -98,8 +98,9 @@ pub struct DeviceArena {
     live: HashMap<u64, Live>,
     streams: Streams,
     plans: PlanCache<Vec<u8>>,
-    /// The open run's key, and whether its own plan serves it.
-    run: Option<(Vec<u8>, bool)>,
+    /// The open run's key, and the plan it was opened with (its key's own,
+    /// predicted from its family, or none).
+    run: Option<(Vec<u8>, Lookup)>,
     shrink_to_plans: bool,
     /// The shrink policy (the core's is `Manual`; see `apply_policy`).
     policy: ShrinkPolicy,
@@ -299,7 +300,10 @@ impl DeviceArena {
 
     /// Opens a run for input shape `key`: served from the plan learned for
     /// `key` if there is one (one block, no search, no driver call), else
-    /// recorded so that a plan is learned when it ends.
+    /// from a plan predicted from the earlier shapes of its family (keys
+    /// that differ only in their numbers: `("batch", 4)` after
+    /// `("batch", 16)` and `("batch", 1)`), else recorded so that a plan is
+    /// learned when it ends.
     ///
     /// # Errors
     /// [`CudaError::Arena`] with [`ArenaError::RunAlreadyOpen`].
@@ -308,15 +312,16 @@ impl DeviceArena {
             return Err(ArenaError::RunAlreadyOpen.into());
         }
         self.raw.memory().inner().reset_peak();
-        let plan = self.plans.get(key);
-        let own = plan.is_some();
-        let id = match self.raw.begin_run(plan, !own) {
+        let lookup = self.plans.lookup(key);
+        let id = match self
+            .raw
+            .begin_run(lookup.plan.clone(), lookup.plan.is_none())
+        {
             Ok(id) => id,
-            // The plan's block cannot be had: run unplanned (a key with a
-            // plan needs no new recording).
-            Err(_) => self.raw.begin_run(None, !own)?,
+            // The plan's block cannot be had: run unplanned, recorded.
+            Err(_) => self.raw.begin_run(None, true)?,
         };
-        self.run = Some((key.to_vec(), own));
+        self.run = Some((key.to_vec(), lookup));
         Ok(id)
     }
 
@@ -327,18 +332,18 @@ impl DeviceArena {
     /// # Errors
     /// [`CudaError::NoRun`] when no run is open.
     pub fn end_run(&mut self) -> Result<RunReport, CudaError> {
-        let Some((key, own)) = self.run.take() else {
+        let Some((key, lookup)) = self.run.take() else {
             return Err(CudaError::NoRun);
         };
         let (mut report, recording) = self.raw.finish_run();
         self.last_run_peak_mapped = self.raw.memory().inner().peak();
-        if report.deviated {
-            self.plans.note_deviation();
-        }
-        if (!own || report.deviated) && report.leaked_blocks == 0 && !recording.is_empty() {
-            if let Ok(plan) = Plan::from_recording(&recording) {
+        let learnable = report.leaked_blocks == 0;
+        if let Some(plan) =
+            self.plans
+                .after_run(key.as_slice(), &lookup, &report, &recording, learnable)
+        {
+            {
                 self.largest_plan = self.largest_plan.max(plan.size());
-                self.plans.insert(key, Arc::new(plan));
                 if self.shrink_to_plans {
                     // What stays live between runs, and one plan's block:
                     // fragments no plan's block fits are unmapped too (the

@@ -8,7 +8,10 @@ use crate::OrtArenaError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tensor_arena::memory::PagesConfig;
-use tensor_arena::{ArenaConfig, Budget, Plan, PlanCache, PlanStats, RunReport, Stats};
+use tensor_arena::{
+    ArenaConfig, Budget, DynamicReason, FamilyStats, Lookup, PlanCache, PlanSource, PlanStats,
+    RunReport, Stats,
+};
 
 /// The plans of one model: what each input shape's run allocates, and
 /// where. One per model (session), shared by every worker that runs it
@@ -40,9 +43,16 @@ impl Plans {
         &self.cache
     }
 
-    /// The cache's counters.
+    /// The cache's counters, with every run of the model by how it was
+    /// served ([`PlanStats::runs`]).
     pub fn stats(&self) -> PlanStats {
         self.cache.stats()
+    }
+
+    /// The model's plan families: each one's shapes, fit and runs (exact,
+    /// predicted, fell back and why, dynamic).
+    pub fn families(&self) -> Vec<FamilyStats> {
+        self.cache.families()
     }
 
     pub(crate) fn id(&self) -> u64 {
@@ -126,6 +136,10 @@ pub struct RunInfo {
     pub succeeded: bool,
     /// Whether this run taught its key a plan.
     pub learned: bool,
+    /// How the run was planned: its key's own plan, a plan predicted from
+    /// the model's earlier shapes, or none (and why). Whether it kept to
+    /// its plan is in `report` (`deviated`, `deviation`).
+    pub plan: PlanSource,
     /// Bytes given back after the run by the shrink policy.
     pub released: usize,
     /// The run's key.
@@ -172,12 +186,6 @@ impl std::fmt::Debug for Worker {
     }
 }
 
-/// The one place a recording becomes a plan. The arena's own recordings
-/// always validate; were one not to, the key simply stays unplanned.
-fn plan_from(recording: &tensor_arena::Recording) -> Option<Plan> {
-    Plan::from_recording(recording).ok()
-}
-
 impl Worker {
     /// A worker with an empty arena (nothing is reserved until its first
     /// run).
@@ -215,17 +223,18 @@ impl Worker {
         key: &RunKey,
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
-        let plan = if self.options.plans {
-            plans.cache.get(key.as_slice())
+        let lookup = if self.options.plans {
+            plans.cache.lookup(key.as_slice())
         } else {
-            None
+            Lookup::none(DynamicReason::Off)
         };
-        let planned_size = plan.as_ref().map(|p| p.size());
-        // Only the first run of a key is recorded: its plan is learned.
-        let record = self.options.plans && plan.is_none();
+        let planned_size = lookup.plan.as_ref().map(|p| p.size());
+        // A run with no plan (its key's own, or one predicted from its
+        // family) is recorded: its plan is learned.
+        let record = self.options.plans && lookup.plan.is_none();
         let slot = Arc::clone(&self.slot);
         let mut core = slot.lock();
-        core.begin_run(plan, record);
+        core.begin_run(lookup.plan.clone(), record);
         let calls_before = crate::raw::thread_alloc_calls();
         let failed_before = crate::raw::thread_failed_allocs();
         let result = {
@@ -236,20 +245,18 @@ impl Worker {
         let failed_allocs = crate::raw::thread_failed_allocs() - failed_before;
         let (report, recording) = core.finish_run().unwrap_or_default();
         let succeeded = result.is_ok();
-        let mut learned = false;
         // What this model needs for this key: its plan's block, or what the
         // run reached.
         let mut need = planned_size.unwrap_or(report.high_water);
-        if self.options.plans && succeeded {
-            let fresh = planned_size.is_none() || report.deviated;
-            if fresh && !recording.is_empty() {
-                if let Some(plan) = plan_from(&recording) {
-                    need = plan.size();
-                    plans
-                        .cache
-                        .insert(key.as_slice().to_vec().into(), Arc::new(plan));
-                    learned = true;
-                }
+        let mut learned = false;
+        if self.options.plans {
+            if let Some(plan) =
+                plans
+                    .cache
+                    .after_run(key.as_slice(), &lookup, &report, &recording, succeeded)
+            {
+                need = plan.size();
+                learned = true;
             }
         }
         let target = if succeeded {
@@ -284,6 +291,7 @@ impl Worker {
             failed_allocs,
             succeeded,
             learned,
+            plan: lookup.source,
             released,
             key: key.clone(),
         });

@@ -11,7 +11,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tensor_arena::memory::{default_memory, Budgeted, PagesConfig};
-use tensor_arena::plan::{Plan, PlanCache, PlanStats};
+use tensor_arena::plan::{DynamicReason, Lookup, PlanCache, PlanSource, PlanStats};
 use tensor_arena::{
     Arena, ArenaConfig, ArenaError, Block, Budget, DefaultMemory, HostMemory, LiveBlock, Run,
     RunReport, SharedArena, SharedArenaGuard, Stats, TypedBlock,
@@ -280,15 +280,22 @@ impl<M: HostMemory + Send + 'static> Session<M> {
         let weights = self.model.load();
         let plans = &self.family.plans;
         let cfg = self.config.plans;
-        let (plan, own) = match cfg.enabled.then(|| plans.get(key)).flatten() {
-            Some(p) => (Some(p), true),
+        // The key's own plan, else one predicted from the model's earlier
+        // shapes, else (if configured) the largest plan held.
+        let lookup = if cfg.enabled {
+            plans.lookup(key)
+        } else {
+            Lookup::none(DynamicReason::Off)
+        };
+        let (plan, own) = match &lookup.plan {
+            Some(p) => (Some(Arc::clone(p)), true),
             None if cfg.enabled && cfg.serve_smaller_from_larger => (plans.largest(), false),
             None => (None, false),
         };
         let planned_size = plan.as_ref().filter(|_| own).map(|p| p.size());
         // A dynamic run is recorded only when a plan will be learned from
-        // it: a key with no plan of its own (a run served from a larger
-        // key's plan records from where it leaves that plan).
+        // it: a key with no plan of its own or predicted (a run served from
+        // a larger key's plan records from where it leaves that plan).
         let record = cfg.enabled && !own;
         let dynamic = || {
             if record {
@@ -325,30 +332,40 @@ impl<M: HostMemory + Send + 'static> Session<M> {
             return out;
         }
         let (report, recording) = run.finish_with_recording();
-        if report.deviated {
-            plans.note_deviation();
-        }
-        if (!own || report.deviated)
-            && !refused
-            && report.leaked_blocks == 0
-            && !recording.is_empty()
-        {
-            // The arena's own recordings always validate; were one not to,
-            // the key simply stays unplanned.
-            match Plan::from_recording(&recording) {
-                Ok(plan) => {
-                    self.largest_plan = self.largest_plan.max(plan.size());
-                    plans.insert(key.into(), Arc::new(plan));
-                    if cfg.shrink_to_plans {
-                        // Later runs of every shape seen are served from their
-                        // plan's block: no more than the largest plan is needed.
-                        arena.shrink_to(self.largest_plan);
-                    }
-                }
-                Err(e) => debug_assert!(false, "the arena recorded an invalid run: {e}"),
+        // A run served from a larger key's plan counts as dynamic in its
+        // family, and teaches its key from its own recording.
+        let lookup = if own {
+            lookup
+        } else {
+            Lookup::none(match lookup.source {
+                PlanSource::Dynamic(why) => why,
+                _ => DynamicReason::Off,
+            })
+        };
+        let report_for_family = if own {
+            report
+        } else {
+            RunReport {
+                planned: false,
+                deviated: false,
+                ..report
             }
-        } else if let Some(size) = planned_size {
-            self.largest_plan = self.largest_plan.max(size);
+        };
+        let learnable = !refused && report.leaked_blocks == 0;
+        match plans.after_run(key, &lookup, &report_for_family, &recording, learnable) {
+            Some(plan) => {
+                self.largest_plan = self.largest_plan.max(plan.size());
+                if cfg.shrink_to_plans {
+                    // Later runs of every shape seen are served from their
+                    // plan's block: no more than the largest plan is needed.
+                    arena.shrink_to(self.largest_plan);
+                }
+            }
+            None => {
+                if let Some(size) = planned_size {
+                    self.largest_plan = self.largest_plan.max(size);
+                }
+            }
         }
         self.finish(key, report);
         out

@@ -1,6 +1,9 @@
-//! [`PlanCache`]: plans by exact key, bounded, least recently used out.
+//! [`PlanCache`]: plans by exact key, bounded, least recently used out,
+//! and the families those keys belong to, which plan keys never seen.
 
-use super::Plan;
+use super::family::{Families, FamilyCounts, FamilyStats};
+use super::{DynamicReason, KeyDims, Plan, PlanSource, Recording};
+use crate::RunReport;
 use parking_lot::Mutex;
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -24,6 +27,11 @@ pub struct PlanStats {
     pub deviations: u64,
     /// Plans held now.
     pub plans: usize,
+    /// Runs counted through [`PlanCache::after_run`], by how they were
+    /// served (exact, predicted, fell back, dynamic), over every family.
+    pub runs: FamilyCounts,
+    /// Families held now.
+    pub families: usize,
 }
 
 struct Entry {
@@ -32,7 +40,17 @@ struct Entry {
     last_used: AtomicU64,
 }
 
-/// Plans by key, bounded, least recently used out.
+/// Plans by key, bounded, least recently used out; and plan families,
+/// which plan a key never seen from the keys of its family seen before.
+///
+/// Exact plans: [`PlanCache::get`] and [`PlanCache::insert`]. Families:
+/// [`PlanCache::lookup`] before a run (the key's own plan, else one
+/// predicted from its family, else none) and [`PlanCache::after_run`]
+/// after it (counts the run, learns its plan, adds its shape to the
+/// family and fits the family again). Families are kept apart from the
+/// exact plans, so shapes that never repeat (continuous widths, say) do
+/// not churn them: the exact plans come and go, least recently used out,
+/// and the family goes on predicting.
 ///
 /// Lookups take no lock (they read an immutable snapshot of the map); adding
 /// a plan takes a lock, copies the map (plans are shared, not copied) and
@@ -48,7 +66,30 @@ pub struct PlanCache<K> {
     inserts: AtomicU64,
     evictions: AtomicU64,
     deviations: AtomicU64,
+    families: Mutex<Families>,
 }
+
+/// The plan to serve a run with, from [`PlanCache::lookup`].
+#[derive(Clone, Debug)]
+pub struct Lookup {
+    /// The plan, if any.
+    pub plan: Option<Arc<Plan>>,
+    /// Where it came from (or why there is none).
+    pub source: PlanSource,
+}
+
+impl Lookup {
+    /// No plan, for the reason given.
+    pub fn none(why: DynamicReason) -> Self {
+        Self {
+            plan: None,
+            source: PlanSource::Dynamic(why),
+        }
+    }
+}
+
+/// Families kept by a cache.
+const FAMILIES: usize = 64;
 
 impl<K: Hash + Eq + Clone> PlanCache<K> {
     /// A cache holding at most `capacity` plans (at least 1).
@@ -63,6 +104,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             inserts: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             deviations: AtomicU64::new(0),
+            families: Mutex::new(Families::new(FAMILIES)),
         }
     }
 
@@ -150,10 +192,11 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         }
     }
 
-    /// Drops every plan.
+    /// Drops every plan and every family.
     pub fn clear(&self) {
         let _writer = self.writer.lock();
         self.map.store(Arc::new(HashMap::new()));
+        self.families.lock().clear();
     }
 
     /// Counts a planned run that deviated from its plan.
@@ -177,6 +220,10 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
 
     /// The counters.
     pub fn stats(&self) -> PlanStats {
+        let (runs, families) = {
+            let f = self.families.lock();
+            (f.totals(), f.len())
+        };
         PlanStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
@@ -184,7 +231,114 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             evictions: self.evictions.load(Ordering::Relaxed),
             deviations: self.deviations.load(Ordering::Relaxed),
             plans: self.map.load().len(),
+            runs,
+            families,
         }
+    }
+
+    /// Every family's state and counts, by name.
+    pub fn families(&self) -> Vec<FamilyStats> {
+        self.families.lock().stats()
+    }
+
+    /// The plan for a run of `key`: its own if one was learned
+    /// ([`PlanSource::Exact`], counted as a hit), else one predicted from
+    /// its family's earlier shapes ([`PlanSource::Predicted`]: the fit of
+    /// each block's size, evaluated at the key's dimensions, and solved),
+    /// else none, with why. Pass the result to [`PlanCache::after_run`]
+    /// when the run ends.
+    pub fn lookup<Q>(&self, key: &Q) -> Lookup
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + KeyDims + ?Sized,
+    {
+        if let Some(plan) = self.get(key) {
+            return Lookup {
+                plan: Some(plan),
+                source: PlanSource::Exact,
+            };
+        }
+        let prediction = self.families.lock().prediction(key.family());
+        let prediction = match prediction {
+            Ok(p) => p,
+            Err(why) => return Lookup::none(why),
+        };
+        let mut dims = Vec::new();
+        key.dims(&mut dims);
+        match prediction
+            .recording(&dims)
+            .and_then(|rec| Plan::from_recording(&rec).ok())
+        {
+            Some(plan) => Lookup {
+                plan: Some(Arc::new(plan)),
+                source: PlanSource::Predicted,
+            },
+            None => Lookup::none(DynamicReason::Unpredictable),
+        }
+    }
+
+    /// After a run of `key` served as `lookup` said: counts it in its
+    /// family (exact, predicted, fell back and why, dynamic), and, if it
+    /// `succeeded`, learns from it. A run served by its key's own plan to
+    /// the end teaches nothing new; any other run's plan (the prediction it
+    /// followed, or its own `recording` where it left or undercut the
+    /// prediction, or ran dynamically) becomes its key's plan, and its
+    /// sizes join its family's shapes, which are fitted again. Returns the
+    /// plan learned, if any.
+    ///
+    /// `report` and `recording` are the run's, as
+    /// [`RawArena::finish_run`](crate::RawArena::finish_run) or
+    /// [`Run::finish_with_recording`](crate::Run::finish_with_recording)
+    /// return them (a dynamic run must have been opened recorded to teach
+    /// anything).
+    pub fn after_run<Q>(
+        &self,
+        key: &Q,
+        lookup: &Lookup,
+        report: &RunReport,
+        recording: &Recording,
+        succeeded: bool,
+    ) -> Option<Arc<Plan>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + KeyDims + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let source = match lookup.source {
+            // The plan's block could not be had: the run was dynamic.
+            PlanSource::Exact | PlanSource::Predicted if !report.planned => {
+                PlanSource::Dynamic(DynamicReason::Off)
+            }
+            s => s,
+        };
+        let id = key.family();
+        {
+            let mut families = self.families.lock();
+            let counts = families.counts(id, || key.family_name());
+            counts.count(source);
+            if source == PlanSource::Predicted && report.deviated {
+                counts.fell_back_by(report.deviation.unwrap_or(super::Deviation::Short));
+            }
+        }
+        if report.deviated {
+            self.note_deviation();
+        }
+        if !succeeded || (source == PlanSource::Exact && !report.deviated) {
+            return None;
+        }
+        let plan = match (&lookup.plan, recording.is_empty()) {
+            // Followed to the end, every block as predicted.
+            (Some(plan), true) if report.planned && !report.deviated => Arc::clone(plan),
+            (_, false) => Arc::new(Plan::from_recording(recording).ok()?),
+            _ => return None,
+        };
+        self.insert(key.to_owned().into(), Arc::clone(&plan));
+        let mut dims = Vec::new();
+        key.dims(&mut dims);
+        self.families
+            .lock()
+            .observe(id, || key.family_name(), dims, plan.recording());
+        Some(plan)
     }
 }
 

@@ -32,13 +32,55 @@
 //!    the first difference.
 //! 4. **Cache**: [`PlanCache`] keeps plans by exact key (hash and equality,
 //!    no collisions), bounded, least recently used out; lookups take no lock.
+//! 5. **Families**: the runs of one model have the same structure at every
+//!    input shape (which block comes when, which free releases which), and
+//!    each block's size is a simple function of the input's dimensions. A
+//!    key that exposes its dimensions ([`KeyDims`]) belongs to a family;
+//!    [`PlanCache::after_run`] adds each shape a family sees and fits each
+//!    block's size to the dimensions (constant, proportional or affine in
+//!    a product of them: [`fit`](self#fits)), and [`PlanCache::lookup`]
+//!    predicts the plan of a key never seen from that fit and solves it,
+//!    so the run is served on the planned path from its first sight. A run
+//!    that leaves its prediction (a block larger than its slot, an event
+//!    the prediction did not have) is handed over to the dynamic pool as
+//!    any planned run is, with nothing lost, and its recording becomes its
+//!    key's plan and a new shape of its family. A family whose sizes follow
+//!    no fit is served dynamically and reported so ([`FamilyStats`]).
+//!
+//! # Fits
+//! How each block's size is fitted, and why, is said in full on the
+//! private `fit` module; in short: the simplest monomial of the varying
+//! dimensions (strided variants included, `ceil(w / 4)`) that one factor
+//! explains at every shape seen, to the arena's rounding, and predicted
+//! from the largest such factor, so that a block that follows its fit
+//! always fits its slot.
 
 mod cache;
+mod dims;
+mod family;
+mod fit;
 mod recording;
 pub mod solver;
 
-pub use cache::{PlanCache, PlanStats};
+pub use cache::{Lookup, PlanCache, PlanStats};
+pub use dims::KeyDims;
+pub use family::{DynamicReason, FamilyCounts, FamilyStats, PlanSource};
 pub use recording::{PlanEvent, Recording, MAX_ALIGN, MAX_BLOCK};
+
+/// Why a planned run left its plan (and the rest of it was served by the
+/// dynamic pool).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Deviation {
+    /// A block larger (or more aligned) than its slot.
+    Larger,
+    /// An allocation where the plan had a free, or past the plan's end.
+    Extra,
+    /// A free out of the plan's order.
+    Order,
+    /// The run ended before the plan did (a free missing, fewer blocks).
+    Short,
+}
 
 /// Offsets for every block of a recorded run, inside one block of
 /// [`Plan::size`] bytes.

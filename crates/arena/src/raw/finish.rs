@@ -5,7 +5,7 @@ use super::RawArena;
 use crate::config::{Relayout, ShrinkPolicy};
 use crate::freemap::{simulate_extent, RunOp};
 use crate::memory::Memory;
-use crate::plan::Recording;
+use crate::plan::{Deviation, Recording};
 use crate::pool::PLAN_BLOCK;
 use crate::stats::{LiveBlock, RunReport, Stats};
 
@@ -65,6 +65,7 @@ impl<M: Memory> RawArena<M> {
         let dynamic = run.serve.is_none();
         let mut planned = false;
         let mut deviated = false;
+        let mut deviation = None;
         if let Some(mut serve) = run.serve.take() {
             planned = true;
             if !serve.deviated && serve.pos != serve.plan.event_count() {
@@ -72,8 +73,10 @@ impl<M: Memory> RawArena<M> {
                 Self::materialize(&mut serve, &mut run.rec, run.blocks);
                 self.deviations += 1;
                 deviated = true;
+                serve.why = Some(Deviation::Short);
             }
             deviated |= serve.deviated;
+            deviation = serve.why;
             let slot = serve.slot;
             let pb = self.plan_blocks[slot as usize]
                 .as_mut()
@@ -141,6 +144,7 @@ impl<M: Memory> RawArena<M> {
             relaid_out,
             planned,
             deviated,
+            deviation,
             planned_allocs: self.planned_allocs - run.planned_allocs_at_start,
         };
         let traced = run.traced && self.trace.is_some();

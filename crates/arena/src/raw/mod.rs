@@ -5,7 +5,7 @@
 use crate::config::ArenaConfig;
 use crate::freemap::{FreeError, RegionId, RunOp, SpanId};
 use crate::memory::Memory;
-use crate::plan::{Plan, Recording};
+use crate::plan::{Deviation, Plan, Recording};
 use crate::pool::{Pool, RawBlock, Tag, NOT_PLANNED};
 use crate::ArenaError;
 use core::panic::Location;
@@ -132,6 +132,8 @@ struct Serve {
     pos: usize,
     /// Whether the run has left the plan (the rest is served dynamically).
     deviated: bool,
+    /// Why it left (set with `deviated`, on the cold path).
+    why: Option<Deviation>,
     /// Whether the run's own recording is kept. A run that follows its plan
     /// exactly records nothing (its recording is the plan's); at the first
     /// difference the plan's recording so far is copied into the run's and
@@ -585,6 +587,10 @@ impl<M: Memory> RawArena<M> {
                 // A bad request is an error, not a deviation (checked here
                 // only then: `alloc_pool` checks it again).
                 self.pool.span_size(len, align)?;
+                serve.why = Some(match serve.plan.step(serve.pos) {
+                    Some(step) if !step.is_free() => Deviation::Larger,
+                    _ => Deviation::Extra,
+                });
                 Self::materialize(serve, &mut run.rec, run.blocks);
                 serve.deviated = true;
                 self.deviations += 1;

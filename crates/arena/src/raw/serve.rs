@@ -4,7 +4,7 @@
 use super::{Handle, HandleKind, OpenRun, PlanBlock, RawAlloc, RawArena, Serve};
 use crate::freemap::{pow2, FreeError};
 use crate::memory::Memory;
-use crate::plan::{Plan, Recording};
+use crate::plan::{Deviation, Plan, Recording};
 use crate::pool::{Tag, PLAN_BLOCK};
 use crate::ArenaError;
 
@@ -53,6 +53,7 @@ impl<M: Memory> RawArena<M> {
             slot: slot as u32,
             pos: 0,
             deviated: false,
+            why: None,
             // A trace needs every block's requested bytes: record throughout.
             recording: self.trace.is_some(),
         })
@@ -141,6 +142,7 @@ impl<M: Memory> RawArena<M> {
                     } else {
                         Self::materialize(serve, &mut run.rec, run.blocks);
                         serve.deviated = true;
+                        serve.why = Some(Deviation::Order);
                         *deviations += 1;
                     }
                 }

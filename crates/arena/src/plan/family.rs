@@ -1,0 +1,369 @@
+//! Plan families: the runs of one model share their structure across input
+//! shapes, and each block's size follows the key's dimensions, so a key
+//! never seen is planned from the keys seen before ([`Families`]).
+
+use super::fit::{Fit, Observation};
+use super::{Deviation, PlanEvent, Recording};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Shapes kept per structure to fit from (oldest out).
+const MAX_SHAPES: usize = 8;
+/// Structures kept per family (least recently seen out).
+const MAX_STRUCTURES: usize = 4;
+
+/// Why a run was not served on a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum DynamicReason {
+    /// Its family has seen no shape yet.
+    NewFamily,
+    /// Its family has seen one shape: no fit yet.
+    OneShape,
+    /// Its family's sizes do not follow any fit (a data-dependent size).
+    Unfit,
+    /// The key's dimensions are not the family's, or a predicted size is
+    /// not a size.
+    Unpredictable,
+    /// Planning is off, or the plan's block could not be had.
+    Off,
+}
+
+/// Where a run's plan came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum PlanSource {
+    /// The plan learned from an earlier run of the same key.
+    Exact,
+    /// Predicted from the family's earlier shapes.
+    Predicted,
+    /// No plan: the run is served dynamically (and recorded).
+    Dynamic(DynamicReason),
+}
+
+impl Default for PlanSource {
+    /// No plan: planning off.
+    fn default() -> Self {
+        PlanSource::Dynamic(DynamicReason::Off)
+    }
+}
+
+/// What runs of one family did, by how they were served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct FamilyCounts {
+    /// Runs served by the plan of their own key.
+    pub exact: u64,
+    /// Runs served by a plan predicted for a key never seen.
+    pub predicted: u64,
+    /// Predicted runs that left the prediction (counted in `predicted`
+    /// too), by why: a block larger than its slot ...
+    pub fell_back_larger: u64,
+    /// ... an allocation the prediction did not have ...
+    pub fell_back_extra: u64,
+    /// ... a free out of the prediction's order ...
+    pub fell_back_order: u64,
+    /// ... or a run that ended short of the prediction (a missing free,
+    /// fewer blocks).
+    pub fell_back_short: u64,
+    /// Runs served dynamically (no plan, or no prediction).
+    pub dynamic: u64,
+    /// Of those, runs whose family's sizes did not follow its fit.
+    pub dynamic_unfit: u64,
+}
+
+impl FamilyCounts {
+    /// Predicted runs that fell back, for any reason.
+    pub fn fell_back(&self) -> u64 {
+        self.fell_back_larger + self.fell_back_extra + self.fell_back_order + self.fell_back_short
+    }
+
+    /// Runs served on a plan to their end (exact, or predicted and kept).
+    pub fn on_plan(&self) -> u64 {
+        self.exact + self.predicted - self.fell_back()
+    }
+
+    /// Runs counted.
+    pub fn runs(&self) -> u64 {
+        self.exact + self.predicted + self.dynamic
+    }
+
+    pub(crate) fn add(&mut self, o: &FamilyCounts) {
+        self.exact += o.exact;
+        self.predicted += o.predicted;
+        self.fell_back_larger += o.fell_back_larger;
+        self.fell_back_extra += o.fell_back_extra;
+        self.fell_back_order += o.fell_back_order;
+        self.fell_back_short += o.fell_back_short;
+        self.dynamic += o.dynamic;
+        self.dynamic_unfit += o.dynamic_unfit;
+    }
+
+    pub(crate) fn count(&mut self, source: PlanSource) {
+        match source {
+            PlanSource::Exact => self.exact += 1,
+            PlanSource::Predicted => self.predicted += 1,
+            PlanSource::Dynamic(why) => {
+                self.dynamic += 1;
+                if why == DynamicReason::Unfit {
+                    self.dynamic_unfit += 1;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn fell_back_by(&mut self, why: Deviation) {
+        match why {
+            Deviation::Larger => self.fell_back_larger += 1,
+            Deviation::Extra => self.fell_back_extra += 1,
+            Deviation::Order => self.fell_back_order += 1,
+            Deviation::Short => self.fell_back_short += 1,
+        }
+    }
+}
+
+/// One family's state, for reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct FamilyStats {
+    /// The family's name (a key with its dimensions as `#`).
+    pub name: String,
+    /// Run structures seen (one for a model whose runs all allocate alike).
+    pub structures: usize,
+    /// Shapes its current fit was made from.
+    pub shapes: usize,
+    /// Blocks of its current structure whose sizes follow no fit (0 when
+    /// every block is predicted).
+    pub unfit_blocks: usize,
+    /// Its runs, by how they were served.
+    pub counts: FamilyCounts,
+}
+
+/// The events and alignments of one run structure, shared with the plans
+/// predicted from it.
+#[derive(Debug)]
+pub(crate) struct Shape {
+    events: Vec<PlanEvent>,
+    aligns: Vec<usize>,
+}
+
+struct Structure {
+    shape: Arc<Shape>,
+    obs: VecDeque<Observation>,
+    fit: Option<Arc<Fit>>,
+    last_used: u64,
+}
+
+struct Family {
+    name: String,
+    structures: Vec<Structure>,
+    counts: FamilyCounts,
+    last_used: u64,
+}
+
+/// A prediction to make outside the lock: the fit and the structure.
+pub(crate) struct Prediction {
+    pub(crate) fit: Arc<Fit>,
+    pub(crate) shape: Arc<Shape>,
+}
+
+impl Prediction {
+    /// The recording a run at `dims` is predicted to make.
+    pub(crate) fn recording(&self, dims: &[u64]) -> Option<Recording> {
+        let sizes = self.fit.predict(dims)?;
+        Some(Recording {
+            blocks: sizes
+                .into_iter()
+                .zip(self.shape.aligns.iter().copied())
+                .collect(),
+            events: self.shape.events.clone(),
+        })
+    }
+}
+
+/// Every family of a [`PlanCache`](super::PlanCache), bounded (least
+/// recently used out).
+pub(crate) struct Families {
+    map: HashMap<u64, Family>,
+    capacity: usize,
+    clock: u64,
+}
+
+impl Families {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            map: HashMap::new(),
+            capacity: capacity.max(1),
+            clock: 0,
+        }
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// The fit to predict family `id`'s next run from (its most recently
+    /// seen structure's), or why there is none.
+    pub(crate) fn prediction(&mut self, id: u64) -> Result<Prediction, DynamicReason> {
+        let now = self.tick();
+        let family = self.map.get_mut(&id).ok_or(DynamicReason::NewFamily)?;
+        family.last_used = now;
+        let s = family
+            .structures
+            .iter_mut()
+            .max_by_key(|s| s.last_used)
+            .ok_or(DynamicReason::NewFamily)?;
+        match &s.fit {
+            None => Err(DynamicReason::OneShape),
+            Some(fit) if fit.unfit() > 0 => Err(DynamicReason::Unfit),
+            Some(fit) => Ok(Prediction {
+                fit: Arc::clone(fit),
+                shape: Arc::clone(&s.shape),
+            }),
+        }
+    }
+
+    /// Counts a run of family `id` (made on first sight, named `name`).
+    pub(crate) fn counts(&mut self, id: u64, name: impl FnOnce() -> String) -> &mut FamilyCounts {
+        let now = self.tick();
+        if !self.map.contains_key(&id) {
+            self.make_room();
+            self.map.insert(
+                id,
+                Family {
+                    name: name(),
+                    structures: Vec::new(),
+                    counts: FamilyCounts::default(),
+                    last_used: now,
+                },
+            );
+        }
+        let family = self.map.get_mut(&id).expect("just made");
+        family.last_used = now;
+        &mut family.counts
+    }
+
+    fn make_room(&mut self) {
+        while self.map.len() >= self.capacity {
+            let Some(oldest) = self
+                .map
+                .iter()
+                .min_by_key(|(_, f)| f.last_used)
+                .map(|(&k, _)| k)
+            else {
+                return;
+            };
+            self.map.remove(&oldest);
+        }
+    }
+
+    /// Adds what a run at `dims` did (a valid recording) to family `id`,
+    /// and fits its structure again.
+    pub(crate) fn observe(
+        &mut self,
+        id: u64,
+        name: impl FnOnce() -> String,
+        dims: Vec<u64>,
+        rec: &Recording,
+    ) {
+        let now = self.tick();
+        self.counts(id, name);
+        let family = self.map.get_mut(&id).expect("made by counts");
+        let aligns = || rec.blocks.iter().map(|b| b.1).collect::<Vec<_>>();
+        let pos = family.structures.iter().position(|s| {
+            s.shape.events == rec.events && s.obs.front().is_none_or(|o| o.dims.len() == dims.len())
+        });
+        let s = match pos {
+            Some(p) => &mut family.structures[p],
+            None => {
+                if family.structures.len() >= MAX_STRUCTURES {
+                    if let Some(oldest) =
+                        (0..family.structures.len()).min_by_key(|&i| family.structures[i].last_used)
+                    {
+                        family.structures.swap_remove(oldest);
+                    }
+                }
+                family.structures.push(Structure {
+                    shape: Arc::new(Shape {
+                        events: rec.events.clone(),
+                        aligns: aligns(),
+                    }),
+                    obs: VecDeque::new(),
+                    fit: None,
+                    last_used: now,
+                });
+                family.structures.last_mut().expect("just pushed")
+            }
+        };
+        s.last_used = now;
+        // A larger alignment than the structure's so far widens it.
+        if s.shape
+            .aligns
+            .iter()
+            .zip(&rec.blocks)
+            .any(|(a, b)| b.1 > *a)
+        {
+            let aligns = s
+                .shape
+                .aligns
+                .iter()
+                .zip(&rec.blocks)
+                .map(|(a, b)| (*a).max(b.1))
+                .collect();
+            s.shape = Arc::new(Shape {
+                events: s.shape.events.clone(),
+                aligns,
+            });
+        }
+        let sizes: Vec<usize> = rec.blocks.iter().map(|b| b.0).collect();
+        s.obs.retain(|o| o.dims != dims);
+        if s.obs.len() >= MAX_SHAPES {
+            s.obs.pop_front();
+        }
+        s.obs.push_back(Observation { dims, sizes });
+        let obs: Vec<Observation> = s.obs.iter().cloned().collect();
+        let rounding = s.shape.aligns.iter().copied().min().unwrap_or(1);
+        s.fit = (obs.len() >= 2).then(|| Arc::new(Fit::new(&obs, rounding)));
+    }
+
+    /// Every family's state.
+    pub(crate) fn stats(&self) -> Vec<FamilyStats> {
+        let mut out: Vec<FamilyStats> = self
+            .map
+            .values()
+            .map(|f| {
+                let current = f.structures.iter().max_by_key(|s| s.last_used);
+                FamilyStats {
+                    name: f.name.clone(),
+                    structures: f.structures.len(),
+                    shapes: current.map_or(0, |s| s.obs.len()),
+                    unfit_blocks: current
+                        .and_then(|s| s.fit.as_ref())
+                        .map_or(0, |fit| fit.unfit()),
+                    counts: f.counts,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Every family's counts added up.
+    pub(crate) fn totals(&self) -> FamilyCounts {
+        let mut t = FamilyCounts::default();
+        for f in self.map.values() {
+            t.add(&f.counts);
+        }
+        t
+    }
+
+    /// Families held.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+    }
+}

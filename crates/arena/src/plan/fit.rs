@@ -1,0 +1,524 @@
+//! How each block's size follows a run key's dimensions: the fit a plan
+//! family makes from the shapes it has seen ([`Fit`]).
+//!
+//! What is fitted, and why:
+//! - **Constant**: the block had one size at every shape seen (a model's
+//!   state, shape tensors, a fixed workspace).
+//! - **Proportional to a monomial** `c · m(dims)`: tensors are products of
+//!   their dimensions, so an intermediate's bytes are a constant times a
+//!   product of the input's varying dimensions (batch; height times width;
+//!   batch times width squared for attention), each possibly divided by a
+//!   stride and rounded up (`ceil(w / 4)` after two stride-2 layers). The
+//!   monomials tried have degree 1 to 3 in the dimensions that varied, each
+//!   factor divided by 1, 2, 4, 8, 16 or 32 and rounded up.
+//! - **Affine in a monomial** `a + c · m(dims)`, where no proportional
+//!   monomial fits (a constant part beside a scaled one).
+//!
+//! Sizes are known only to the arena's rounding (the *quantum*, a power of
+//! two): a recorded size `s` stands for a true size in `(s - q, s]`. A
+//! monomial fits when one `c` explains every shape seen to that precision,
+//! and the prediction takes the largest `c` that does, rounded up to the
+//! quantum, so that a block whose size truly follows the monomial always
+//! fits its predicted slot. Monomials are tried simplest first (by degree,
+//! the product of every varying dimension first at its degree); the first
+//! that fits wins, and where its strided variants fit too (two widths that
+//! are both multiples of 32 cannot tell `w` from `ceil(w / 32)`), the
+//! prediction is the largest of theirs: too large a slot costs a few
+//! bytes, too small a slot hands the run over to the dynamic path.
+//!
+//! A dimension that never varied among the shapes seen says nothing about
+//! how sizes follow it. When a new key changes one (a batch of 3 after
+//! batches of 6 at other widths), every block that varied is taken to
+//! scale with it (as a batch does), and a block that stayed constant keeps
+//! its size, or scales up with it when it grows (the safe side). A wrong
+//! guess is served correctly and corrected by the run's recording.
+
+/// Strides a factor may be divided by: `2^0 ..= 2^MAX_SHIFT`.
+const MAX_SHIFT: u8 = 5;
+
+/// Dimensions a family may vary in and still be fitted with every
+/// monomial; past it only degree 1 and the product of all are tried.
+const FULL_SEARCH_DIMS: usize = 3;
+
+/// One factor of a monomial: dimension `dim`, divided by `2^shift` and
+/// rounded up, to the power `exp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Factor {
+    dim: u16,
+    shift: u8,
+    exp: u8,
+}
+
+/// A product of factors of the key's dimensions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Monomial(Vec<Factor>);
+
+impl Monomial {
+    /// Its value at `dims` (a missing dimension counts as 0).
+    fn eval(&self, dims: &[u64]) -> f64 {
+        self.0.iter().fold(1.0, |m, f| {
+            let v = dims.get(f.dim as usize).copied().unwrap_or(0);
+            let v = v.div_ceil(1u64 << f.shift) as f64;
+            m * v.powi(i32::from(f.exp))
+        })
+    }
+}
+
+/// How one block's size follows the key.
+#[derive(Clone, Debug)]
+pub(crate) enum SizeModel {
+    /// The same at every shape. `small`: so small that a block scaled
+    /// with the varying dimensions could have rounded to one size at every
+    /// shape seen (8 bytes a batch item is 64 bytes at batches 3 and 6):
+    /// it is then predicted to scale past the largest shape seen.
+    Const { size: usize, small: bool },
+    /// `c · m` for each monomial that fits, `c` the largest the shapes
+    /// allow; the prediction is the largest of them.
+    Scaled(Vec<(Monomial, f64)>),
+    /// `a + c · m + slack` for each monomial that fits.
+    Affine(Vec<(Monomial, f64, f64, f64)>),
+}
+
+/// What a family has seen of one run structure at one key: its
+/// dimensions and each block's recorded size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Observation {
+    pub(crate) dims: Vec<u64>,
+    pub(crate) sizes: Vec<usize>,
+}
+
+/// Every block's [`SizeModel`], fitted to the observations of one run
+/// structure.
+#[derive(Clone, Debug)]
+pub(crate) struct Fit {
+    /// One per block; `None` where no model explains the sizes seen.
+    models: Vec<Option<SizeModel>>,
+    /// Sizes are known to this power of two.
+    quantum: usize,
+    /// The dimensions of the shapes seen, and whether each varied.
+    base: Vec<u64>,
+    varied: Vec<bool>,
+    /// The largest product of the varying dimensions among the shapes seen.
+    volume_max: f64,
+}
+
+/// The product of the dimensions that varied.
+fn volume(dims: &[u64], varied: &[bool]) -> f64 {
+    dims.iter()
+        .zip(varied)
+        .filter(|(_, &v)| v)
+        .map(|(&d, _)| d as f64)
+        .product()
+}
+
+impl Fit {
+    /// Fits every block's size to `obs` (at least one observation, all
+    /// with as many dimensions and as many blocks), sizes being rounded to
+    /// at most `rounding` (a power of two: the smallest alignment of the
+    /// blocks, which is at least the arena's).
+    pub(crate) fn new(obs: &[Observation], rounding: usize) -> Fit {
+        let first = &obs[0];
+        let blocks = first.sizes.len();
+        let ndims = first.dims.len();
+        let varied: Vec<bool> = (0..ndims)
+            .map(|d| obs.iter().any(|o| o.dims[d] != first.dims[d]))
+            .collect();
+        let quantum = obs
+            .iter()
+            .flat_map(|o| o.sizes.iter())
+            .fold(0usize, |acc, &s| acc | s);
+        let quantum = if quantum == 0 {
+            1
+        } else {
+            1usize << quantum.trailing_zeros()
+        }
+        .min(rounding.max(1));
+        let tiers = tiers(&varied);
+        let q = quantum as f64;
+        let volumes: Vec<f64> = obs.iter().map(|o| volume(&o.dims, &varied)).collect();
+        let volume_max = volumes.iter().copied().fold(0.0, f64::max);
+        let volume_min = volumes.iter().copied().fold(f64::INFINITY, f64::min);
+        let models = (0..blocks)
+            .map(|b| {
+                let sizes: Vec<f64> = obs.iter().map(|o| o.sizes[b] as f64).collect();
+                if obs.iter().all(|o| o.sizes[b] == first.sizes[b]) {
+                    // Scaled with the volume, its sizes would have spread
+                    // over `size * (1 - min / max)` bytes: under a quantum,
+                    // the rounding hid it.
+                    let size = first.sizes[b];
+                    let spread = size as f64 * (1.0 - volume_min / volume_max);
+                    let small = volume_max > 0.0 && spread < q;
+                    return Some(SizeModel::Const { size, small });
+                }
+                let values =
+                    |m: &Monomial| -> Vec<f64> { obs.iter().map(|o| m.eval(&o.dims)).collect() };
+                for tier in &tiers {
+                    let fits = least_strided(tier, |m| {
+                        proportional(&values(m), &sizes, q).map(|c| (m.clone(), c))
+                    });
+                    if !fits.is_empty() {
+                        return Some(SizeModel::Scaled(fits));
+                    }
+                }
+                for tier in &tiers {
+                    let fits = least_strided(tier, |m| {
+                        affine(&values(m), &sizes, q).map(|(a, c, slack)| (m.clone(), a, c, slack))
+                    });
+                    if !fits.is_empty() {
+                        return Some(SizeModel::Affine(fits));
+                    }
+                }
+                None
+            })
+            .collect();
+        Fit {
+            models,
+            quantum,
+            base: first.dims.clone(),
+            varied,
+            volume_max,
+        }
+    }
+
+    /// Blocks whose sizes no model explains.
+    pub(crate) fn unfit(&self) -> usize {
+        self.models.iter().filter(|m| m.is_none()).count()
+    }
+
+    /// Every block's predicted size at `dims`, or `None` when a block has
+    /// no model, the key has other dimensions than the shapes seen, or a
+    /// prediction is not a size.
+    pub(crate) fn predict(&self, dims: &[u64]) -> Option<Vec<usize>> {
+        if dims.len() != self.base.len() {
+            return None;
+        }
+        // Dimensions that never varied but differ now: blocks that vary
+        // are scaled by their ratio (see the module docs).
+        let mut scale = 1.0f64;
+        for (d, (&now, &seen)) in dims.iter().zip(&self.base).enumerate() {
+            if !self.varied[d] && now != seen {
+                if seen == 0 {
+                    return None;
+                }
+                scale *= now as f64 / seen as f64;
+            }
+        }
+        let q = self.quantum as f64;
+        let grown = if self.volume_max > 0.0 {
+            (volume(dims, &self.varied) / self.volume_max).max(1.0)
+        } else {
+            1.0
+        };
+        self.models
+            .iter()
+            .map(|m| {
+                let bytes = match m.as_ref()? {
+                    SizeModel::Const { size, small } => {
+                        let grown = if *small { grown } else { 1.0 };
+                        *size as f64 * scale.max(1.0) * grown
+                    }
+                    SizeModel::Scaled(fits) => {
+                        fits.iter()
+                            .map(|(m, c)| c * m.eval(dims))
+                            .fold(0.0, f64::max)
+                            * scale
+                    }
+                    SizeModel::Affine(fits) => {
+                        fits.iter()
+                            .map(|(m, a, c, slack)| a + c * m.eval(dims) + slack)
+                            .fold(0.0, f64::max)
+                            * scale
+                    }
+                };
+                to_size(bytes, q)
+            })
+            .collect()
+    }
+}
+
+/// The fits `fit` finds among a tier's variants, keeping only those
+/// divided by the least strides (in all): an unstrided monomial that fits
+/// is preferred to its strided twins (which fit too when every dimension
+/// seen is a multiple of the stride), and among equals the largest
+/// prediction is taken.
+fn least_strided<T>(tier: &[Monomial], mut fit: impl FnMut(&Monomial) -> Option<T>) -> Vec<T> {
+    let mut best = u32::MAX;
+    let mut out = Vec::new();
+    for m in tier {
+        let strides: u32 = m.0.iter().map(|f| u32::from(f.shift)).sum();
+        if strides > best {
+            continue;
+        }
+        if let Some(t) = fit(m) {
+            if strides < best {
+                best = strides;
+                out.clear();
+            }
+            out.push(t);
+        }
+    }
+    out
+}
+
+/// `bytes` rounded up to the quantum `q` (a hair of float error is not
+/// another quantum), at least one quantum; `None` past the largest block.
+fn to_size(bytes: f64, q: f64) -> Option<usize> {
+    if !bytes.is_finite() {
+        return None;
+    }
+    let units = (bytes / q - 1e-9).ceil().max(1.0);
+    let size = units * q;
+    (size <= super::MAX_BLOCK as f64).then_some(size as usize)
+}
+
+/// The largest `c` with `c · m_k` in `(s_k - q, s_k]` for every `k`, if
+/// one exists.
+fn proportional(ms: &[f64], sizes: &[f64], q: f64) -> Option<f64> {
+    let mut lo = f64::NEG_INFINITY;
+    let mut hi = f64::INFINITY;
+    for (&m, &s) in ms.iter().zip(sizes) {
+        if m <= 0.0 {
+            return None;
+        }
+        lo = lo.max((s - q) / m);
+        hi = hi.min(s / m);
+    }
+    // Open below: equality means no `c` fits (a relative hair is float).
+    (lo < hi * (1.0 - 1e-12)).then_some(hi)
+}
+
+/// `a + c · m` by least squares over the shapes seen, if every residual is
+/// within the quantum; with the slack that makes it cover every size seen.
+fn affine(ms: &[f64], sizes: &[f64], q: f64) -> Option<(f64, f64, f64)> {
+    let n = ms.len() as f64;
+    let mean_m = ms.iter().sum::<f64>() / n;
+    let mean_s = sizes.iter().sum::<f64>() / n;
+    let var: f64 = ms.iter().map(|m| (m - mean_m).powi(2)).sum();
+    if var <= 0.0 {
+        return None;
+    }
+    let cov: f64 = ms
+        .iter()
+        .zip(sizes)
+        .map(|(m, s)| (m - mean_m) * (s - mean_s))
+        .sum();
+    let c = cov / var;
+    let a = mean_s - c * mean_m;
+    let mut slack = 0.0f64;
+    for (&m, &s) in ms.iter().zip(sizes) {
+        let r = s - (a + c * m);
+        if r.abs() > q {
+            return None;
+        }
+        slack = slack.max(r);
+    }
+    Some((a, c, slack))
+}
+
+/// The monomials to try, in tiers, simplest first: one tier per choice of
+/// exponents over the dimensions that varied, holding that choice's strided
+/// variants.
+fn tiers(varied: &[bool]) -> Vec<Vec<Monomial>> {
+    let dims: Vec<u16> = (0..varied.len())
+        .filter(|&d| varied[d])
+        .map(|d| d as u16)
+        .collect();
+    if dims.is_empty() || dims.len() > u16::MAX as usize {
+        return Vec::new();
+    }
+    let k = dims.len();
+    // Exponent vectors, each entry 0..=2, of degree 1..=3.
+    let mut exps: Vec<Vec<u8>> = Vec::new();
+    if k <= FULL_SEARCH_DIMS {
+        let total = 3usize.pow(k as u32);
+        for code in 1..total {
+            let mut e = Vec::with_capacity(k);
+            let mut c = code;
+            for _ in 0..k {
+                e.push((c % 3) as u8);
+                c /= 3;
+            }
+            let degree: u8 = e.iter().sum();
+            if (1..=3).contains(&degree) {
+                exps.push(e);
+            }
+        }
+    } else {
+        for i in 0..k {
+            let mut e = vec![0u8; k];
+            e[i] = 1;
+            exps.push(e);
+        }
+        exps.push(vec![1u8; k]);
+    }
+    exps.sort_by_key(|e| {
+        let degree: u8 = e.iter().sum();
+        let volume = e.iter().all(|&x| x == 1);
+        let squares = e.iter().filter(|&&x| x == 2).count();
+        (
+            degree,
+            !volume,
+            squares,
+            e.iter().rev().copied().collect::<Vec<u8>>(),
+        )
+    });
+    exps.iter()
+        .map(|e| {
+            let used: Vec<(u16, u8)> = dims
+                .iter()
+                .zip(e)
+                .filter(|(_, &x)| x > 0)
+                .map(|(&d, &x)| (d, x))
+                .collect();
+            // Strided variants: every factor's shift, all unstrided first.
+            let shifts = if used.len() <= FULL_SEARCH_DIMS {
+                MAX_SHIFT
+            } else {
+                0
+            };
+            let variants = (u32::from(shifts) + 1).pow(used.len() as u32);
+            (0..variants)
+                .map(|code| {
+                    let mut c = code;
+                    Monomial(
+                        used.iter()
+                            .map(|&(dim, exp)| {
+                                let shift = (c % (u32::from(shifts) + 1)) as u8;
+                                c /= u32::from(shifts) + 1;
+                                Factor { dim, shift, exp }
+                            })
+                            .collect(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(dims: &[u64], sizes: &[usize]) -> Observation {
+        Observation {
+            dims: dims.to_vec(),
+            sizes: sizes.to_vec(),
+        }
+    }
+
+    fn round(x: u64, q: u64) -> usize {
+        (x.div_ceil(q) * q) as usize
+    }
+
+    #[test]
+    fn constants_and_batch_scaling_from_two_shapes() {
+        // DenseNet-like: batch 16 and 1; one constant block.
+        let f = Fit::new(
+            &[
+                obs(&[16, 3, 224, 224], &[16 * 802816, 4096]),
+                obs(&[1, 3, 224, 224], &[802816, 4096]),
+            ],
+            64,
+        );
+        assert_eq!(f.unfit(), 0);
+        assert_eq!(f.predict(&[4, 3, 224, 224]).unwrap(), [4 * 802816, 4096]);
+        // Past the largest batch seen, the constant stays (it would have
+        // spread over more than a quantum had it scaled).
+        assert_eq!(f.predict(&[32, 3, 224, 224]).unwrap()[1], 4096);
+    }
+
+    #[test]
+    fn a_small_block_that_rounding_kept_constant_scales_past_the_shapes_seen() {
+        // 8 bytes a batch item: 64 bytes at batches 6 and 3, 256 at 32.
+        let f = Fit::new(&[obs(&[6, 3], &[64]), obs(&[3, 3], &[64])], 64);
+        assert_eq!(
+            f.predict(&[32, 3]).unwrap(),
+            [(32usize * 64).div_ceil(6).next_multiple_of(64)]
+        );
+        assert!(f.predict(&[32, 3]).unwrap()[0] >= 256);
+        assert_eq!(f.predict(&[1, 3]).unwrap(), [64]);
+    }
+
+    #[test]
+    fn height_times_width_beats_squares_from_square_shapes() {
+        let s = |h: u64, w: u64| round(96 * h * w, 64);
+        let f = Fit::new(
+            &[
+                obs(&[1, 3, 1280, 1280], &[s(1280, 1280)]),
+                obs(&[1, 3, 320, 320], &[s(320, 320)]),
+            ],
+            64,
+        );
+        assert_eq!(f.predict(&[1, 3, 736, 992]).unwrap(), [s(736, 992)]);
+    }
+
+    #[test]
+    fn strided_widths_are_told_apart_and_rounding_is_tolerated() {
+        // ceil(w / 4) after two stride-2 layers, times batch, 4-byte floats
+        // with 64 channels; rounded to 64 bytes.
+        let s = |b: u64, w: u64| round(b * 64 * 6 * 4 * w.div_ceil(4), 64);
+        let f = Fit::new(
+            &[
+                obs(&[4, 6, 3, 48, 320], &[s(6, 320)]),
+                obs(&[4, 6, 3, 48, 481], &[s(6, 481)]),
+                obs(&[4, 3, 3, 48, 1185], &[s(3, 1185)]),
+            ],
+            64,
+        );
+        for (b, w) in [(1, 100), (2, 777), (6, 1401), (4, 333), (1, 2400)] {
+            let got = f.predict(&[4, b, 3, 48, w]).unwrap()[0];
+            assert!(got >= s(b, w), "{b}x{w}: {got} < {}", s(b, w));
+            assert!(got <= s(b, w) + 64, "{b}x{w}: {got} > {}", s(b, w));
+        }
+    }
+
+    #[test]
+    fn attention_is_batch_times_width_squared() {
+        let s = |b: u64, w: u64| (b * w * w * 4) as usize;
+        let f = Fit::new(
+            &[obs(&[6, 80], &[s(6, 80)]), obs(&[3, 120], &[s(3, 120)])],
+            64,
+        );
+        assert_eq!(f.predict(&[2, 200]).unwrap(), [s(2, 200)]);
+    }
+
+    #[test]
+    fn affine_sizes_need_a_third_shape_to_be_exact() {
+        let s = |w: u64| (4096 + 256 * w) as usize;
+        let f = Fit::new(
+            &[
+                obs(&[10], &[s(10)]),
+                obs(&[20], &[s(20)]),
+                obs(&[40], &[s(40)]),
+            ],
+            64,
+        );
+        assert_eq!(f.predict(&[30]).unwrap(), [s(30)]);
+    }
+
+    #[test]
+    fn a_data_dependent_size_has_no_model() {
+        let f = Fit::new(
+            &[obs(&[10], &[640]), obs(&[20], &[64]), obs(&[40], &[6400])],
+            64,
+        );
+        assert_eq!(f.unfit(), 1);
+        assert!(f.predict(&[30]).is_none());
+    }
+
+    #[test]
+    fn a_dimension_not_seen_varying_scales_what_varied() {
+        // Batch 6 at two widths, then batch 3.
+        let s = |b: u64, w: u64| (b * w * 64) as usize;
+        let f = Fit::new(
+            &[
+                obs(&[6, 320], &[s(6, 320), 1024]),
+                obs(&[6, 480], &[s(6, 480), 1024]),
+            ],
+            64,
+        );
+        assert_eq!(f.predict(&[3, 400]).unwrap(), [s(3, 400), 1024]);
+        assert_eq!(f.predict(&[12, 400]).unwrap(), [s(12, 400), 2048]);
+        assert!(f.predict(&[12]).is_none());
+    }
+}
