@@ -236,6 +236,33 @@ fn python_module_ctypes_layer() {
     assert!(text.contains("python ctypes layer: ok"), "{text}");
 }
 
+/// The MemPool route (`tensor_arena_cuda.pool`) in a process that used
+/// CUDA with PyTorch's own allocator first, against the stand-in torch
+/// (`tools/gpu-check/fake`: `torch.cuda.MemPool` / `use_mem_pool` over a
+/// private pool that caches segments) and the library with the simulated
+/// driver: the pool's allocations reach the arena, others do not, keyed
+/// scopes are planned, stats read through PyTorch's names. Needs `python3`
+/// (no torch): a missing interpreter fails the test.
+#[test]
+fn python_mempool_route_with_a_stand_in_for_torch() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new("python3")
+        .arg(root.join("crates/cuda/python/test_mempool.py"))
+        .arg(cdylib())
+        .env("PYTHONPATH", root.join("tools/gpu-check/fake"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("TENSOR_ARENA_CUDA_DRIVER")
+        .env_remove("TENSOR_ARENA_CUDA_LIB")
+        .output()
+        .expect("python3 is needed for this test (no torch, no GPU)");
+    let text = text_of(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("tensor_arena_cuda MemPool route: ok"),
+        "{text}"
+    );
+}
+
 /// `tools/gpu-check/gpu_check.py`'s control flow (two child processes, the
 /// Python module's `install`, keyed runs, stats, shrink, the report) run
 /// against a stand-in for torch (`tools/gpu-check/fake`) whose model
