@@ -78,6 +78,12 @@ class MemPool:
         for seg in cached:
             st.a._free(seg[1], seg[2], 0, None)
 def randn(b, *shape, generator=None): return Tensor(b)
+class _Square:
+    """ones(n, n) for the MemPool child's first use of CUDA: (a @ a)[0, 0] == n."""
+    def __init__(self, n): self.n = n
+    def __matmul__(self, o): return self
+    def __getitem__(self, ij): return float(self.n)
+def ones(n, m, device=None): return _Square(n)
 # (batch, sequence length) token ids: a "batch" that grows with the length.
 def randint(lo, hi, shape, generator=None): return Tensor(shape[0] * shape[1] // 128)
 def equal(a, b): return a == b
