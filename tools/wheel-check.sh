@@ -17,6 +17,8 @@ python=python3
 command -v "$python" >/dev/null || { echo "wheel-check: python3 not found" >&2; exit 1; }
 
 echo "wheel-check: building the wheel"
+# setuptools builds in the source tree; start from no earlier build.
+rm -rf crates/cuda/python/build crates/cuda/python/*.egg-info
 "$python" -m pip wheel --no-deps -w "$work/dist" crates/cuda/python
 wheels=("$work"/dist/tensor_arena_cuda-*.whl)
 [ "${#wheels[@]}" -eq 1 ] && [ -f "${wheels[0]}" ] || { echo "wheel-check: expected one wheel, got: ${wheels[*]}" >&2; exit 1; }

@@ -5,17 +5,21 @@ Runs DenseNet-121 at batches 16,1,4,1,8,16 and ResNet-50 at 64,8,32,8,64
 (torchvision, random weights, torch.manual_seed(0), cuDNN benchmark off,
 224x224 inputs), and BERT-base (transformers, random weights) at batch 8
 with sequence lengths 512,128,64,64,512 (its shapes change every run and
-its activations are not convolutions), once with PyTorch's native caching
-allocator and once with
-tensor-arena, each in its own process (PyTorch cannot change its allocator
-once it has allocated). Checks that the outputs are identical and prints,
-per batch, the live peak, each allocator's reserved bytes and the time per
-batch after warm-up.
+its activations are not convolutions), with PyTorch's native caching
+allocator and with tensor-arena by two routes, each in its own process
+(PyTorch cannot change its allocator once it has allocated): `install()`,
+the process's allocator, and `pool()` (`--routes`), torch.cuda.MemPool
+scopes in a process that used CUDA natively first. Checks that the
+outputs are identical to native and prints, per batch, the live peak,
+each allocator's reserved bytes and the time per batch after warm-up, and
+for `pool()` its figures against `install()`'s.
 
 Usage (on a machine with an NVIDIA GPU, PyTorch and torchvision):
 
     cargo build --release -p tensor-arena-cuda
     python3 tools/gpu-check/gpu_check.py --lib target/release/libtensor_arena_cuda.so
+
+or, with the wheel installed, without --lib.
 
 Exit status: 0 when every output matched, 1 otherwise, 2 for bad usage or
 a missing prerequisite.
@@ -97,6 +101,8 @@ def child(args):
         # then the arena for a scope at a time (torch.cuda.MemPool).
         a = torch.ones(256, 256, device=dev)
         assert float((a @ a)[0, 0]) == 256.0
+        # (and cuBLASLt's workspace: a product with a bias)
+        assert float(torch.addmm(torch.ones(256, device=dev), a, a)[0, 0]) == 257.0
         del a
         arena = tensor_arena_cuda.Arena(args.lib)
     model, call = make_model(args.model)

@@ -80,7 +80,8 @@ def mempool_part(lib):
     dev = torch.device("cuda")
     # PyTorch's own allocator first (cuBLAS's workspace is made here).
     a = torch.ones(256, 256, device=dev)
-    check("CUDA used natively first", float((a @ a)[0, 0]) == 256.0)
+    check("CUDA used natively first", float((a @ a)[0, 0]) == 256.0
+          and float(torch.addmm(torch.ones(256, device=dev), a, a)[0, 0]) == 257.0)
     del a
     try:
         import torchvision

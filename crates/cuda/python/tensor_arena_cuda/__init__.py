@@ -101,7 +101,7 @@ class Arena:
         lib.tensor_arena_last_error.argtypes = [ctypes.c_char_p, c_size]
         lib.tensor_arena_last_error.restype = c_ssize
         self.lib = lib
-        self._torch_allocator = None
+        self._torch_allocators = {}
         self._installed = False
         if driver is not None:
             if lib.tensor_arena_init(driver.encode()) != 0:
@@ -109,16 +109,24 @@ class Arena:
 
     # -- PyTorch ---------------------------------------------------------
 
-    def _pluggable(self):
-        """PyTorch's handle on this library (made once; PyTorch keeps the
-        library loaded for the process)."""
-        if self._torch_allocator is None:
+    def _pluggable(self, alloc="alloc_fn"):
+        """PyTorch's handle on this library with ``alloc`` as its allocation
+        function (made once per entry; PyTorch keeps the library loaded).
+
+        ``alloc_fn`` throws std::bad_alloc when it cannot serve a request:
+        the process's allocator needs that, because PyTorch uses its
+        pointer unchecked. Under a MemPool, PyTorch's caching allocator
+        calls the allocator for segments and checks the pointer (a null is
+        cudaErrorMemoryAllocation: it gives its cached blocks back, retries,
+        then raises torch.OutOfMemoryError), so ``pool()`` uses
+        ``tensor_arena_alloc``, which returns null instead of throwing."""
+        if alloc not in self._torch_allocators:
             import torch
 
-            self._torch_allocator = torch.cuda.memory.CUDAPluggableAllocator(
-                self.path, "alloc_fn", "free_fn"
+            self._torch_allocators[alloc] = torch.cuda.memory.CUDAPluggableAllocator(
+                self.path, alloc, "free_fn"
             )
-        return self._torch_allocator
+        return self._torch_allocators[alloc]
 
     def install(self):
         """Makes this library PyTorch's CUDA allocator for the whole process.
@@ -151,7 +159,7 @@ class Arena:
                 "use tensor_arena_cuda.install() before CUDA is first used"
             )
         dev = self._device(device)
-        mempool = torch.cuda.MemPool(self._pluggable().allocator())
+        mempool = torch.cuda.MemPool(self._pluggable("tensor_arena_alloc").allocator())
         if key is not None:
             self._run_begin(dev, key)
         try:

@@ -83,7 +83,8 @@ class _Square:
     def __init__(self, n): self.n = n
     def __matmul__(self, o): return self
     def __getitem__(self, ij): return float(self.n)
-def ones(n, m, device=None): return _Square(n)
+def ones(n, m=None, device=None): return _Square(n)
+def addmm(bias, a, b): return _Square(a.n + 1)
 # (batch, sequence length) token ids: a "batch" that grows with the length.
 def randint(lo, hi, shape, generator=None): return Tensor(shape[0] * shape[1] // 128)
 def equal(a, b): return a == b
