@@ -34,7 +34,6 @@ set, every part ran), 1 otherwise, 2 for bad usage.
 """
 
 import argparse
-import ctypes
 import os
 import subprocess
 import sys
@@ -154,14 +153,8 @@ def ort_part(lib, model):
 
     arena = tensor_arena_cuda.Arena(lib)
     cdll = arena.lib
-
-    def addr(fn):
-        return str(ctypes.cast(fn, ctypes.c_void_p).value)
-
     base = {"device_id": "0", "cudnn_conv_algo_search": "DEFAULT"}
-    ours = dict(base, gpu_external_alloc=addr(cdll.tensor_arena_ort_cuda_alloc),
-                gpu_external_free=addr(cdll.tensor_arena_ort_cuda_free),
-                gpu_external_empty_cache=addr(cdll.tensor_arena_ort_cuda_empty_cache))
+    ours = arena.ort_cuda_provider_options(0, cudnn_conv_algo_search="DEFAULT")
     native = ort.InferenceSession(model, providers=[("CUDAExecutionProvider", base)])
     before = arena.stats(0)["arena"]["in_use"]
     sess = ort.InferenceSession(model, providers=[("CUDAExecutionProvider", ours)])

@@ -100,6 +100,8 @@ class Arena:
         lib.tensor_arena_stats_json.restype = c_ssize
         lib.tensor_arena_last_error.argtypes = [ctypes.c_char_p, c_size]
         lib.tensor_arena_last_error.restype = c_ssize
+        lib.tensor_arena_ort_cuda_set_device.argtypes = [c_int]
+        lib.tensor_arena_ort_cuda_set_device.restype = c_int
         self.lib = lib
         self._torch_allocators = {}
         self._installed = False
@@ -276,6 +278,36 @@ class Arena:
         """Lowers both peaks to what is held now."""
         if self.lib.tensor_arena_reset_peaks(self._device(device)) != 0:
             raise RuntimeError(self.last_error())
+
+    # -- ONNX Runtime ----------------------------------------------------
+
+    def ort_cuda_provider_options(self, device=0, **options):
+        """Options for ONNX Runtime's ``CUDAExecutionProvider`` that make a
+        session take its device memory from the arena of ``device``:
+        ``device_id`` and ``gpu_external_alloc`` / ``_free`` /
+        ``_empty_cache`` (the library's functions, as decimal addresses),
+        plus any ``options`` given (``cudnn_conv_algo_search``, ...)::
+
+            sess = onnxruntime.InferenceSession(model, providers=[
+                ("CUDAExecutionProvider", arena.ort_cuda_provider_options(0))])
+            with arena.run(("model", x.shape), device=0):
+                out = sess.run(None, {"input": x})
+
+        Needs onnxruntime-gpu. One device per process is served."""
+        if self.lib.tensor_arena_ort_cuda_set_device(int(device)) != 0:
+            raise RuntimeError(self.last_error())
+
+        def addr(fn):
+            return str(ctypes.cast(fn, ctypes.c_void_p).value)
+
+        opts = {str(k): str(v) for k, v in options.items()}
+        opts.update(
+            device_id=str(int(device)),
+            gpu_external_alloc=addr(self.lib.tensor_arena_ort_cuda_alloc),
+            gpu_external_free=addr(self.lib.tensor_arena_ort_cuda_free),
+            gpu_external_empty_cache=addr(self.lib.tensor_arena_ort_cuda_empty_cache),
+        )
+        return opts
 
     # -- raw blocks (ctypes callers) -------------------------------------
 

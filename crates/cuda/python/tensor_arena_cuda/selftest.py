@@ -76,6 +76,26 @@ def main(path=None):
     arena.free(held, 3 * MIB, 0, 0)
     assert arena.max_memory_allocated(0) == 3 * MIB, "a free does not lower the peak"
 
+    # ONNX Runtime's CUDA provider options: the library's entry points,
+    # called here through the addresses as ONNX Runtime calls them.
+    import ctypes
+
+    opts = arena.ort_cuda_provider_options(0, cudnn_conv_algo_search="DEFAULT")
+    assert opts["device_id"] == "0" and opts["cudnn_conv_algo_search"] == "DEFAULT", opts
+    ort_alloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t)(int(opts["gpu_external_alloc"]))
+    ort_free = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(int(opts["gpu_external_free"]))
+    ort_empty = ctypes.CFUNCTYPE(None)(int(opts["gpu_external_empty_cache"]))
+    p = ort_alloc(5 * MIB)
+    assert p and arena.memory_allocated(0) == 5 * MIB, arena.last_error()
+    ort_free(p)
+    ort_empty()
+    assert arena.memory_allocated(0) == 0
+    try:
+        arena.ort_cuda_provider_options(64)
+        raise AssertionError("a device out of range must raise")
+    except RuntimeError as e:
+        assert "64" in str(e), e
+
     # Errors come back as exceptions, never crashes.
     try:
         with arena.run("a"):
