@@ -47,9 +47,21 @@ python3 -c "import onnxruntime, torch; print(onnxruntime.__version__, onnxruntim
 
 step "install the wheel into a venv that sees the machine's packages"
 venv="$(mktemp -d)/venv"
-python3 -m venv --system-site-packages "$venv" || { echo "FAIL: python3 -m venv"; exit 1; }
-py="$venv/bin/python"
-"$py" -m pip install --no-index --no-deps --quiet "$wheel" || { echo "FAIL: pip install $wheel"; exit 1; }
+if python3 -m venv --system-site-packages "$venv" \
+    && "$venv/bin/python" -m pip install --no-index --no-deps --quiet "$wheel"; then
+  py="$venv/bin/python"
+  echo "pip install: ok ($venv)"
+else
+  # No venv module or no pip in it: install into a directory of its own
+  # with the system's pip, or, without pip, unpack the wheel (a zip) there.
+  echo "FAIL: pip install into a venv; installing into a directory instead"
+  status=1
+  site="$(mktemp -d)/site"
+  python3 -m pip install --no-index --no-deps --quiet --target "$site" "$wheel" \
+    || python3 -m zipfile -e "$wheel" "$site" || { echo "FAIL: cannot install $wheel"; exit 1; }
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  py=python3
+fi
 run_dir="$(mktemp -d)"   # outside the source tree: the installed package is imported
 cd "$run_dir"
 "$py" -c "import tensor_arena_cuda as t; print('installed', t.__file__, t.library_path())"
