@@ -200,7 +200,7 @@ def child(args):
             rows[i]["ms"] = statistics.median(times) * 1e3
     result = {
         "allocator": args.child,
-        "native_allocated_outside": torch.cuda.memory_allocated() if args.child == "mempool" else None,
+        "torch_memory_allocated": torch.cuda.memory_allocated() if args.child == "mempool" else None,
         "model": args.model,
         "rows": rows,
         "reserved_max": max(r["reserved_first"] for r in rows),
@@ -290,7 +290,8 @@ def report_mempool(model, native, arena, mempool, same):
     times = [ratio(m["ms"], n["ms"]) for m, n in zip(mempool["rows"], native["rows"])]
     print("pool() time / native per batch: " + " ".join(f"{t:.3f}" for t in times))
     print(f"pool() driver calls in a pass of planned runs: {mempool['driver_calls_in_planned_pass']}; "
-          f"PyTorch's own allocated bytes at the end (outside the pools): {mempool['native_allocated_outside']}")
+          f"torch.cuda.memory_allocated() at the end (it sees the pools' tensors, the weights): "
+          f"{mempool['torch_memory_allocated']}")
     print(f"footprint within 2% of install(): {'yes' if worst <= 0.02 else 'no'} (largest gap {worst:.1%})")
 
 
