@@ -5,17 +5,21 @@ Runs DenseNet-121 at batches 16,1,4,1,8,16 and ResNet-50 at 64,8,32,8,64
 (torchvision, random weights, torch.manual_seed(0), cuDNN benchmark off,
 224x224 inputs), and BERT-base (transformers, random weights) at batch 8
 with sequence lengths 512,128,64,64,512 (its shapes change every run and
-its activations are not convolutions), once with PyTorch's native caching
-allocator and once with
-tensor-arena, each in its own process (PyTorch cannot change its allocator
-once it has allocated). Checks that the outputs are identical and prints,
-per batch, the live peak, each allocator's reserved bytes and the time per
-batch after warm-up.
+its activations are not convolutions), with PyTorch's native caching
+allocator and with tensor-arena by two routes, each in its own process
+(PyTorch cannot change its allocator once it has allocated): `install()`,
+the process's allocator, and `pool()` (`--routes`), torch.cuda.MemPool
+scopes in a process that used CUDA natively first. Checks that the
+outputs are identical to native and prints, per batch, the live peak,
+each allocator's reserved bytes and the time per batch after warm-up, and
+for `pool()` its figures against `install()`'s.
 
 Usage (on a machine with an NVIDIA GPU, PyTorch and torchvision):
 
     cargo build --release -p tensor-arena-cuda
     python3 tools/gpu-check/gpu_check.py --lib target/release/libtensor_arena_cuda.so
+
+or, with the wheel installed, without --lib.
 
 Exit status: 0 when every output matched, 1 otherwise, 2 for bad usage or
 a missing prerequisite.
@@ -32,7 +36,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "crates", "cuda", "python"))
+try:  # the installed wheel, if there is one
+    import tensor_arena_cuda  # noqa: F401
+except ImportError:  # the source tree (then --lib names the library)
+    sys.path.insert(0, os.path.join(ROOT, "crates", "cuda", "python"))
 
 # Per model, what changes from run to run: the batch of 224x224 images for
 # the vision models, the sequence length (at batch BERT_BATCH) for BERT.
@@ -86,8 +93,25 @@ def child(args):
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     dev = torch.device("cuda")
+    if args.child == "mempool":
+        import tensor_arena_cuda
+
+        # A process that already used CUDA with PyTorch's own allocator
+        # (a matrix product: cuBLAS's workspace is PyTorch's, for good),
+        # then the arena for a scope at a time (torch.cuda.MemPool).
+        a = torch.ones(256, 256, device=dev)
+        assert float((a @ a)[0, 0]) == 256.0
+        # (and cuBLASLt's workspace: a product with a bias)
+        assert float(torch.addmm(torch.ones(256, device=dev), a, a)[0, 0]) == 257.0
+        del a
+        arena = tensor_arena_cuda.Arena(args.lib)
     model, call = make_model(args.model)
-    model = model.to(dev).eval()
+    if args.child == "mempool":
+        with arena.pool():  # no key: the weights outlive the scope
+            model = model.to(dev).eval()
+    else:
+        model = model.to(dev).eval()
+    scope = arena.pool if args.child == "mempool" else (arena.run if arena else None)
     batches = MODELS[args.model]
     # Inputs stay on the host; each batch copies its own in, inside the run,
     # so the live peak is weights + one batch's tensors.
@@ -114,7 +138,7 @@ def child(args):
             if not measure:
                 return host, None, None
             return host, torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
-        with arena.run(key):
+        with scope(key):
             x = xs[i].to(dev)
             out = call(model, x)
             host = out.cpu() if keep_output else None
@@ -176,6 +200,7 @@ def child(args):
             rows[i]["ms"] = statistics.median(times) * 1e3
     result = {
         "allocator": args.child,
+        "torch_memory_allocated": torch.cuda.memory_allocated() if args.child == "mempool" else None,
         "model": args.model,
         "rows": rows,
         "reserved_max": max(r["reserved_first"] for r in rows),
@@ -196,6 +221,7 @@ def run_child(model, allocator, lib, repeat, tmp):
     out = os.path.join(tmp, f"{model}-{allocator}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", allocator,
            "--model", model, "--out", out, "--repeat", str(repeat)]
+    print(f"-- {model}: {allocator}", file=sys.stderr, flush=True)
     if lib:
         cmd += ["--lib", lib]
     proc = subprocess.run(cmd)
@@ -236,21 +262,68 @@ def report(model, native, arena, same):
     print(f"driver calls in a pass of planned runs: {arena['driver_calls_in_planned_pass']}")
 
 
+def report_mempool(model, native, arena, mempool, same):
+    """The MemPool route against install(): the issue's goal is the same
+    outputs and the same footprint figures within 2%."""
+    live = native["live_max"]
+
+    def seen(r):
+        return max(x["reserved_seen"] for x in r["rows"])
+
+    def shrunk(r):
+        return [x["reserved_shrunk"] for x in r["rows"] if "reserved_shrunk" in x]
+
+    figures = [
+        ("first sight / live", ratio(arena["reserved_max"], live), ratio(mempool["reserved_max"], live)),
+        ("seen before / live", ratio(seen(arena), live), ratio(seen(mempool), live)),
+    ]
+    for a, m, r in zip(shrunk(arena), shrunk(mempool), [x for x in native["rows"] if "live_shrunk" in x]):
+        figures.append((f"after shrink at {r['batch']} / need", ratio(a, r["live_shrunk"]), ratio(m, r["live_shrunk"])))
+    print(f"\n== {model}: MemPool route (a process that used CUDA first) vs install(); "
+          f"outputs identical to native: {same}")
+    print("{:>28} {:>10} {:>10} {:>10} {:>6}".format("figure", "install()", "pool()", "pool/inst", "<=2%"))
+    worst = 0.0
+    for name, a, m in figures:
+        r = ratio(m, a)
+        worst = max(worst, abs(r - 1.0))
+        print("{:>28} {:>10.3f} {:>10.3f} {:>10.3f} {:>6}".format(name, a, m, r, "yes" if abs(r - 1) <= 0.02 else "NO"))
+    times = [ratio(m["ms"], n["ms"]) for m, n in zip(mempool["rows"], native["rows"])]
+    print("pool() time / native per batch: " + " ".join(f"{t:.3f}" for t in times))
+    print(f"pool() driver calls in a pass of planned runs: {mempool['driver_calls_in_planned_pass']}; "
+          f"torch.cuda.memory_allocated() at the end (it sees the pools' tensors, the weights): "
+          f"{mempool['torch_memory_allocated']}")
+    print(f"footprint within 2% of install(): {'yes' if worst <= 0.02 else 'no'} (largest gap {worst:.1%})")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lib", help="path to libtensor_arena_cuda.so")
+    p.add_argument("--lib", help="path to libtensor_arena_cuda.so (default: the installed wheel's)")
     p.add_argument("--models", default="densenet121,resnet50,bert")
     p.add_argument("--repeat", type=int, default=10, help="timed runs per batch")
     p.add_argument("--json", help="write all figures to this file")
-    p.add_argument("--child", choices=["native", "arena"], help=argparse.SUPPRESS)
+    p.add_argument("--routes", default="install,mempool",
+                   help="which tensor-arena routes to compare with native: install, mempool or both")
+    p.add_argument("--child", choices=["native", "arena", "mempool"], help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
-    if not args.lib or not os.path.exists(args.lib):
+    if not args.lib:
+        try:
+            import tensor_arena_cuda
+
+            args.lib = tensor_arena_cuda.library_path()
+        except (ImportError, FileNotFoundError) as e:
+            print(f"no library: install the wheel or pass --lib ({e})", file=sys.stderr)
+            return 2
+    if not os.path.exists(args.lib):
         print("--lib must name the built libtensor_arena_cuda.so "
               "(cargo build --release -p tensor-arena-cuda)", file=sys.stderr)
+        return 2
+    routes = [r for r in args.routes.split(",") if r]
+    if not routes or any(r not in ("install", "mempool") for r in routes):
+        print("--routes: install, mempool or install,mempool", file=sys.stderr)
         return 2
     try:
         import torch
@@ -277,15 +350,29 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for model in models:
             native, native_pt = run_child(model, "native", None, args.repeat, tmp)
-            arena, arena_pt = run_child(model, "arena", lib, args.repeat, tmp)
-            a, b = torch.load(native_pt), torch.load(arena_pt)
-            same = len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
-            if not same:
-                diffs = [float((x - y).abs().max()) for x, y in zip(a, b)]
-                print(f"{model}: outputs differ, max abs difference per batch {diffs}")
-            all_same &= same
-            report(model, native, arena, same)
-            everything[model] = {"native": native, "arena": arena, "identical": same}
+            a = torch.load(native_pt)
+            everything[model] = {"native": native}
+            results = {}
+            for route, child_name in (("install", "arena"), ("mempool", "mempool")):
+                if route not in routes:
+                    continue
+                figures, pt = run_child(model, child_name, lib, args.repeat, tmp)
+                b = torch.load(pt)
+                same = len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+                if not same:
+                    diffs = [float((x - y).abs().max()) for x, y in zip(a, b)]
+                    print(f"{model} ({route}): outputs differ, max abs difference per batch {diffs}")
+                all_same &= same
+                results[route] = (figures, same)
+                everything[model][child_name] = figures
+                everything[model][f"identical_{route}"] = same
+            if "install" in results:
+                report(model, native, results["install"][0], results["install"][1])
+            if "mempool" in results:
+                if "install" in results:
+                    report_mempool(model, native, results["install"][0], *results["mempool"])
+                else:
+                    report(model, native, *results["mempool"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(everything, f, indent=1)

@@ -77,6 +77,9 @@ pub struct DeviceStats {
     /// Most bytes mapped at once during the last run that ended (before
     /// any shrink at its end): the run's real device footprint.
     pub last_run_peak_mapped: usize,
+    /// Most bytes mapped at once since the arena was made or
+    /// [`DeviceArena::reset_peaks`] was called.
+    pub reserved_peak: usize,
     /// Allocations that failed for want of device memory even after the
     /// arena gave its cached memory back and retried.
     pub out_of_memory: u64,
@@ -446,9 +449,18 @@ impl DeviceArena {
             plans: self.plans.stats(),
             mapped: self.raw.memory().inner().mapped(),
             last_run_peak_mapped: self.last_run_peak_mapped,
+            reserved_peak: self.raw.memory().inner().reserved_peak(),
             out_of_memory: self.out_of_memory,
             stranded_blocks: self.stranded,
         }
+    }
+
+    /// Lowers the peaks to what is held now: `arena.peak_in_use` to the
+    /// bytes in live blocks, `reserved_peak` to the bytes mapped (what
+    /// PyTorch's `torch.cuda.reset_peak_memory_stats` does to its own).
+    pub fn reset_peaks(&mut self) {
+        self.raw.reset_peak();
+        self.raw.memory().inner().reset_reserved_peak();
     }
 
     /// The last error the driver gave the memory layer, if any.

@@ -54,12 +54,12 @@ static GLOBAL: Mutex<Global> = Mutex::new(Global {
 
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 
-fn set_error(msg: String) {
+pub(crate) fn set_error(msg: String) {
     *LAST_ERROR.lock() = msg;
 }
 
 /// Runs `f`; a panic becomes `fallback` and an error message.
-fn trampoline<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+pub(crate) fn trampoline<T>(fallback: T, f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(payload) => {
@@ -75,7 +75,7 @@ fn trampoline<T>(fallback: T, f: impl FnOnce() -> T) -> T {
 }
 
 /// `Err` into an error code, with its message kept.
-fn code<T>(r: Result<T, CudaError>, ok: impl FnOnce(T) -> i64) -> i64 {
+pub(crate) fn code<T>(r: Result<T, CudaError>, ok: impl FnOnce(T) -> i64) -> i64 {
     match r {
         Ok(v) => ok(v),
         Err(e) => {
@@ -130,7 +130,7 @@ fn config_from_env() -> Result<DeviceConfig, CudaError> {
 }
 
 /// The arena of `device`, made on first use.
-fn with_arena<T>(
+pub(crate) fn with_arena<T>(
     device: c_int,
     f: impl FnOnce(&mut DeviceArena) -> Result<T, CudaError>,
 ) -> Result<T, CudaError> {
@@ -193,7 +193,7 @@ unsafe fn stream_of(stream: *mut c_void) -> Stream {
     unsafe { Stream::from_raw(stream as usize as u64) }
 }
 
-fn alloc(size: isize, device: c_int, stream: Stream) -> *mut c_void {
+pub(crate) fn alloc(size: isize, device: c_int, stream: Stream) -> *mut c_void {
     let Ok(size) = usize::try_from(size) else {
         set_error(format!("negative allocation size {size}"));
         return core::ptr::null_mut();
@@ -214,7 +214,7 @@ fn alloc(size: isize, device: c_int, stream: Stream) -> *mut c_void {
     }
 }
 
-fn free(ptr: *mut c_void, device: c_int, stream: Stream) {
+pub(crate) fn free(ptr: *mut c_void, device: c_int, stream: Stream) {
     if ptr.is_null() {
         return;
     }
@@ -233,6 +233,9 @@ fn stats_json(device: c_int) -> Result<String, CudaError> {
             "arena": s.arena,
             "mapped": s.mapped,
             "last_run_peak_mapped": s.last_run_peak_mapped,
+            "reserved_peak": s.reserved_peak,
+            // PyTorch's `memory_stats()` names (crate::TorchStats).
+            "memory_stats": crate::TorchStats::of(&s).to_json(),
             "calls": {
                 "address_reserve": s.calls.address_reserve,
                 "address_free": s.calls.address_free,
@@ -356,7 +359,7 @@ pub unsafe extern "C" fn tensor_arena_init(driver: *const c_char) -> c_int {
 }
 
 /// Picks the driver (`None`: from the environment).
-fn init(name: Option<&str>) -> Result<(), CudaError> {
+pub(crate) fn init(name: Option<&str>) -> Result<(), CudaError> {
     let choice = match name {
         None => choice_from_env()?,
         Some(n) => parse_choice(n)?,
@@ -423,6 +426,19 @@ pub extern "C" fn tensor_arena_shrink_to(device: c_int, bytes: u64) -> i64 {
     let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
     trampoline(-1, || {
         code(with_arena(device, |a| Ok(a.shrink_to(bytes))), |b| b as i64)
+    })
+}
+
+/// Lowers `device`'s peaks (bytes live, bytes mapped) to what is held now,
+/// as `torch.cuda.reset_peak_memory_stats` does. Returns 0, or -1.
+#[no_mangle]
+pub extern "C" fn tensor_arena_reset_peaks(device: c_int) -> c_int {
+    trampoline(-1, || {
+        let reset = with_arena(device, |a| {
+            a.reset_peaks();
+            Ok(())
+        });
+        code(reset, |()| 0) as c_int
     })
 }
 

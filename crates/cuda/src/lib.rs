@@ -6,11 +6,14 @@ mod arena;
 pub mod driver;
 mod ffi;
 mod memory;
+pub mod ort_cuda;
+mod stats_parity;
 mod streams;
 
 pub use arena::{DeviceArena, DeviceConfig, DeviceStats, DEVICE_ALIGN};
 pub use driver::{DevicePtr, Driver, DriverError, SimConfig, SimDriver, Stream};
 pub use memory::{DeviceCalls, DeviceMemory};
+pub use stats_parity::TorchStats;
 pub use streams::StreamStats;
 
 use core::fmt;

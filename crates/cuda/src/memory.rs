@@ -77,6 +77,10 @@ pub struct DeviceMemory {
     mapped: usize,
     /// Most bytes mapped since the last [`DeviceMemory::reset_peak`].
     peak: Cell<usize>,
+    /// Most bytes mapped since the last [`DeviceMemory::reset_reserved_peak`]
+    /// (the user's window, as PyTorch's `reset_peak_memory_stats`; `peak`
+    /// is the arena's own, per run).
+    reserved_peak: Cell<usize>,
     calls: DeviceCalls,
     last_error: Option<DriverError>,
 }
@@ -102,6 +106,7 @@ impl DeviceMemory {
             ranges: Vec::new(),
             mapped: 0,
             peak: Cell::new(0),
+            reserved_peak: Cell::new(0),
             calls: DeviceCalls::default(),
             last_error: None,
         })
@@ -130,6 +135,18 @@ impl DeviceMemory {
     /// Starts a new peak window at the bytes mapped now.
     pub fn reset_peak(&self) {
         self.peak.set(self.mapped);
+    }
+
+    /// Most bytes mapped at once since the last
+    /// [`DeviceMemory::reset_reserved_peak`] (or since it was made).
+    pub fn reserved_peak(&self) -> usize {
+        self.reserved_peak.get()
+    }
+
+    /// Starts a new window for [`DeviceMemory::reserved_peak`] at the
+    /// bytes mapped now.
+    pub fn reset_reserved_peak(&self) {
+        self.reserved_peak.set(self.mapped);
     }
 
     /// The last driver error, if any call failed.
@@ -167,6 +184,8 @@ impl DeviceMemory {
         self.ranges[ri].chunks[i] = Some(h);
         self.mapped += g;
         self.peak.set(self.peak.get().max(self.mapped));
+        self.reserved_peak
+            .set(self.reserved_peak.get().max(self.mapped));
         Ok(())
     }
 

@@ -236,9 +236,36 @@ fn python_module_ctypes_layer() {
     assert!(text.contains("python ctypes layer: ok"), "{text}");
 }
 
-/// `tools/gpu-check/gpu_check.py`'s control flow (two child processes, the
-/// Python module's `install`, keyed runs, stats, shrink, the report) run
-/// against a stand-in for torch (`tools/gpu-check/fake`) whose model
+/// The MemPool route (`tensor_arena_cuda.pool`) in a process that used
+/// CUDA with PyTorch's own allocator first, against the stand-in torch
+/// (`tools/gpu-check/fake`: `torch.cuda.MemPool` / `use_mem_pool` over a
+/// private pool that caches segments) and the library with the simulated
+/// driver: the pool's allocations reach the arena, others do not, keyed
+/// scopes are planned, stats read through PyTorch's names. Needs `python3`
+/// (no torch): a missing interpreter fails the test.
+#[test]
+fn python_mempool_route_with_a_stand_in_for_torch() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new("python3")
+        .arg(root.join("crates/cuda/python/test_mempool.py"))
+        .arg(cdylib())
+        .env("PYTHONPATH", root.join("tools/gpu-check/fake"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("TENSOR_ARENA_CUDA_DRIVER")
+        .env_remove("TENSOR_ARENA_CUDA_LIB")
+        .output()
+        .expect("python3 is needed for this test (no torch, no GPU)");
+    let text = text_of(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("tensor_arena_cuda MemPool route: ok"),
+        "{text}"
+    );
+}
+
+/// `tools/gpu-check/gpu_check.py`'s control flow (three child processes:
+/// native, the Python module's `install` and its MemPool route; keyed
+/// runs, stats, shrink, the report) run against a stand-in for torch (`tools/gpu-check/fake`) whose model
 /// allocates through the library with the simulated driver. The figures
 /// mean nothing; the flow, the JSON keys and the planned-run count do.
 #[test]
@@ -260,8 +287,20 @@ fn gpu_check_flow_with_a_stand_in_for_torch() {
         assert!(text.contains(&format!("== {model} (fake")), "{text}");
     }
     assert_eq!(text.matches("outputs identical: True").count(), 3, "{text}");
+    // The MemPool route in a process that used CUDA first, beside install().
     assert_eq!(
-        text.matches("driver calls in a pass of planned runs: 0")
+        text.matches("outputs identical to native: True").count(),
+        3,
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("\ndriver calls in a pass of planned runs: 0")
+            .count(),
+        3,
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("pool() driver calls in a pass of planned runs: 0")
             .count(),
         3,
         "{text}"
@@ -336,5 +375,41 @@ int main(int argc, char** argv) {
         "after: ok",
     ] {
         assert!(text.contains(line), "{line:?} missing in:\n{text}");
+    }
+}
+
+/// On a GPU: PyTorch's MemPool route and ONNX Runtime's CUDA execution
+/// provider with the external allocator give outputs identical to native
+/// (`tools/gpu-check/identical_check.py`, each part in its own process).
+/// Without a GPU, torch or onnxruntime-gpu, each part prints that it did
+/// not run and passes, as `real_driver.rs` does;
+/// `TENSOR_ARENA_REQUIRE_TORCH_GPU=1` makes that a failure (the GPU check
+/// sets it). The ONNX Runtime part needs a model: `TENSOR_ARENA_ONNX_MODEL`
+/// (e.g. `target/ort-assets/densenet121_batch.onnx`).
+#[test]
+fn gpu_routes_identical_to_native_or_not_run() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut cmd = Command::new("python3");
+    cmd.arg(root.join("tools/gpu-check/identical_check.py"))
+        .arg("--lib")
+        .arg(cdylib())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("TENSOR_ARENA_CUDA_DRIVER")
+        .env_remove("TENSOR_ARENA_CUDA_LIB");
+    if let Ok(model) = std::env::var("TENSOR_ARENA_ONNX_MODEL") {
+        cmd.arg("--onnx").arg(model);
+    }
+    let out = cmd
+        .output()
+        .expect("python3 is needed for this test (it says 'not run' without torch)");
+    let text = text_of(&out);
+    println!("{text}");
+    assert!(out.status.success(), "{text}");
+    for part in ["mempool", "ort"] {
+        assert!(
+            text.contains(&format!("{part}: identical"))
+                || text.contains(&format!("{part}: not run")),
+            "{part}: neither identical nor 'not run':\n{text}"
+        );
     }
 }

@@ -96,6 +96,9 @@ pub enum OrtArenaError {
     OutOfMemory(String),
     /// The arena refused a configuration or a reservation.
     Arena(tensor_arena::ArenaError),
+    /// The device arena (ONNX Runtime's CUDA memory, `tensor_arena_cuda`)
+    /// refused: a bad device, a run already open, no CUDA driver.
+    Device(tensor_arena_cuda::CudaError),
 }
 
 impl fmt::Display for OrtArenaError {
@@ -151,6 +154,7 @@ impl fmt::Display for OrtArenaError {
             Self::Ort(message) => write!(f, "ONNX Runtime: {message}"),
             Self::OutOfMemory(message) => write!(f, "out of memory: {message}"),
             Self::Arena(e) => write!(f, "arena: {e}"),
+            Self::Device(e) => write!(f, "device arena: {e}"),
         }
     }
 }

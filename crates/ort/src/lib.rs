@@ -7,6 +7,7 @@
 
 mod adopt;
 mod block;
+mod cuda;
 mod error;
 mod follow;
 mod key;
@@ -19,6 +20,7 @@ mod tensors;
 mod worker;
 
 pub use adopt::{is_registered, register, SessionBuilderExt};
+pub use cuda::{cuda_run, cuda_shrink, cuda_stats, CudaExt, CudaRun, DeviceStats, TorchStats};
 pub use error::OrtArenaError;
 pub use follow::Shrink;
 pub use key::{KeyInputs, RunKey};

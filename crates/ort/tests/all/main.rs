@@ -4,6 +4,7 @@
 
 mod budget;
 mod common;
+mod cuda;
 mod errors;
 mod outputs;
 mod plans;

@@ -1,0 +1,122 @@
+"""The package's self-test against the library's simulated driver (no GPU,
+no torch): ``python -m tensor_arena_cuda.selftest [LIBRARY]`` prints
+``tensor_arena_cuda selftest: ok`` and exits 0, or fails with the reason.
+Run it in a fresh process: it picks the simulated driver, which must
+happen before the library's first allocation."""
+
+import sys
+
+import tensor_arena_cuda
+
+MIB = 1 << 20
+
+
+def main(path=None):
+    lib = path if path is not None else tensor_arena_cuda.library_path()
+    try:
+        tensor_arena_cuda.Arena(lib + ".missing")
+        raise AssertionError("a missing library must raise")
+    except FileNotFoundError as e:
+        assert "not found" in str(e)
+    try:
+        tensor_arena_cuda.Arena(lib, driver="no-such-driver")
+        raise AssertionError("an unknown driver must raise")
+    except RuntimeError as e:
+        assert "unknown driver" in str(e), e
+    arena = tensor_arena_cuda.Arena(lib, driver="simulated")
+    s = arena.stats(0)
+    assert s["driver"] == "simulated", s
+    assert s["arena"]["reserved"] == 0 and s["calls"]["total"] == 0, s
+
+    def one_run(key, sizes):
+        with arena.run(key, device=0):
+            live = []
+            for i, size in enumerate(sizes):
+                p = arena.alloc(size, 0, 0)
+                assert p and p % 512 == 0, (p, size)
+                live.append((p, size))
+                if i % 2 == 1:
+                    q, n = live.pop(0)
+                    arena.free(q, n, 0, 0)
+            for p, n in live:
+                arena.free(p, n, 0, 0)
+
+    sizes = [3 * MIB, 1 * MIB, 5 * MIB, 4096, 2 * MIB]
+    one_run(("batch", 16), [n * 4 for n in sizes])
+    one_run(("batch", 1), sizes)
+    big = arena.stats(0)
+    assert big["arena"]["reserved"] >= 20 * MIB, big
+    calls = big["calls"]["total"]
+    one_run(("batch", 16), [n * 4 for n in sizes])
+    after = arena.stats(0)
+    assert after["last_run"]["planned"] and not after["last_run"]["deviated"], after["last_run"]
+    assert after["calls"]["total"] == calls, "a planned run made driver calls"
+    one_run(("batch", 1), sizes)
+    released = arena.shrink(0)
+    shrunk = arena.stats(0)
+    assert released > 0 and shrunk["arena"]["reserved"] == big["arena"]["reserved"] - released
+    need = shrunk["arena"]["watermark"]
+    assert shrunk["arena"]["reserved"] <= need + 2 * MIB, shrunk["arena"]
+    assert shrunk["mapped"] == shrunk["arena"]["reserved"]
+
+    # Stats under PyTorch's names, and a peak reset.
+    m = arena.memory_stats(0)
+    assert m["allocated_bytes.all.current"] == 0, m
+    assert m["allocated_bytes.all.peak"] >= 4 * 5 * MIB, m
+    assert m["reserved_bytes.all.current"] == shrunk["mapped"], m
+    assert m["reserved_bytes.all.peak"] >= big["arena"]["reserved"], m
+    assert m["num_device_alloc"] > 0 and m["num_device_free"] > 0, m
+    assert m["tensor_arena.driver_calls"] == shrunk["calls"]["total"], m
+    assert 0.0 <= m["tensor_arena.fragmentation"] <= 1.0, m
+    held = arena.alloc(3 * MIB, 0, 0)
+    assert arena.memory_allocated(0) == 3 * MIB
+    arena.reset_peak_memory_stats(0)
+    assert arena.max_memory_allocated(0) == 3 * MIB
+    assert arena.max_memory_reserved(0) == arena.memory_reserved(0)
+    arena.free(held, 3 * MIB, 0, 0)
+    assert arena.max_memory_allocated(0) == 3 * MIB, "a free does not lower the peak"
+
+    # ONNX Runtime's CUDA provider options: the library's entry points,
+    # called here through the addresses as ONNX Runtime calls them.
+    import ctypes
+
+    opts = arena.ort_cuda_provider_options(0, cudnn_conv_algo_search="DEFAULT")
+    assert opts["device_id"] == "0" and opts["cudnn_conv_algo_search"] == "DEFAULT", opts
+    ort_alloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t)(int(opts["gpu_external_alloc"]))
+    ort_free = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(int(opts["gpu_external_free"]))
+    ort_empty = ctypes.CFUNCTYPE(None)(int(opts["gpu_external_empty_cache"]))
+    p = ort_alloc(5 * MIB)
+    assert p and arena.memory_allocated(0) == 5 * MIB, arena.last_error()
+    ort_free(p)
+    ort_empty()
+    assert arena.memory_allocated(0) == 0
+    try:
+        arena.ort_cuda_provider_options(64)
+        raise AssertionError("a device out of range must raise")
+    except RuntimeError as e:
+        assert "64" in str(e), e
+
+    # Errors come back as exceptions, never crashes.
+    try:
+        with arena.run("a"):
+            with arena.run("b"):
+                pass
+        raise AssertionError("nested runs must raise")
+    except RuntimeError as e:
+        assert "run" in str(e), e
+    assert arena.alloc(0) == 0
+    assert arena.alloc(-1) == 0 and "negative" in arena.last_error()
+    arena.free(12345)
+    assert "not a live block" in arena.last_error(), arena.last_error()
+    assert arena.shrink_to(0, 0) >= 0
+    assert arena.stats(0)["arena"]["in_use"] == 0
+    try:
+        arena.stats(99)
+        raise AssertionError("a device out of range must raise")
+    except RuntimeError as e:
+        assert "99" in str(e), e
+    print("tensor_arena_cuda selftest: ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else None)

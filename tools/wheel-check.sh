@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds crates/cuda's wheel (setuptools-rust, fetched from PyPI by pip as a
+# build dependency), installs it into a fresh virtual environment, and runs
+# the Python tests there against the library's simulated driver (no GPU, no
+# torch: the MemPool test uses the stand-in in tools/gpu-check/fake). The
+# tests run from a directory outside the source tree, so the installed
+# package is the one imported; the script checks that it is. Any failure
+# fails the script.
+# Usage: tools/wheel-check.sh [OUT_DIR]   (the wheel is left in OUT_DIR if given)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$(pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+python=python3
+command -v "$python" >/dev/null || { echo "wheel-check: python3 not found" >&2; exit 1; }
+
+echo "wheel-check: building the wheel"
+# setuptools builds in the source tree; start from no earlier build.
+rm -rf crates/cuda/python/build crates/cuda/python/*.egg-info
+"$python" -m pip wheel --no-deps -w "$work/dist" crates/cuda/python
+wheels=("$work"/dist/tensor_arena_cuda-*.whl)
+[ "${#wheels[@]}" -eq 1 ] && [ -f "${wheels[0]}" ] || { echo "wheel-check: expected one wheel, got: ${wheels[*]}" >&2; exit 1; }
+wheel="${wheels[0]}"
+echo "wheel-check: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
+
+echo "wheel-check: fresh virtual environment"
+"$python" -m venv "$work/venv" || { echo "wheel-check: python3 -m venv failed (install python3-venv)" >&2; exit 1; }
+py="$work/venv/bin/python"
+# The wheel has no dependencies: nothing else is fetched.
+"$py" -m pip install --no-index --quiet "$wheel"
+
+mkdir "$work/run"
+cp crates/cuda/python/test_mempool.py "$work/run/"
+cd "$work/run"
+unset TENSOR_ARENA_CUDA_LIB TENSOR_ARENA_CUDA_DRIVER TENSOR_ARENA_CUDA_SHRINK PYTHONPATH
+"$py" - <<'PY'
+import os, tensor_arena_cuda as t
+lib = t.library_path()
+assert "site-packages" in t.__file__ and lib.startswith(os.path.dirname(t.__file__)), (t.__file__, lib)
+print("wheel-check: imported", t.__file__, "library", os.path.basename(lib))
+PY
+# Each test in its own process: the library picks its driver once.
+"$py" -m tensor_arena_cuda.selftest
+PYTHONPATH="$root/tools/gpu-check/fake" PYTHONDONTWRITEBYTECODE=1 "$py" test_mempool.py
+if [ $# -ge 1 ]; then
+  mkdir -p "$1"
+  cp "$wheel" "$1/"
+  echo "wheel-check: wheel copied to $1"
+fi
+echo "wheel-check: ok"
