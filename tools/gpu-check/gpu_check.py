@@ -157,9 +157,17 @@ def child(args):
     with torch.inference_mode():
         # 1. First sight of each batch size (outputs kept for the comparison).
         for i in range(len(batches)):
+            before = arena.stats()["arena"]["in_use"] if arena else None
             host, live, res = forward(i, True)
             outputs.append(host)
             rows[i].update(live_first=live, reserved_first=res)
+            if arena:
+                # How the run was planned (its family's prediction after two
+                # shapes), and its high-water mark over its own live peak.
+                s = arena.stats()
+                rows[i].update(plan_first=s.get("last_plan"),
+                               hw_first=s["last_run"]["high_water"],
+                               run_live_first=s["last_run"]["peak_in_use"] - before)
         # 2. Every size seen before (served from plans with the arena).
         calls_before = arena.stats()["calls"]["total"] if arena else None
         for i in range(len(batches)):
@@ -260,6 +268,13 @@ def report(model, native, arena, same):
     print(f"peak reserved in the pass after shrinking / max live: native {ratio(max(regrow[0]), live):.3f}, "
           f"arena {ratio(max(regrow[1]), live):.3f}")
     print(f"driver calls in a pass of planned runs: {arena['driver_calls_in_planned_pass']}")
+    # Plan families: a size never seen, after two, is planned from a fit.
+    cells = []
+    for a in arena["rows"]:
+        if "hw_first" in a:
+            cells.append(f"{a['batch']}: {json.dumps(a['plan_first'])} "
+                         f"{ratio(a['hw_first'], a['run_live_first']):.3f}")
+    print("first sight per run (how planned; the run's high water / its own live peak): " + "; ".join(cells))
 
 
 def report_mempool(model, native, arena, mempool, same):

@@ -9,8 +9,8 @@ use hashbrown::HashMap;
 use std::sync::Arc;
 use tensor_arena::memory::{Budgeted, ErrorCode};
 use tensor_arena::{
-    ArenaConfig, ArenaError, Handle, Lookup, PlanCache, PlanStats, RawArena, RunReport,
-    ShrinkPolicy, Stats,
+    ArenaConfig, ArenaError, DynamicReason, FamilyStats, Handle, Lookup, PlanCache, PlanSource,
+    PlanStats, RawArena, RunReport, ShrinkPolicy, Stats,
 };
 use tensor_arena::{Budget, Memory};
 
@@ -116,6 +116,8 @@ pub struct DeviceArena {
     stranded: u64,
     stranded_bytes: usize,
     last_run: Option<RunReport>,
+    /// How the last run was planned (its key's own plan, predicted, none).
+    last_plan: Option<PlanSource>,
     last_run_peak_mapped: usize,
 }
 
@@ -192,6 +194,7 @@ impl DeviceArena {
             stranded: 0,
             stranded_bytes: 0,
             last_run: None,
+            last_plan: None,
             last_run_peak_mapped: 0,
         })
     }
@@ -359,6 +362,14 @@ impl DeviceArena {
         report.released += self.apply_policy(report.high_water);
         report.reserved = self.raw.stats().reserved;
         self.last_run = Some(report);
+        self.last_plan = Some(if report.planned {
+            lookup.source
+        } else {
+            match lookup.source {
+                PlanSource::Dynamic(why) => PlanSource::Dynamic(why),
+                _ => PlanSource::Dynamic(DynamicReason::Off),
+            }
+        });
         Ok(report)
     }
 
@@ -394,7 +405,20 @@ impl DeviceArena {
         }
     }
 
-    /// The report of the last run that ended.
+    /// How the last run that ended was planned: its key's own plan, one
+    /// predicted from its family's earlier shapes, or none (and why).
+    /// Whether it kept to its plan is in [`DeviceArena::last_run`].
+    pub fn last_plan(&self) -> Option<PlanSource> {
+        self.last_plan
+    }
+
+    /// Its plan families (one per model, by key): each one's shapes and
+    /// runs (exact, predicted, fell back and why, dynamic).
+    pub fn plan_families(&self) -> Vec<FamilyStats> {
+        self.plans.families()
+    }
+
+    /// The last run's report (`None` before the first run ends).
     pub fn last_run(&self) -> Option<RunReport> {
         self.last_run
     }

@@ -259,6 +259,8 @@ fn stats_json(device: c_int) -> Result<String, CudaError> {
             "out_of_memory": s.out_of_memory,
             "stranded_blocks": s.stranded_blocks,
             "last_run": a.last_run(),
+            "last_plan": a.last_plan(),
+            "families": a.plan_families(),
             "in_run": a.in_run(),
         });
         Ok(v.to_string())

@@ -376,6 +376,10 @@ pub struct RunOutput {
     pub refused_allocs: u64,
     /// The shape key of the run (rank and dimensions of each input).
     pub key: Vec<usize>,
+    /// How the run was planned: its key's own plan, a plan predicted from
+    /// the model's earlier shapes, or none (and why); whether it kept to
+    /// it is in `report`.
+    pub plan: tensor_arena::PlanSource,
 }
 
 impl RunOutput {
@@ -450,6 +454,7 @@ impl SessionWorker {
             alloc_calls: info.alloc_calls,
             refused_allocs: info.refused_allocs,
             key: info.key.as_slice().to_vec(),
+            plan: info.plan,
         })
     }
 

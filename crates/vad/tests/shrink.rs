@@ -89,14 +89,31 @@ fn after_runs_below_follows_the_short_files() {
     );
     assert!(st.arena.reserved >= last.high_water);
     assert!(st.arena.reserved * 10 < long_reserved);
-    // Every high-water mark is the length's plan: runs need no more than
-    // their plan, and once planned exactly it.
+    // Every run that kept to a plan sits at it: its key's own plan exactly,
+    // or one predicted from the lengths seen before, which may round a few
+    // blocks up a granule (within 2% of the plan later learned from the
+    // run itself). A run that left its prediction (a length past a size
+    // the fit did not know, such as a chunked buffer's cap) was served
+    // dynamically; the probabilities are checked elsewhere.
     for (l, r) in &reports {
-        assert!(r.high_water <= plan_size(&s, *l), "L = {l}: {r:?}");
-        if r.planned {
-            assert_eq!(r.high_water, plan_size(&s, *l), "L = {l}");
+        if r.planned && !r.deviated {
+            let plan = plan_size(&s, *l);
+            assert!(
+                r.high_water >= plan && r.high_water as f64 <= plan as f64 * 1.02,
+                "L = {l}: {r:?}, plan {plan}"
+            );
         }
     }
+    // The lengths repeat: most runs kept to a plan.
+    let kept = reports
+        .iter()
+        .filter(|r| r.1.planned && !r.1.deviated)
+        .count();
+    assert!(
+        kept >= SHORT.len() - 3,
+        "{kept} of {} runs on a plan",
+        SHORT.len()
+    );
 }
 
 #[test]

@@ -273,7 +273,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
                 plan: Some(Arc::new(plan)),
                 source: PlanSource::Predicted,
             },
-            None => Lookup::none(DynamicReason::Unpredictable),
+            None => Lookup::none(prediction.why_not()),
         }
     }
 

@@ -168,6 +168,16 @@ pub(crate) struct Prediction {
 }
 
 impl Prediction {
+    /// Why no recording could be predicted: blocks that no model explains,
+    /// or a key the fit cannot take.
+    pub(crate) fn why_not(&self) -> DynamicReason {
+        if self.fit.unfit() > 0 {
+            DynamicReason::Unfit
+        } else {
+            DynamicReason::Unpredictable
+        }
+    }
+
     /// The recording a run at `dims` is predicted to make.
     pub(crate) fn recording(&self, dims: &[u64]) -> Option<Recording> {
         let sizes = self.fit.predict(dims)?;
@@ -216,7 +226,6 @@ impl Families {
             .ok_or(DynamicReason::NewFamily)?;
         match &s.fit {
             None => Err(DynamicReason::OneShape),
-            Some(fit) if fit.unfit() > 0 => Err(DynamicReason::Unfit),
             Some(fit) => Ok(Prediction {
                 fit: Arc::clone(fit),
                 shape: Arc::clone(&s.shape),

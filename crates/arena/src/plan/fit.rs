@@ -75,8 +75,10 @@ pub(crate) enum SizeModel {
     /// `c · m` for each monomial that fits, `c` the largest the shapes
     /// allow; the prediction is the largest of them.
     Scaled(Vec<(Monomial, f64)>),
-    /// `a + c · m + slack` for each monomial that fits.
-    Affine(Vec<(Monomial, f64, f64, f64)>),
+    /// `a + c · m` for each monomial that fits, with every vertex `(a, c)`
+    /// of the lines consistent with the shapes seen; the prediction is the
+    /// largest over them.
+    Affine(Vec<(Monomial, Vec<(f64, f64)>)>),
 }
 
 /// What a family has seen of one run structure at one key: its
@@ -100,6 +102,49 @@ pub(crate) struct Fit {
     varied: Vec<bool>,
     /// The largest product of the varying dimensions among the shapes seen.
     volume_max: f64,
+    /// The shapes seen (for local models).
+    obs: Vec<Observation>,
+}
+
+/// How block `b`'s size follows the shapes `obs`: constant, else the
+/// first tier's proportional fit, else its affine fit, else none.
+fn model_of(
+    obs: &[Observation],
+    b: usize,
+    tiers: &[Vec<Monomial>],
+    q: f64,
+    volume_min: f64,
+    volume_max: f64,
+) -> Option<SizeModel> {
+    let first = &obs[0];
+    let sizes: Vec<f64> = obs.iter().map(|o| o.sizes[b] as f64).collect();
+    if obs.iter().all(|o| o.sizes[b] == first.sizes[b]) {
+        // Scaled with the volume, its sizes would have spread over
+        // `size * (1 - min / max)` bytes: under a quantum, the rounding
+        // hid it.
+        let size = first.sizes[b];
+        let spread = size as f64 * (1.0 - volume_min / volume_max);
+        let small = volume_max > 0.0 && spread < q;
+        return Some(SizeModel::Const { size, small });
+    }
+    let values = |m: &Monomial| -> Vec<f64> { obs.iter().map(|o| m.eval(&o.dims)).collect() };
+    for tier in tiers {
+        let fits = least_strided(tier, |m| {
+            proportional(&values(m), &sizes, q).map(|c| (m.clone(), c))
+        });
+        if !fits.is_empty() {
+            return Some(SizeModel::Scaled(fits));
+        }
+    }
+    for tier in tiers {
+        let fits = least_strided(tier, |m| {
+            affine(&values(m), &sizes, q).map(|v| (m.clone(), v))
+        });
+        if !fits.is_empty() {
+            return Some(SizeModel::Affine(fits));
+        }
+    }
+    None
 }
 
 /// The product of the dimensions that varied.
@@ -139,37 +184,7 @@ impl Fit {
         let volume_max = volumes.iter().copied().fold(0.0, f64::max);
         let volume_min = volumes.iter().copied().fold(f64::INFINITY, f64::min);
         let models = (0..blocks)
-            .map(|b| {
-                let sizes: Vec<f64> = obs.iter().map(|o| o.sizes[b] as f64).collect();
-                if obs.iter().all(|o| o.sizes[b] == first.sizes[b]) {
-                    // Scaled with the volume, its sizes would have spread
-                    // over `size * (1 - min / max)` bytes: under a quantum,
-                    // the rounding hid it.
-                    let size = first.sizes[b];
-                    let spread = size as f64 * (1.0 - volume_min / volume_max);
-                    let small = volume_max > 0.0 && spread < q;
-                    return Some(SizeModel::Const { size, small });
-                }
-                let values =
-                    |m: &Monomial| -> Vec<f64> { obs.iter().map(|o| m.eval(&o.dims)).collect() };
-                for tier in &tiers {
-                    let fits = least_strided(tier, |m| {
-                        proportional(&values(m), &sizes, q).map(|c| (m.clone(), c))
-                    });
-                    if !fits.is_empty() {
-                        return Some(SizeModel::Scaled(fits));
-                    }
-                }
-                for tier in &tiers {
-                    let fits = least_strided(tier, |m| {
-                        affine(&values(m), &sizes, q).map(|(a, c, slack)| (m.clone(), a, c, slack))
-                    });
-                    if !fits.is_empty() {
-                        return Some(SizeModel::Affine(fits));
-                    }
-                }
-                None
-            })
+            .map(|b| model_of(obs, b, &tiers, q, volume_min, volume_max))
             .collect();
         Fit {
             models,
@@ -177,7 +192,52 @@ impl Fit {
             base: first.dims.clone(),
             varied,
             volume_max,
+            obs: obs.to_vec(),
         }
+    }
+
+    /// A model of block `b` from the three shapes seen nearest to
+    /// `dims` (by the product of the varying dimensions), for a block that
+    /// no model explains over every shape: a size capped past some length
+    /// (a chunked im2col), or that an algorithm chosen by size changes, is
+    /// a simple function near any one shape. `None` when the nearest
+    /// shapes do not vary in the same dimensions as all of them, or no
+    /// model explains them either.
+    fn local_model(&self, b: usize, dims: &[u64]) -> Option<SizeModel> {
+        let at = volume(dims, &self.varied).max(1.0).ln();
+        let mut near: Vec<&Observation> = self.obs.iter().collect();
+        near.sort_by(|x, y| {
+            let dx = (volume(&x.dims, &self.varied).max(1.0).ln() - at).abs();
+            let dy = (volume(&y.dims, &self.varied).max(1.0).ln() - at).abs();
+            dx.total_cmp(&dy)
+        });
+        // Three: two shapes fit any affine size, so a data-dependent size
+        // would always be "predicted" (and always wrongly).
+        for k in [3] {
+            if near.len() < k {
+                continue;
+            }
+            let subset: Vec<Observation> = near[..k].iter().map(|&o| o.clone()).collect();
+            let varied: Vec<bool> = (0..self.varied.len())
+                .map(|d| subset.iter().any(|o| o.dims[d] != subset[0].dims[d]))
+                .collect();
+            if varied != self.varied {
+                continue;
+            }
+            let vols: Vec<f64> = subset.iter().map(|o| volume(&o.dims, &varied)).collect();
+            let model = model_of(
+                &subset,
+                b,
+                &tiers(&varied),
+                self.quantum as f64,
+                vols.iter().copied().fold(f64::INFINITY, f64::min),
+                vols.iter().copied().fold(0.0, f64::max),
+            );
+            if model.is_some() {
+                return model;
+            }
+        }
+        None
     }
 
     /// Blocks whose sizes no model explains.
@@ -186,7 +246,8 @@ impl Fit {
     }
 
     /// Every block's predicted size at `dims`, or `None` when a block has
-    /// no model, the key has other dimensions than the shapes seen, or a
+    /// no model (over every shape seen, or over the shapes nearest to
+    /// `dims`), the key has other dimensions than the shapes seen, or a
     /// prediction is not a size.
     pub(crate) fn predict(&self, dims: &[u64]) -> Option<Vec<usize>> {
         if dims.len() != self.base.len() {
@@ -211,8 +272,17 @@ impl Fit {
         };
         self.models
             .iter()
-            .map(|m| {
-                let bytes = match m.as_ref()? {
+            .enumerate()
+            .map(|(b, m)| {
+                let local;
+                let m = match m {
+                    Some(m) => m,
+                    None => {
+                        local = self.local_model(b, dims)?;
+                        &local
+                    }
+                };
+                let bytes = match m {
                     SizeModel::Const { size, small } => {
                         let grown = if *small { grown } else { 1.0 };
                         *size as f64 * scale.max(1.0) * grown
@@ -225,7 +295,13 @@ impl Fit {
                     }
                     SizeModel::Affine(fits) => {
                         fits.iter()
-                            .map(|(m, a, c, slack)| a + c * m.eval(dims) + slack)
+                            .map(|(m, vertices)| {
+                                let x = m.eval(dims);
+                                vertices
+                                    .iter()
+                                    .map(|(a, c)| a + c * x)
+                                    .fold(f64::NEG_INFINITY, f64::max)
+                            })
                             .fold(0.0, f64::max)
                             * scale
                     }
@@ -287,32 +363,41 @@ fn proportional(ms: &[f64], sizes: &[f64], q: f64) -> Option<f64> {
     (lo < hi * (1.0 - 1e-12)).then_some(hi)
 }
 
-/// `a + c · m` by least squares over the shapes seen, if every residual is
-/// within the quantum; with the slack that makes it cover every size seen.
-fn affine(ms: &[f64], sizes: &[f64], q: f64) -> Option<(f64, f64, f64)> {
-    let n = ms.len() as f64;
-    let mean_m = ms.iter().sum::<f64>() / n;
-    let mean_s = sizes.iter().sum::<f64>() / n;
-    let var: f64 = ms.iter().map(|m| (m - mean_m).powi(2)).sum();
-    if var <= 0.0 {
-        return None;
-    }
-    let cov: f64 = ms
+/// Every `(a, c)` with `a + c · m_k` in `(s_k - q, s_k]` for every `k`
+/// forms a convex polygon; its vertices, if it is not empty. The largest
+/// prediction at any `m` that an affine size consistent with the shapes
+/// seen can make is the largest over these vertices (a linear objective
+/// peaks at a vertex), so predicting from them is safe, as `c`'s upper end
+/// is for proportional sizes.
+fn affine(ms: &[f64], sizes: &[f64], q: f64) -> Option<Vec<(f64, f64)>> {
+    // Constraint lines: a + c * m = bound, for each shape's two bounds.
+    let lines: Vec<(f64, f64)> = ms
         .iter()
         .zip(sizes)
-        .map(|(m, s)| (m - mean_m) * (s - mean_s))
-        .sum();
-    let c = cov / var;
-    let a = mean_s - c * mean_m;
-    let mut slack = 0.0f64;
-    for (&m, &s) in ms.iter().zip(sizes) {
-        let r = s - (a + c * m);
-        if r.abs() > q {
-            return None;
+        .flat_map(|(&m, &s)| [(m, s), (m, s - q)])
+        .collect();
+    let scale = sizes.iter().copied().fold(q, f64::max);
+    let feasible = |a: f64, c: f64| {
+        ms.iter().zip(sizes).all(|(&m, &s)| {
+            let v = a + c * m;
+            // A hair of float tolerance, relative to the sizes.
+            v <= s + 1e-9 * scale && v >= s - q - 1e-9 * scale
+        })
+    };
+    let mut vertices = Vec::new();
+    for (i, &(m1, b1)) in lines.iter().enumerate() {
+        for &(m2, b2) in &lines[i + 1..] {
+            if (m1 - m2).abs() <= f64::EPSILON * m1.abs().max(m2.abs()) {
+                continue;
+            }
+            let c = (b1 - b2) / (m1 - m2);
+            let a = b1 - c * m1;
+            if feasible(a, c) {
+                vertices.push((a, c));
+            }
         }
-        slack = slack.max(r);
     }
-    Some((a, c, slack))
+    (!vertices.is_empty()).then_some(vertices)
 }
 
 /// The monomials to try, in tiers, simplest first: one tier per choice of
@@ -494,6 +579,34 @@ mod tests {
             64,
         );
         assert_eq!(f.predict(&[30]).unwrap(), [s(30)]);
+    }
+
+    #[test]
+    fn a_capped_size_is_predicted_from_the_nearest_shapes() {
+        // A chunked buffer: 6176 bytes a window up to 10 windows.
+        let s = |l: u64| (96 + 6176 * l.min(10)) as usize;
+        let f = Fit::new(
+            &[
+                obs(&[120], &[s(120)]),
+                obs(&[3], &[s(3)]),
+                obs(&[5], &[s(5)]),
+            ],
+            64,
+        );
+        assert_eq!(f.unfit(), 1);
+        // Nearest to 4: 3, 5 and 120, which no model explains.
+        assert!(f.predict(&[4]).is_none());
+        let f = Fit::new(
+            &[
+                obs(&[120], &[s(120)]),
+                obs(&[3], &[s(3)]),
+                obs(&[5], &[s(5)]),
+                obs(&[2], &[s(2)]),
+            ],
+            64,
+        );
+        assert_eq!(f.unfit(), 1);
+        assert_eq!(f.predict(&[4]).unwrap(), [s(4)]);
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod budget;
 mod common;
 mod cuda;
 mod errors;
+mod families;
 mod outputs;
 mod plans;
 mod threads;
