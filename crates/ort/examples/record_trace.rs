@@ -33,6 +33,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let mut trace = worker.worker_mut().take_trace();
+    // Each run is labelled by its shape, as trace files label runs (and as
+    // plan families read a key's dimensions).
+    for (run, shape) in trace.runs.iter_mut().zip(&a[5..]) {
+        run.label = shape.clone();
+    }
     trace.model = Some(a[3].clone());
     trace.inputs = a[5..].to_vec();
     let mut file = std::io::BufWriter::new(std::fs::File::create(&a[4])?);

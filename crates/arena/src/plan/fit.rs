@@ -10,7 +10,8 @@
 //!   batch times width squared for attention), each possibly divided by a
 //!   stride and rounded up (`ceil(w / 4)` after two stride-2 layers). The
 //!   monomials tried have degree 1 to 3 in the dimensions that varied, each
-//!   factor divided by 1, 2, 4, 8, 16 or 32 and rounded up.
+//!   factor divided by 1, 2, 4, 8, 16 or 32 and rounded up (padded
+//!   convolutions) or down (pooling).
 //! - **Affine in a monomial** `a + c · m(dims)`, where no proportional
 //!   monomial fits (a constant part beside a scaled one).
 //!
@@ -18,7 +19,8 @@
 //! two): a recorded size `s` stands for a true size in `(s - q, s]`. A
 //! monomial fits when one `c` explains every shape seen to that precision,
 //! and the prediction takes the largest `c` that does, rounded up to the
-//! quantum, so that a block whose size truly follows the monomial always
+//! quantum (and an intercept under a quantum, which the rounding cannot
+//! rule out), so that a block whose size truly follows the monomial always
 //! fits its predicted slot. Monomials are tried simplest first (by degree,
 //! the product of every varying dimension first at its degree); the first
 //! that fits wins, and where its strided variants fit too (two widths that
@@ -27,11 +29,12 @@
 //! bytes, too small a slot hands the run over to the dynamic path.
 //!
 //! A dimension that never varied among the shapes seen says nothing about
-//! how sizes follow it. When a new key changes one (a batch of 3 after
-//! batches of 6 at other widths), every block that varied is taken to
-//! scale with it (as a batch does), and a block that stayed constant keeps
-//! its size, or scales up with it when it grows (the safe side). A wrong
-//! guess is served correctly and corrected by the run's recording.
+//! how sizes follow it. When a new key grows one (a batch of 12 after
+//! batches of 6 at other widths), every block is taken to scale with it (as
+//! a batch does: linear is the safe side of most strided sizes too); when a
+//! key shrinks one, the sizes at the value seen are kept (sizes do not grow
+//! as an input shrinks, so this is safe too, if generous). A wrong guess is
+//! served correctly and corrected by the run's recording.
 
 /// Strides a factor may be divided by: `2^0 ..= 2^MAX_SHIFT`.
 const MAX_SHIFT: u8 = 5;
@@ -40,17 +43,19 @@ const MAX_SHIFT: u8 = 5;
 /// monomial; past it only degree 1 and the product of all are tried.
 const FULL_SEARCH_DIMS: usize = 3;
 
-/// One factor of a monomial: dimension `dim`, divided by `2^shift` and
-/// rounded up, to the power `exp`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One factor of a monomial: `floor((dim + offset) / 2^shift)` to the
+/// power `exp` (offset 0 rounds down, `2^shift - 1` up; the others are
+/// what layers of different kernels and paddings compose to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Factor {
     dim: u16,
     shift: u8,
+    offset: u8,
     exp: u8,
 }
 
 /// A product of factors of the key's dimensions.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Monomial(Vec<Factor>);
 
 impl Monomial {
@@ -58,7 +63,7 @@ impl Monomial {
     fn eval(&self, dims: &[u64]) -> f64 {
         self.0.iter().fold(1.0, |m, f| {
             let v = dims.get(f.dim as usize).copied().unwrap_or(0);
-            let v = v.div_ceil(1u64 << f.shift) as f64;
+            let v = (v.saturating_add(u64::from(f.offset)) >> f.shift) as f64;
             m * v.powi(i32::from(f.exp))
         })
     }
@@ -72,9 +77,10 @@ pub(crate) enum SizeModel {
     /// shape seen (8 bytes a batch item is 64 bytes at batches 3 and 6):
     /// it is then predicted to scale past the largest shape seen.
     Const { size: usize, small: bool },
-    /// `c · m` for each monomial that fits, `c` the largest the shapes
-    /// allow; the prediction is the largest of them.
-    Scaled(Vec<(Monomial, f64)>),
+    /// `c · m` for each monomial that fits, with the vertices `(a, c)` of
+    /// what the shapes allow (an intercept under one quantum included);
+    /// the prediction is the largest over them.
+    Scaled(Vec<(Monomial, Vec<(f64, f64)>)>),
     /// `a + c · m` for each monomial that fits, with every vertex `(a, c)`
     /// of the lines consistent with the shapes seen; the prediction is the
     /// largest over them.
@@ -111,7 +117,7 @@ pub(crate) struct Fit {
 fn model_of(
     obs: &[Observation],
     b: usize,
-    tiers: &[Vec<Monomial>],
+    tiers: &[Tier],
     q: f64,
     volume_min: f64,
     volume_max: f64,
@@ -127,24 +133,54 @@ fn model_of(
         let small = volume_max > 0.0 && spread < q;
         return Some(SizeModel::Const { size, small });
     }
-    let values = |m: &Monomial| -> Vec<f64> { obs.iter().map(|o| m.eval(&o.dims)).collect() };
     for tier in tiers {
-        let fits = least_strided(tier, |m| {
-            proportional(&values(m), &sizes, q).map(|c| (m.clone(), c))
+        let fits = least_strided(tier, |m, values| {
+            scaled(values, &sizes, q).map(|v| (m.clone(), v))
         });
         if !fits.is_empty() {
             return Some(SizeModel::Scaled(fits));
         }
     }
     for tier in tiers {
-        let fits = least_strided(tier, |m| {
-            affine(&values(m), &sizes, q).map(|v| (m.clone(), v))
+        let fits = least_strided(tier, |m, values| {
+            affine(values, &sizes, q).map(|v| (m.clone(), v))
         });
         if !fits.is_empty() {
             return Some(SizeModel::Affine(fits));
         }
     }
     None
+}
+
+/// One tier of monomials, each with its values at the shapes fitted (in
+/// one vector, a row per monomial), so that every block's fit reads them
+/// instead of computing them again.
+struct Tier {
+    monomials: Vec<Monomial>,
+    values: Vec<f64>,
+    shapes: usize,
+}
+
+impl Tier {
+    fn new(monomials: Vec<Monomial>, obs: &[Observation]) -> Self {
+        let values = monomials
+            .iter()
+            .flat_map(|m| obs.iter().map(move |o| m.eval(&o.dims)))
+            .collect();
+        Self {
+            monomials,
+            values,
+            shapes: obs.len(),
+        }
+    }
+}
+
+/// The tiers of monomials to try over the dimensions that vary in `obs`.
+fn tiers_for(varied: &[bool], obs: &[Observation]) -> Vec<Tier> {
+    tiers(varied)
+        .into_iter()
+        .map(|t| Tier::new(t, obs))
+        .collect()
 }
 
 /// The product of the dimensions that varied.
@@ -178,12 +214,12 @@ impl Fit {
             1usize << quantum.trailing_zeros()
         }
         .min(rounding.max(1));
-        let tiers = tiers(&varied);
+        let tiers = tiers_for(&varied, obs);
         let q = quantum as f64;
         let volumes: Vec<f64> = obs.iter().map(|o| volume(&o.dims, &varied)).collect();
         let volume_max = volumes.iter().copied().fold(0.0, f64::max);
         let volume_min = volumes.iter().copied().fold(f64::INFINITY, f64::min);
-        let models = (0..blocks)
+        let models: Vec<Option<SizeModel>> = (0..blocks)
             .map(|b| model_of(obs, b, &tiers, q, volume_min, volume_max))
             .collect();
         Fit {
@@ -228,7 +264,7 @@ impl Fit {
             let model = model_of(
                 &subset,
                 b,
-                &tiers(&varied),
+                &tiers_for(&varied, &subset),
                 self.quantum as f64,
                 vols.iter().copied().fold(f64::INFINITY, f64::min),
                 vols.iter().copied().fold(0.0, f64::max),
@@ -253,15 +289,15 @@ impl Fit {
         if dims.len() != self.base.len() {
             return None;
         }
-        // Dimensions that never varied but differ now: blocks that vary
-        // are scaled by their ratio (see the module docs).
+        // Dimensions that never varied but have grown now: blocks are
+        // scaled by their ratio (see the module docs).
         let mut scale = 1.0f64;
         for (d, (&now, &seen)) in dims.iter().zip(&self.base).enumerate() {
             if !self.varied[d] && now != seen {
                 if seen == 0 {
                     return None;
                 }
-                scale *= now as f64 / seen as f64;
+                scale *= (now as f64 / seen as f64).max(1.0);
             }
         }
         let q = self.quantum as f64;
@@ -285,15 +321,9 @@ impl Fit {
                 let bytes = match m {
                     SizeModel::Const { size, small } => {
                         let grown = if *small { grown } else { 1.0 };
-                        *size as f64 * scale.max(1.0) * grown
+                        *size as f64 * scale * grown
                     }
-                    SizeModel::Scaled(fits) => {
-                        fits.iter()
-                            .map(|(m, c)| c * m.eval(dims))
-                            .fold(0.0, f64::max)
-                            * scale
-                    }
-                    SizeModel::Affine(fits) => {
+                    SizeModel::Scaled(fits) | SizeModel::Affine(fits) => {
                         fits.iter()
                             .map(|(m, vertices)| {
                                 let x = m.eval(dims);
@@ -317,15 +347,19 @@ impl Fit {
 /// is preferred to its strided twins (which fit too when every dimension
 /// seen is a multiple of the stride), and among equals the largest
 /// prediction is taken.
-fn least_strided<T>(tier: &[Monomial], mut fit: impl FnMut(&Monomial) -> Option<T>) -> Vec<T> {
+fn least_strided<T>(tier: &Tier, mut fit: impl FnMut(&Monomial, &[f64]) -> Option<T>) -> Vec<T> {
     let mut best = u32::MAX;
     let mut out = Vec::new();
-    for m in tier {
+    for (m, values) in tier
+        .monomials
+        .iter()
+        .zip(tier.values.chunks(tier.shapes.max(1)))
+    {
         let strides: u32 = m.0.iter().map(|f| u32::from(f.shift)).sum();
         if strides > best {
             continue;
         }
-        if let Some(t) = fit(m) {
+        if let Some(t) = fit(m, values) {
             if strides < best {
                 best = strides;
                 out.clear();
@@ -348,7 +382,7 @@ fn to_size(bytes: f64, q: f64) -> Option<usize> {
 }
 
 /// The largest `c` with `c · m_k` in `(s_k - q, s_k]` for every `k`, if
-/// one exists.
+/// one exists (whether the size can be proportional).
 fn proportional(ms: &[f64], sizes: &[f64], q: f64) -> Option<f64> {
     let mut lo = f64::NEG_INFINITY;
     let mut hi = f64::INFINITY;
@@ -364,40 +398,81 @@ fn proportional(ms: &[f64], sizes: &[f64], q: f64) -> Option<f64> {
 }
 
 /// Every `(a, c)` with `a + c · m_k` in `(s_k - q, s_k]` for every `k`
-/// forms a convex polygon; its vertices, if it is not empty. The largest
-/// prediction at any `m` that an affine size consistent with the shapes
-/// seen can make is the largest over these vertices (a linear objective
-/// peaks at a vertex), so predicting from them is safe, as `c`'s upper end
-/// is for proportional sizes.
-fn affine(ms: &[f64], sizes: &[f64], q: f64) -> Option<Vec<(f64, f64)>> {
-    // Constraint lines: a + c * m = bound, for each shape's two bounds.
-    let lines: Vec<(f64, f64)> = ms
+/// (and `a` in `intercept`, if given) forms a convex polygon; its vertices,
+/// if it is not empty. The largest prediction at any `m` that a size
+/// consistent with the shapes seen can make is the largest over these
+/// vertices (a linear objective peaks at a vertex), so predicting from
+/// them is safe.
+fn vertices(
+    ms: &[f64],
+    sizes: &[f64],
+    q: f64,
+    intercept: Option<(f64, f64)>,
+) -> Option<Vec<(f64, f64)>> {
+    // Lines `a + c * m = bound` (`m` = NaN marks `a = bound`).
+    let mut lines: Vec<(f64, f64)> = ms
         .iter()
         .zip(sizes)
         .flat_map(|(&m, &s)| [(m, s), (m, s - q)])
         .collect();
+    if let Some((lo, hi)) = intercept {
+        lines.extend([(f64::NAN, lo), (f64::NAN, hi)]);
+    }
     let scale = sizes.iter().copied().fold(q, f64::max);
+    let tol = 1e-9 * scale;
     let feasible = |a: f64, c: f64| {
-        ms.iter().zip(sizes).all(|(&m, &s)| {
-            let v = a + c * m;
-            // A hair of float tolerance, relative to the sizes.
-            v <= s + 1e-9 * scale && v >= s - q - 1e-9 * scale
-        })
+        intercept.is_none_or(|(lo, hi)| a >= lo - tol && a <= hi + tol)
+            && ms.iter().zip(sizes).all(|(&m, &s)| {
+                let v = a + c * m;
+                v <= s + tol && v >= s - q - tol
+            })
     };
-    let mut vertices = Vec::new();
+    let mut out = Vec::new();
     for (i, &(m1, b1)) in lines.iter().enumerate() {
         for &(m2, b2) in &lines[i + 1..] {
-            if (m1 - m2).abs() <= f64::EPSILON * m1.abs().max(m2.abs()) {
-                continue;
-            }
-            let c = (b1 - b2) / (m1 - m2);
-            let a = b1 - c * m1;
+            let (a, c) = match (m1.is_nan(), m2.is_nan()) {
+                (true, true) => continue,
+                (true, false) | (false, true) => {
+                    let (a, (m, b)) = if m1.is_nan() {
+                        (b1, (m2, b2))
+                    } else {
+                        (b2, (m1, b1))
+                    };
+                    if m == 0.0 {
+                        continue;
+                    }
+                    (a, (b - a) / m)
+                }
+                (false, false) => {
+                    if (m1 - m2).abs() <= f64::EPSILON * m1.abs().max(m2.abs()) {
+                        continue;
+                    }
+                    let c = (b1 - b2) / (m1 - m2);
+                    (b1 - c * m1, c)
+                }
+            };
             if feasible(a, c) {
-                vertices.push((a, c));
+                out.push((a, c));
             }
         }
     }
-    (!vertices.is_empty()).then_some(vertices)
+    (!out.is_empty()).then_some(out)
+}
+
+/// An affine size `a + c · m` consistent with the shapes seen: the
+/// vertices of what they allow.
+fn affine(ms: &[f64], sizes: &[f64], q: f64) -> Option<Vec<(f64, f64)>> {
+    vertices(ms, sizes, q, None)
+}
+
+/// A proportional size `c · m` consistent with the shapes seen, predicted
+/// with an intercept of up to one quantum allowed (which the rounding
+/// cannot tell from none: ONNX Runtime asks for some tensors' bytes plus
+/// 64, which is a multiple of 64 at even widths and not at odd ones): the
+/// vertices of what that allows.
+fn scaled(ms: &[f64], sizes: &[f64], q: f64) -> Option<Vec<(f64, f64)>> {
+    proportional(ms, sizes, q)?;
+    vertices(ms, sizes, q, Some((0.0, q)))
 }
 
 /// The monomials to try, in tiers, simplest first: one tier per choice of
@@ -455,27 +530,60 @@ fn tiers(varied: &[bool]) -> Vec<Vec<Monomial>> {
                 .filter(|(_, &x)| x > 0)
                 .map(|(&d, &x)| (d, x))
                 .collect();
-            // Strided variants: every factor's shift, all unstrided first.
+            // Strided variants: each factor unstrided, or divided by a
+            // stride with every rounding offset, all unstrided first; with
+            // more than one factor, only one of them takes offsets other
+            // than down and up (the search stays in thousands).
             let shifts = if used.len() <= FULL_SEARCH_DIMS {
                 MAX_SHIFT
             } else {
                 0
             };
-            let variants = (u32::from(shifts) + 1).pow(used.len() as u32);
-            (0..variants)
-                .map(|code| {
+            let mut out: Vec<Monomial> = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            let mut choices: Vec<Vec<(u8, u8)>> = Vec::new();
+            // Offsets for up to two varying factors (a third multiplies the
+            // search by thousands).
+            let free_factors = if used.len() <= 2 { used.len() } else { 1 };
+            for free in 0..free_factors {
+                choices.clear();
+                for i in 0..used.len() {
+                    let mut c = vec![(0u8, 0u8)];
+                    for shift in 1..=shifts {
+                        let top = (1u8 << shift) - 1;
+                        if i == free && used.len() <= 2 {
+                            c.extend((0..=top).map(|offset| (shift, offset)));
+                        } else {
+                            c.extend([(shift, 0), (shift, top)]);
+                        }
+                    }
+                    choices.push(c);
+                }
+                let variants: usize = choices.iter().map(Vec::len).product();
+                for code in 0..variants {
                     let mut c = code;
-                    Monomial(
+                    let m = Monomial(
                         used.iter()
-                            .map(|&(dim, exp)| {
-                                let shift = (c % (u32::from(shifts) + 1)) as u8;
-                                c /= u32::from(shifts) + 1;
-                                Factor { dim, shift, exp }
+                            .zip(&choices)
+                            .map(|(&(dim, exp), ch)| {
+                                let (shift, offset) = ch[c % ch.len()];
+                                c /= ch.len();
+                                Factor {
+                                    dim,
+                                    shift,
+                                    offset,
+                                    exp,
+                                }
                             })
                             .collect(),
-                    )
-                })
-                .collect()
+                    );
+                    if seen.insert(m.clone()) {
+                        out.push(m);
+                    }
+                }
+            }
+            out.sort_by_key(|m| m.0.iter().map(|f| u32::from(f.shift)).sum::<u32>());
+            out
         })
         .collect()
 }
@@ -630,7 +738,8 @@ mod tests {
             ],
             64,
         );
-        assert_eq!(f.predict(&[3, 400]).unwrap(), [s(3, 400), 1024]);
+        // Smaller: the sizes at the batch seen; larger: scaled.
+        assert_eq!(f.predict(&[3, 400]).unwrap(), [s(6, 400), 1024]);
         assert_eq!(f.predict(&[12, 400]).unwrap(), [s(12, 400), 2048]);
         assert!(f.predict(&[12]).is_none());
     }
