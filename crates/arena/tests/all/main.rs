@@ -4,6 +4,7 @@ mod bad_input;
 mod basics;
 mod budget;
 mod common;
+mod families;
 mod footprint;
 mod give_back;
 mod model;
