@@ -7,30 +7,40 @@
 
 mod adopt;
 mod block;
+mod decay;
 mod error;
 mod follow;
 mod key;
+mod pool;
 mod raw;
 #[cfg(feature = "load-dynamic")]
 mod runtime;
+mod served;
 mod session;
 mod slot;
 mod tensors;
 mod worker;
 
 pub use adopt::{is_registered, register, SessionBuilderExt};
+pub use decay::DEFAULT_DECAY;
 pub use error::OrtArenaError;
 pub use follow::Shrink;
 pub use key::{KeyInputs, RunKey};
 pub use ort;
+pub use pool::{Checkout, CheckoutFuture, PoolStats, WorkerPool};
 #[cfg(feature = "load-dynamic")]
 pub use runtime::Runtime;
+pub use served::NotServed;
 #[cfg(feature = "load-dynamic")]
 pub use session::open_session;
 pub use session::{
     run_shared, ArenaOptions, ArenaSession, Memory, RunOutput, SessionOptions, SessionWorker,
 };
 pub use tensor_arena::memory::{GiveBack, PagesConfig};
+/// What a server needs of the arena crate without depending on it: one
+/// memory limit for every worker ([`Budget`], [`BudgetStats`]) and the
+/// arena's stats.
+pub use tensor_arena::{ArenaConfig, Budget, BudgetStats, Stats};
 pub use tensors::{hash_outputs, make_input, make_input_in, InputSpec};
 pub use worker::{Plans, RunInfo, Worker, WorkerOptions};
 
