@@ -21,7 +21,7 @@ mod slot;
 mod tensors;
 mod worker;
 
-pub use adopt::{is_registered, register, SessionBuilderExt};
+pub use adopt::{is_registered, is_registered_on, register, SessionBuilderExt};
 pub use decay::DEFAULT_DECAY;
 pub use error::OrtArenaError;
 pub use follow::Shrink;
