@@ -68,6 +68,17 @@ pub struct AllocatorCounters {
     pub system_bytes: u64,
 }
 
+/// Whether a request nothing can serve is refused to ONNX Runtime with
+/// `std::bad_alloc` (its run then fails with a status, and the process goes
+/// on): true once [`register`] has found the C++ runtime the ONNX Runtime
+/// library binds `__cxa_throw` to (`tensor_arena::cxx::runtime_for`). When
+/// false, `Alloc` returns null for such a request, which ONNX Runtime does
+/// not check (the process then crashes): seen only with a library that
+/// carries a hidden C++ runtime of its own.
+pub fn bad_alloc_available() -> bool {
+    raw::can_throw()
+}
+
 /// The registered allocator's counters.
 pub fn allocator_counters() -> AllocatorCounters {
     use std::sync::atomic::Ordering::Relaxed;

@@ -174,7 +174,7 @@ extern "C-unwind" fn tensor_arena_alloc(
     }
     THREAD_FAILED_ALLOCS.with(|c| c.set(c.get() + 1));
     if THROW_ON_FAILURE.with(std::cell::Cell::get) {
-        if let Some(rt) = tensor_arena::cxx::runtime() {
+        if let Some(rt) = THROWER.get().copied().flatten() {
             // SAFETY: this is the `extern "C-unwind"` function ONNX Runtime
             // calls (C++), and nothing in this frame has a destructor or
             // holds a lock now: the exception may unwind it.
@@ -182,6 +182,25 @@ extern "C-unwind" fn tensor_arena_alloc(
         }
     }
     std::ptr::null_mut()
+}
+
+/// The C++ runtime `Alloc` throws `std::bad_alloc` through: the one the
+/// ONNX Runtime library binds `__cxa_throw` to (`None`: it cannot be
+/// established, and `Alloc` returns null). Set at registration.
+static THROWER: std::sync::OnceLock<Option<&'static tensor_arena::cxx::CxxRuntime>> =
+    std::sync::OnceLock::new();
+
+/// The runtime of the loaded ONNX Runtime library, found through the
+/// address of one of its API functions.
+fn onnxruntime_cxx() -> Option<&'static tensor_arena::cxx::CxxRuntime> {
+    let run = ort::api().Run as *const c_void;
+    tensor_arena::cxx::runtime_for(run)
+}
+
+/// Whether `Alloc` can throw `std::bad_alloc` into ONNX Runtime (the C++
+/// runtime ONNX Runtime uses was found at registration).
+pub(crate) fn can_throw() -> bool {
+    THROWER.get().copied().flatten().is_some()
 }
 
 /// `Alloc`'s type in the `OrtAllocator` table.
@@ -256,8 +275,10 @@ pub(crate) fn register_ptr(env: *mut ort::sys::OrtEnv) -> Result<(), String> {
     )
     .map_err(|e| e.message().to_string())?;
     let _ = MEMORY_INFO.set(Info(info));
-    // Find the C++ runtime now, not while a run is out of memory.
-    let _ = tensor_arena::cxx::runtime();
+    // Find the C++ runtime now, not while a run is out of memory: the one
+    // ONNX Runtime itself binds `__cxa_throw` to (found from one of its API
+    // functions), or none.
+    let _ = THROWER.get_or_init(onnxruntime_cxx);
     let api = ort::api();
     // SAFETY: 1. `env` is a live environment (the caller's, for the call);
     // 2. `ALLOCATOR` is a `static`, so it outlives the environment; its
