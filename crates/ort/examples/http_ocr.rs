@@ -372,10 +372,16 @@ pub async fn load(port: u16, clients: usize, requests: usize, timeout: Duration)
 
 /// Resident memory of process `pid` (bytes; 0 if it cannot be read).
 fn rss_of(pid: u32) -> u64 {
+    status_of(pid, "VmRSS:")
+}
+
+/// A `kB` field of `/proc/PID/status` in bytes (`RssAnon:`: the resident
+/// memory that is not file pages such as the libraries' code).
+fn status_of(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |k| k * 1024)
 }
@@ -436,6 +442,7 @@ async fn one(args: &Args, clients: usize) -> Result<String, Error> {
         .and_then(|l| l.strip_prefix("listening ").and_then(|p| p.parse().ok()))
         .ok_or("the server did not say its port")?;
     let session = rss_of(pid);
+    let session_anon = status_of(pid, "RssAnon:");
     let peak = Arc::new(std::sync::atomic::AtomicU64::new(session));
     let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let sampler = {
@@ -453,10 +460,11 @@ async fn one(args: &Args, clients: usize) -> Result<String, Error> {
     let _ = sampler.await;
     tokio::time::sleep(Duration::from_secs(args.idle)).await;
     let idle = rss_of(pid);
+    let idle_anon = status_of(pid, "RssAnon:");
     child.kill().await?;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     Ok(format!(
-        "memory={} clients={clients} pool={} requests={} failed={} rps={:.2} p50_ms={:.1} p99_ms={:.1} session_mib={:.1} peak_mib={:.1} end_mib={:.1} idle{}s_mib={:.1} outputs={}",
+        "memory={} clients={clients} pool={} requests={} failed={} rps={:.2} p50_ms={:.1} p99_ms={:.1} session_mib={:.1} peak_mib={:.1} end_mib={:.1} idle{}s_mib={:.1} session_anon_mib={:.1} idle_anon_mib={:.1} outputs={}",
         args.mem.name(),
         args.pool,
         args.requests,
@@ -469,6 +477,8 @@ async fn one(args: &Args, clients: usize) -> Result<String, Error> {
         mib(after),
         args.idle,
         mib(idle),
+        mib(session_anon),
+        mib(idle_anon),
         report.outputs_digest(),
     ))
 }
@@ -490,6 +500,22 @@ fn main() -> Result<(), Error> {
                 let app = App::new(&args.dir, args.mem, args.pool)?;
                 let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
                 println!("listening {}", listener.local_addr()?.port());
+                if std::env::var_os("HTTP_OCR_DEBUG").is_some() {
+                    // Every 5 s on standard error: the arenas and their
+                    // reserved bytes, and this process's anonymous RSS.
+                    tokio::spawn(async {
+                        loop {
+                            tokio::time::sleep(Duration::from_secs(5)).await;
+                            let (n, st) = tensor_arena_ort::arenas();
+                            eprintln!(
+                                "arenas {n} reserved {} in_use {} rss_anon {}",
+                                st.reserved,
+                                st.in_use,
+                                status_of(std::process::id(), "RssAnon:")
+                            );
+                        }
+                    });
+                }
                 serve(listener, app, std::future::pending()).await
             }
             "load" => {

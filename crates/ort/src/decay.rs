@@ -138,10 +138,12 @@ fn decay_due() -> Option<Duration> {
             }
         }
     }
+    let mut decayed_any = false;
     for (slot, decay, last) in due {
         match slot.try_decay() {
             // Decayed: disarmed, unless a run ended meanwhile.
             Some(_) => {
+                decayed_any = true;
                 if decay
                     .last
                     .compare_exchange(last, 0, Ordering::AcqRel, Ordering::Acquire)
@@ -158,7 +160,25 @@ fn decay_due() -> Option<Duration> {
             }
         }
     }
+    if decayed_any {
+        trim_system_heap();
+    }
     next.map(|n| Duration::from_nanos(n.saturating_sub(now_ns())))
+}
+
+/// Gives the free memory of the C library's heap back to the kernel too
+/// (glibc's `malloc_trim`): ONNX Runtime's own small allocations (kernel
+/// scratch, shapes, thread state) and the system-allocator blocks of
+/// session creation live there, and glibc keeps what they freed in its
+/// per-thread arenas. Called once after workers decayed, on the decay
+/// thread (no server thread waits for it); elsewhere a no-op.
+fn trim_system_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only returns free heap memory to the kernel;
+    // it takes glibc's own locks and touches no memory in use.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 #[cfg(test)]
