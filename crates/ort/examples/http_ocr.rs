@@ -22,7 +22,8 @@
 //! # every configuration (ort, arena) x (1, 16, 64 clients), each server in its own process
 //! cargo run --release -p tensor-arena-ort --example http_ocr -- bench DIR --requests 200 --idle 15
 //! ```
-//! DIR holds `libonnxruntime.so`, `ppocr_det.onnx`, `ppocr_rec.onnx`
+//! `--shrink default|follow1|keep|window:SECONDS` sets the arena's
+//! [`Shrink`] policy (default: the crate's). DIR holds `libonnxruntime.so`, `ppocr_det.onnx`, `ppocr_rec.onnx`
 //! (`tools/fetch-ort-assets.sh`). Requests follow the OCR stream's shapes
 //! (`crates/cli/data/ocr-stream.txt`: each image's det, then its rec
 //! batches), in order, from a fixed start.
@@ -36,7 +37,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tensor_arena_ort::{
-    make_input, ort, InputSpec, Plans, RunKey, SessionBuilderExt, Worker, WorkerOptions, WorkerPool,
+    make_input, ort, InputSpec, Plans, RunKey, SessionBuilderExt, Shrink, Worker, WorkerOptions,
+    WorkerPool,
 };
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -129,8 +131,19 @@ fn environment(dir: &Path) -> Result<&'static ort::environment::Environment, Err
 }
 
 impl App {
-    /// Sessions for `pool` workers, from the models in `dir`.
+    /// Sessions for `pool` workers, from the models in `dir`, with the
+    /// default worker options.
     pub fn new(dir: &Path, mem: Mem, pool: usize) -> Result<Arc<Self>, Error> {
+        Self::with_options(dir, mem, pool, WorkerOptions::default())
+    }
+
+    /// [`App::new`] with the workers' options.
+    pub fn with_options(
+        dir: &Path,
+        mem: Mem,
+        pool: usize,
+        options: WorkerOptions,
+    ) -> Result<Arc<Self>, Error> {
         let env = environment(dir)?;
         let open = |name: &str| -> ort::Result<Session> {
             let b = Session::builder(env)?.with_intra_threads(1)?;
@@ -153,7 +166,7 @@ impl App {
         Ok(Arc::new(Self {
             mem,
             // tensor-arena: at most `pool` arenas, whatever tokio's threads
-            pool: WorkerPool::with_states(WorkerOptions::default(), models)?,
+            pool: WorkerPool::with_states(options, models)?,
             det_plans: Arc::new(Plans::default()),
             rec_plans: Arc::new(Plans::default()),
             det_spec,
@@ -393,6 +406,31 @@ struct Args {
     clients: usize,
     requests: usize,
     idle: u64,
+    /// `--shrink`: `default`, `follow1`, `keep` or `window:SECONDS`.
+    shrink: String,
+}
+
+/// The workers' options for `--shrink`.
+fn worker_options(shrink: &str) -> Result<WorkerOptions, Error> {
+    let shrink = match shrink {
+        "default" => Shrink::default(),
+        "follow1" => Shrink::FollowInput { runs: 1 },
+        "keep" => Shrink::KeepLargest,
+        s => match s.strip_prefix("window:").map(str::parse::<f64>) {
+            Some(Ok(secs)) if secs >= 0.0 && secs.is_finite() => Shrink::Window {
+                time: Duration::from_secs_f64(secs),
+            },
+            _ => {
+                return Err(
+                    format!("--shrink {s}: default, follow1, keep or window:SECONDS").into(),
+                )
+            }
+        },
+    };
+    Ok(WorkerOptions {
+        shrink,
+        ..WorkerOptions::default()
+    })
 }
 
 fn parse(a: &[String]) -> Result<Args, Error> {
@@ -403,6 +441,7 @@ fn parse(a: &[String]) -> Result<Args, Error> {
         clients: 16,
         requests: 200,
         idle: 15,
+        shrink: "default".into(),
     };
     let mut it = a[3..].iter();
     while let Some(flag) = it.next() {
@@ -413,6 +452,7 @@ fn parse(a: &[String]) -> Result<Args, Error> {
             "--clients" => args.clients = v.parse()?,
             "--requests" => args.requests = v.parse()?,
             "--idle" => args.idle = v.parse()?,
+            "--shrink" => args.shrink = v.clone(),
             _ => return Err(format!("unknown flag {flag}").into()),
         }
     }
@@ -431,6 +471,8 @@ async fn one(args: &Args, clients: usize) -> Result<String, Error> {
             args.mem.name(),
             "--pool",
             &args.pool.to_string(),
+            "--shrink",
+            &args.shrink,
         ])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -464,8 +506,9 @@ async fn one(args: &Args, clients: usize) -> Result<String, Error> {
     child.kill().await?;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     Ok(format!(
-        "memory={} clients={clients} pool={} requests={} failed={} rps={:.2} p50_ms={:.1} p99_ms={:.1} session_mib={:.1} peak_mib={:.1} end_mib={:.1} idle{}s_mib={:.1} session_anon_mib={:.1} idle_anon_mib={:.1} outputs={}",
+        "memory={} shrink={} clients={clients} pool={} requests={} failed={} rps={:.2} p50_ms={:.1} p99_ms={:.1} session_mib={:.1} peak_mib={:.1} end_mib={:.1} idle{}s_mib={:.1} session_anon_mib={:.1} idle_anon_mib={:.1} outputs={}",
         args.mem.name(),
+        args.shrink,
         args.pool,
         args.requests,
         report.failed(),
@@ -497,7 +540,12 @@ fn main() -> Result<(), Error> {
     rt.block_on(async {
         match mode.as_str() {
             "serve" => {
-                let app = App::new(&args.dir, args.mem, args.pool)?;
+                let app = App::with_options(
+                    &args.dir,
+                    args.mem,
+                    args.pool,
+                    worker_options(&args.shrink)?,
+                )?;
                 let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
                 println!("listening {}", listener.local_addr()?.port());
                 if std::env::var_os("HTTP_OCR_DEBUG").is_some() {
