@@ -23,14 +23,19 @@ use std::time::{Duration, Instant};
 /// [`GiveBack::Lazily`](crate::GiveBack::Lazily)): the large run then
 /// costs what it costs on held memory while the kernel has not needed the
 /// pages, which stay in the process's RSS (as `LazyFree`) until it does.
-/// Or hold more runs (`FollowInput { runs: 2 }` or more) or
-/// [`Shrink::KeepLargest`].
+/// Or hold more: the default, [`Shrink::Window`] of 1 s, holds the largest
+/// need of the last second, so sizes that alternate at a server's rate
+/// keep their memory (a 1280x1280 det run after a 320x320 one: 0.974x
+/// ONNX Runtime's arena's time, `BENCHMARKS.md`, issue 35), and idle decay
+/// ([`WorkerOptions::decay`](crate::WorkerOptions::decay)) gives it all
+/// back when traffic stops.
 ///
 /// A model that has not run in the worker's last 64 runs is forgotten.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shrink {
     /// Hold the largest of each model's last `runs` needs (at least 1).
-    /// With 1 (the default), memory comes down after a single smaller run;
+    /// With 1 (the default before issue 35), memory comes down after a
+    /// single smaller run;
     /// with `n`, after `n` smaller runs in a row, so inputs that alternate
     /// within `n` runs keep their memory.
     FollowInput {
