@@ -13,6 +13,7 @@ mod follow;
 mod key;
 mod pool;
 mod raw;
+mod runners;
 #[cfg(feature = "load-dynamic")]
 mod runtime;
 mod served;

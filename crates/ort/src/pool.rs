@@ -9,6 +9,7 @@
 //! | [`WorkerPool::run_async`] | checks out asynchronously, runs on a thread of its own, returns the result as a future |
 //! | dropping a [`Checkout`]   | the worker (and its state) goes back; one waiter wakes |
 
+use crate::runners::Runners;
 use crate::worker::{Worker, WorkerOptions};
 use crate::OrtArenaError;
 use parking_lot::{Condvar, Mutex};
@@ -57,6 +58,8 @@ struct Inner<S> {
     state: Mutex<State<S>>,
     /// Blocking checkouts wait here.
     returned: Condvar,
+    /// The threads of `run_async`.
+    runners: Runners,
 }
 
 struct State<S> {
@@ -128,6 +131,7 @@ impl<S> WorkerPool<S> {
                     waits: 0,
                 }),
                 returned: Condvar::new(),
+                runners: Runners::default(),
             }),
         })
     }
@@ -194,12 +198,11 @@ impl<S> WorkerPool<S> {
 impl<S: Send + 'static> WorkerPool<S> {
     /// Runs `f` with a worker and its state, as a future: checks a worker
     /// out without blocking (waiting while all are busy), then calls `f`
-    /// on a thread started for the run, so that the caller's executor
-    /// thread never blocks on inference. `f` calls
-    /// [`Worker::run`] around the session's run, as anywhere else, and
-    /// returns what the server needs (outputs borrow their session, so
-    /// extract them inside). Starting a thread costs some tens of
-    /// microseconds, beside runs of milliseconds; a tokio server may
+    /// on one of the pool's run threads (about one per worker, started
+    /// when needed and kept), so that the caller's executor thread never
+    /// blocks on inference. `f` calls [`Worker::run`] around the session's
+    /// run, as anywhere else, and returns what the server needs (outputs
+    /// borrow their session, so extract them inside). A tokio server may
     /// equally call [`WorkerPool::checkout_async`] and hand the
     /// [`Checkout`] to `spawn_blocking`.
     ///
@@ -216,22 +219,20 @@ impl<S: Send + 'static> WorkerPool<S> {
             let mut c = checkout.await;
             let reply = Arc::new(Reply::<R>::default());
             let to = Arc::clone(&reply);
-            let spawned = std::thread::Builder::new()
-                .name("tensor-arena-run".into())
-                .spawn(move || {
-                    let (worker, state) = c.parts();
-                    let r =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(worker, state)));
-                    drop(c);
-                    to.send(r.map_err(|p| {
-                        let msg = p
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| p.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "a panic".into());
-                        OrtArenaError::Pool(format!("the run panicked: {msg}"))
-                    }));
-                });
+            let pool = Arc::clone(&c.pool);
+            let spawned = pool.runners.run(Box::new(move || {
+                let (worker, state) = c.parts();
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(worker, state)));
+                drop(c);
+                to.send(r.map_err(|p| {
+                    let msg = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    OrtArenaError::Pool(format!("the run panicked: {msg}"))
+                }));
+            }));
             if let Err(e) = spawned {
                 return Err(OrtArenaError::Pool(format!(
                     "cannot start the run's thread: {e}"
