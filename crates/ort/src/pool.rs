@@ -6,7 +6,7 @@
 //! |---------------------------|----------------------------------------------------|
 //! | [`WorkerPool::checkout`]  | waits (blocking) for an idle worker, takes it      |
 //! | [`WorkerPool::checkout_async`] | the same as a future: the task waits, no thread does |
-//! | [`WorkerPool::run_async`] | checks out asynchronously, runs on a thread of its own, returns the result as a future |
+//! | [`WorkerPool::run_async`] | checks out asynchronously, runs on one of the pool's run threads, returns the result as a future |
 //! | dropping a [`Checkout`]   | the worker (and its state) goes back; one waiter wakes |
 
 use crate::runners::Runners;
