@@ -132,6 +132,11 @@ fn object_of(addr: *const c_void) -> Option<(std::ffi::CString, usize)> {
 ///   runtime would be caught by one that does not know the exception.
 /// - A definition in the library itself is its own runtime; otherwise the
 ///   process's global scope comes first, as the dynamic linker binds.
+/// - When the code is the main program, its scope is the global scope:
+///   a program that linked its C++ runtime statically while another
+///   `libstdc++.so.6` is loaded globally cannot be told apart from one that
+///   uses that library (it would need the program's undefined dynamic
+///   symbols), and gets that library's runtime, as [`runtime`] gives.
 ///
 /// With `None` the allocation function returns null instead of throwing:
 /// what a host then does with it is its own (ONNX Runtime dereferences it).
@@ -139,7 +144,7 @@ pub fn runtime_for(addr: *const c_void) -> Option<&'static CxxRuntime> {
     static FOUND: std::sync::Mutex<Vec<(usize, &'static CxxRuntime)>> =
         std::sync::Mutex::new(Vec::new());
     let (name, base) = object_of(addr)?;
-    let lib = loaded(&name)?;
+    let lib = loaded(&name).or_else(|| main_program(base))?;
     let throw = c"__cxa_throw";
     // SAFETY: `lib` is a live handle and the name a C string.
     let local = unsafe { libc::dlsym(lib, throw.as_ptr()) };
@@ -171,6 +176,52 @@ pub fn runtime_for(addr: *const c_void) -> Option<&'static CxxRuntime> {
     let rt: &'static CxxRuntime = Box::leak(Box::new(rt));
     found.push((runtime_base, rt));
     Some(rt)
+}
+
+/// A handle to the main program if it is the object at `base` (its name
+/// as the loader gives it cannot be opened again): its scope is the
+/// process's global scope.
+fn main_program(base: usize) -> Option<*mut c_void> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `getauxval` reads the auxiliary vector the kernel gave
+        // the process; AT_PHDR is the main program's program headers.
+        let phdr = unsafe { libc::getauxval(libc::AT_PHDR) } as *const c_void;
+        if object_of(phdr).is_some_and(|(_, b)| b == base) {
+            // SAFETY: a null name asks for the main program's handle.
+            let h = unsafe { libc::dlopen(std::ptr::null(), libc::RTLD_LAZY) };
+            return (!h.is_null()).then_some(h);
+        }
+    }
+    let _ = base;
+    None
+}
+
+/// The C++ runtime of the code that called into the library this function
+/// is linked in (a `cdylib` whose allocation function a C++ host calls):
+/// [`runtime_for`] of the first return address on the stack outside that
+/// library. Call it from inside the allocation function, while memory is
+/// not short, and keep the answer. `None` where the stack cannot be read
+/// (targets other than Linux with glibc) or where [`runtime_for`] says so.
+pub fn runtime_for_caller() -> Option<&'static CxxRuntime> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let own = object_of(runtime_for_caller as *const c_void)?.1;
+        let mut frames = [std::ptr::null_mut::<c_void>(); 64];
+        // SAFETY: `backtrace` writes at most 64 return addresses into the
+        // array it is given, which has room for 64.
+        let n = unsafe { libc::backtrace(frames.as_mut_ptr(), 64) };
+        let n = usize::try_from(n).unwrap_or(0).min(frames.len());
+        // The first frame outside this library (its own frames are the
+        // caller's chain into it; libc's `backtrace` reports none of its
+        // own).
+        let caller = frames[..n]
+            .iter()
+            .find(|&&f| object_of(f).is_some_and(|(_, b)| b != own))?;
+        return runtime_for(*caller);
+    }
+    #[allow(unreachable_code)]
+    None
 }
 
 /// The runtime's symbols as the handle `lib` resolves them.
