@@ -215,4 +215,34 @@ mod tests {
         }
         assert_eq!(slot.lock().arena_stats().reserved, 0);
     }
+
+    #[test]
+    fn memory_given_back_lazily_leaves_at_once_on_decay() {
+        let pages = tensor_arena::memory::PagesConfig {
+            give_back: tensor_arena::memory::GiveBack::Lazily,
+            ..Default::default()
+        };
+        let slot = Slot::new(ArenaConfig::default(), pages, None).unwrap();
+        {
+            let mut core = slot.lock();
+            core.begin_run(None, false);
+            let b = core.test_alloc(&slot, 8 << 20);
+            core.test_free(b);
+            core.finish_run();
+            // A shrink policy's give-back down to a smaller need: lazily,
+            // still in the process.
+            core.shrink_to(2 << 20);
+            let st = core.arena_stats();
+            assert!(st.lazily_given_back >= 4 << 20, "{st:?}");
+        }
+        let decay = Decay::register(&slot, Duration::from_millis(30));
+        decay.used();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while decay.last.load(Ordering::Acquire) != 0 {
+            assert!(Instant::now() < deadline, "never decayed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let st = slot.lock().arena_stats();
+        assert_eq!((st.reserved, st.lazily_given_back), (0, 0), "{st:?}");
+    }
 }
