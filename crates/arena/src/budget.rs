@@ -28,11 +28,23 @@ use std::sync::{Arc, Weak};
 /// A member of a budget that can give cached memory back: a lockable arena
 /// ([`SharedArena`](crate::SharedArena), or a runtime's own per-worker
 /// arena behind its lock).
+///
+/// # Re-entry
+/// `try_reclaim` runs on the thread whose commit went over the limit, in
+/// the middle of that arena's call (its state is borrowed). A member
+/// written by hand must therefore not call into the arena whose commit is
+/// in progress, even through a [`SharedArena`](crate::SharedArena), whose
+/// re-entrant lock lets the call through to an arena that is mid-call: any
+/// method but [`SharedArena::try_stats`](crate::SharedArena::try_stats) /
+/// [`Arena::try_stats`](crate::Arena::try_stats) panics there ("already
+/// mutably borrowed"). `try_stats` answers `None` instead, and is the one
+/// call such a member may make on any arena of the budget.
 pub trait Reclaim: Send + Sync {
     /// Gives back cached memory without waiting: decommits committed free
     /// memory (never a live block) if the member's lock can be taken at
     /// once and, when `idle_only`, no run is open on it. Returns the bytes
-    /// given back (0 when busy or when it holds no cache).
+    /// given back (0 when busy or when it holds no cache). See the trait's
+    /// re-entry rule.
     fn try_reclaim(&self, idle_only: bool) -> usize;
 }
 

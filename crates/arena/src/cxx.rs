@@ -23,6 +23,23 @@
 //! function that throws must be `extern "C-unwind"`, called only from C++,
 //! with no value with a destructor and no lock held in its frames when it
 //! throws. Where the C++ runtime cannot be found, it returns null instead.
+//!
+//! Which runtime throws matters: an exception thrown by one C++ runtime and
+//! caught by another (a host built with `-static-libstdc++` beside a
+//! `libstdc++.so.6` loaded by something else) corrupts the catcher's
+//! exception bookkeeping (its `std::uncaught_exceptions()` went negative).
+//! [`runtime_for`] therefore finds the runtime a given library binds
+//! `__cxa_throw` to, and answers `None` (so the caller returns null rather
+//! than throw) when it cannot prove one: a library that carries a hidden
+//! runtime of its own, or none in its scope. [`runtime`] is the older,
+//! process-wide answer (whichever `libstdc++.so.6` is loaded).
+//!
+//! A build with `panic = "abort"` is refused at compile time: Rust aborts
+//! the process when a foreign exception unwinds through a frame of such a
+//! build, so the first refused allocation would kill the process ("panic
+//! in a function that cannot unwind").
+
+include!("cxx_panic.rs");
 
 use std::ffi::{c_void, CStr};
 use std::sync::OnceLock;
@@ -44,6 +61,21 @@ pub struct CxxRuntime {
     destructor: Destructor,
 }
 
+impl CxxRuntime {
+    /// The address of this runtime's `__cxa_throw` (to tell runtimes apart).
+    pub fn throw_address(&self) -> usize {
+        self.throw as usize
+    }
+}
+
+impl std::fmt::Debug for CxxRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CxxRuntime")
+            .field("throw", &format_args!("{:#x}", self.throw_address()))
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: the fields are addresses of functions and read-only data of a
 // shared library that is never unloaded while the host (which links it)
 // is loaded; nothing is written through them.
@@ -61,17 +93,139 @@ pub fn runtime() -> Option<&'static CxxRuntime> {
 }
 
 fn resolve() -> Option<CxxRuntime> {
+    resolve_in(loaded(c"libstdc++.so.6")?)
+}
+
+/// A handle to the library `name`, if it is loaded (never loads it).
+fn loaded(name: &CStr) -> Option<*mut c_void> {
     // SAFETY: `RTLD_NOLOAD` only returns a handle to a library already
     // loaded (nothing is loaded or initialised); the name is a C string.
-    let lib = unsafe {
-        libc::dlopen(
-            c"libstdc++.so.6".as_ptr(),
-            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
-        )
-    };
-    if lib.is_null() {
+    let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    (!lib.is_null()).then_some(lib)
+}
+
+/// The loaded object that contains `addr`: its file name and base.
+fn object_of(addr: *const c_void) -> Option<(std::ffi::CString, usize)> {
+    // SAFETY: `Dl_info` is plain data; all-zero is a valid value to be
+    // overwritten.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `dladdr` only reads the loader's tables and writes `info`.
+    if unsafe { libc::dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
         return None;
     }
+    // SAFETY: `dli_fname` is a NUL-terminated string of the loader's, valid
+    // while the object is loaded (it is: `addr` is in it); copied now.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) }.to_owned();
+    Some((name, info.dli_fbase as usize))
+}
+
+/// The C++ runtime that the loaded library containing `addr` (a function
+/// of the caller that will catch: for ONNX Runtime, one of its API
+/// functions) binds `__cxa_throw` to, if that can be established; looked
+/// up each call (do it once, when the library is first seen, and keep the
+/// answer).
+///
+/// - The library's own scope (itself, then its dependencies) must define
+///   `__cxa_throw`: a library with no C++ runtime in its scope, or one that
+///   linked a runtime statically and hid it (`-static-libstdc++` with its
+///   symbols not exported), gets `None`, since throwing through any other
+///   runtime would be caught by one that does not know the exception.
+/// - A definition in the library itself is its own runtime; otherwise the
+///   process's global scope comes first, as the dynamic linker binds.
+/// - When the code is the main program, its scope is the global scope:
+///   a program that linked its C++ runtime statically while another
+///   `libstdc++.so.6` is loaded globally cannot be told apart from one that
+///   uses that library (it would need the program's undefined dynamic
+///   symbols), and gets that library's runtime, as [`runtime`] gives.
+///
+/// With `None` the allocation function returns null instead of throwing:
+/// what a host then does with it is its own (ONNX Runtime dereferences it).
+pub fn runtime_for(addr: *const c_void) -> Option<&'static CxxRuntime> {
+    static FOUND: std::sync::Mutex<Vec<(usize, &'static CxxRuntime)>> =
+        std::sync::Mutex::new(Vec::new());
+    let (name, base) = object_of(addr)?;
+    let lib = loaded(&name).or_else(|| main_program(base))?;
+    let throw = c"__cxa_throw";
+    // SAFETY: `lib` is a live handle and the name a C string.
+    let local = unsafe { libc::dlsym(lib, throw.as_ptr()) };
+    if local.is_null() {
+        return None;
+    }
+    let chosen = if object_of(local).is_some_and(|(_, b)| b == base) {
+        local
+    } else {
+        // SAFETY: `RTLD_DEFAULT` searches the global scope; the name is a
+        // C string.
+        let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, throw.as_ptr()) };
+        if global.is_null() {
+            local
+        } else {
+            global
+        }
+    };
+    let (runtime_name, runtime_base) = object_of(chosen)?;
+    let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, rt)) = found.iter().find(|(b, _)| *b == runtime_base) {
+        return Some(rt);
+    }
+    let rt = resolve_in(loaded(&runtime_name)?)?;
+    if rt.throw as usize != chosen as usize {
+        return None;
+    }
+    // One per runtime for the process's life (a handful at most).
+    let rt: &'static CxxRuntime = Box::leak(Box::new(rt));
+    found.push((runtime_base, rt));
+    Some(rt)
+}
+
+/// A handle to the main program if it is the object at `base` (its name
+/// as the loader gives it cannot be opened again): its scope is the
+/// process's global scope.
+fn main_program(base: usize) -> Option<*mut c_void> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `getauxval` reads the auxiliary vector the kernel gave
+        // the process; AT_PHDR is the main program's program headers.
+        let phdr = unsafe { libc::getauxval(libc::AT_PHDR) } as *const c_void;
+        if object_of(phdr).is_some_and(|(_, b)| b == base) {
+            // SAFETY: a null name asks for the main program's handle.
+            let h = unsafe { libc::dlopen(std::ptr::null(), libc::RTLD_LAZY) };
+            return (!h.is_null()).then_some(h);
+        }
+    }
+    let _ = base;
+    None
+}
+
+/// The C++ runtime of the code that called into the library this function
+/// is linked in (a `cdylib` whose allocation function a C++ host calls):
+/// [`runtime_for`] of the first return address on the stack outside that
+/// library. Call it from inside the allocation function, while memory is
+/// not short, and keep the answer. `None` where the stack cannot be read
+/// (targets other than Linux with glibc) or where [`runtime_for`] says so.
+pub fn runtime_for_caller() -> Option<&'static CxxRuntime> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let own = object_of(runtime_for_caller as *const c_void)?.1;
+        let mut frames = [std::ptr::null_mut::<c_void>(); 64];
+        // SAFETY: `backtrace` writes at most 64 return addresses into the
+        // array it is given, which has room for 64.
+        let n = unsafe { libc::backtrace(frames.as_mut_ptr(), 64) };
+        let n = usize::try_from(n).unwrap_or(0).min(frames.len());
+        // The first frame outside this library (its own frames are the
+        // caller's chain into it; libc's `backtrace` reports none of its
+        // own).
+        let caller = frames[..n]
+            .iter()
+            .find(|&&f| object_of(f).is_some_and(|(_, b)| b != own))?;
+        return runtime_for(*caller);
+    }
+    #[allow(unreachable_code)]
+    None
+}
+
+/// The runtime's symbols as the handle `lib` resolves them.
+fn resolve_in(lib: *mut c_void) -> Option<CxxRuntime> {
     let sym = |name: &CStr| -> Option<*mut c_void> {
         // SAFETY: `lib` is a live handle (kept: never closed) and `name`
         // a C string.

@@ -28,6 +28,11 @@ use std::sync::Arc;
 /// would, instead of waiting forever for itself. (The lock only ever gives
 /// `&Arena`, whose methods may interleave on one thread.) Other threads
 /// wait until the holder's last guard is dropped.
+///
+/// One call is outside this promise: a budget member's
+/// [`Reclaim::try_reclaim`] runs in the middle of a committing arena's
+/// call, and may call only [`SharedArena::try_stats`] on that arena (the
+/// trait's re-entry rule).
 pub struct SharedArena<M: HostMemory = DefaultMemory> {
     inner: ReentrantMutex<Arena<M>>,
 }
@@ -166,8 +171,20 @@ impl<M: HostMemory> SharedArena<M> {
     }
 
     /// A snapshot of the counters.
+    ///
+    /// # Panics
+    /// When called from a budget member's [`Reclaim`] while this arena's
+    /// own commit asks for room (see the trait's re-entry rule); use
+    /// [`SharedArena::try_stats`] there.
     pub fn stats(&self) -> Stats {
         self.inner.lock().stats()
+    }
+
+    /// The counters, or `None` when another thread holds the lock or this
+    /// thread is in the middle of a call on the arena (a budget member's
+    /// [`Reclaim`] during this arena's commit). Never waits, never panics.
+    pub fn try_stats(&self) -> Option<Stats> {
+        self.inner.try_lock()?.try_stats()
     }
 
     /// Shrinks to the watermark; see [`Arena::shrink`]. Live blocks (of any

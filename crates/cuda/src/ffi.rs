@@ -160,9 +160,6 @@ pub(crate) fn with_arena<T>(
             }
         };
         *slot = Some(arena);
-        // Find the C++ runtime `alloc_fn` throws through now, while memory
-        // is not short (the host, PyTorch, is loaded: it is allocating).
-        let _ = tensor_arena::cxx::runtime();
     }
     f(slot.as_mut().expect("made above"))
 }
@@ -267,11 +264,18 @@ fn stats_json(device: c_int) -> Result<String, CudaError> {
     })
 }
 
+/// The C++ runtime of `alloc_fn`'s caller (see `alloc_fn`).
+static CALLER_CXX: std::sync::OnceLock<Option<&'static tensor_arena::cxx::CxxRuntime>> =
+    std::sync::OnceLock::new();
+
 /// `CUDAPluggableAllocator`'s allocation function: `size` bytes on
 /// `device` for work on `stream`. Null for a zero size. A request that
 /// cannot be served (out of device memory, a bad device) **throws
-/// `std::bad_alloc`** when the process has a C++ runtime loaded (PyTorch's),
-/// and returns null otherwise; the message is in
+/// `std::bad_alloc`** through the C++ runtime of the code that calls
+/// `alloc_fn` (PyTorch's: found at the first call, while memory is not
+/// short, with [`tensor_arena::cxx::runtime_for_caller`]), and returns null
+/// when that runtime cannot be established (a caller with a hidden,
+/// statically linked runtime); the message is in
 /// [`tensor_arena_last_error`] either way.
 ///
 /// PyTorch does not check the pointer `alloc_fn` returns: a null becomes a
@@ -291,10 +295,13 @@ pub unsafe extern "C-unwind" fn alloc_fn(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
+    // The caller's C++ runtime, found at the first call (memory is not
+    // short yet) and kept.
+    let thrower = *CALLER_CXX.get_or_init(tensor_arena::cxx::runtime_for_caller);
     // SAFETY: the caller's promise about `stream`.
     let p = unsafe { tensor_arena_alloc(size, device, stream) };
     if p.is_null() && size > 0 {
-        if let Some(rt) = tensor_arena::cxx::runtime() {
+        if let Some(rt) = thrower {
             // SAFETY: this `extern "C-unwind"` function is called by C++
             // that can be unwound (the caller's promise), and nothing in
             // this frame has a destructor or holds a lock: the arena's

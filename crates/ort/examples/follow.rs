@@ -7,7 +7,8 @@
 //!
 //! STRATEGY: `ort-arena` (ONNX Runtime's defaults), `ort-shrink` (its arena
 //! shrunk after every run), `follow1`, `follow2` (`Shrink::FollowInput`
-//! with 1 or 2 runs), `keep` (`Shrink::KeepLargest`); an arena strategy
+//! with 1 or 2 runs), `keep` (`Shrink::KeepLargest`), `default`
+//! (`Shrink::default()`, with the default idle decay); an arena strategy
 //! with `-lazy` after it (`follow1-lazy`) gives memory back lazily
 //! (`GiveBack::Lazily`). LARGE and SMALL are
 //! shapes like `1x3x1280x1280`. Prints one line per run: `i label millis
@@ -92,6 +93,8 @@ fn open(
         "follow1" => Some(Shrink::FollowInput { runs: 1 }),
         "follow2" => Some(Shrink::FollowInput { runs: 2 }),
         "keep" => Some(Shrink::KeepLargest),
+        // The default (issue 35: a window of 1 s, idle decay after 2 s).
+        "default" => Some(Shrink::default()),
         "ort-arena" | "ort-shrink" if give_back == GiveBack::Now => None,
         s => return Err(format!("unknown strategy {s}").into()),
     };

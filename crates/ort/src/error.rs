@@ -99,6 +99,16 @@ pub enum OrtArenaError {
     /// The device arena (ONNX Runtime's CUDA memory, `tensor_arena_cuda`)
     /// refused: a bad device, a run already open, no CUDA driver.
     Device(tensor_arena_cuda::CudaError),
+    /// A run's tensors were not served by the worker's arena: the closure
+    /// started ONNX Runtime's `run_async` (its tensors are allocated on
+    /// ONNX Runtime's own threads, out of the worker's reach), or it made
+    /// no allocation on the worker's thread while the system allocator
+    /// served tensor-sized blocks ([`crate::RunInfo::check`]).
+    NotServed(String),
+    /// A [`crate::WorkerPool`] could not do what was asked: a pool of no
+    /// workers, a run's thread that could not be started, or a run that
+    /// panicked (its message).
+    Pool(String),
 }
 
 impl fmt::Display for OrtArenaError {
@@ -155,6 +165,8 @@ impl fmt::Display for OrtArenaError {
             Self::OutOfMemory(message) => write!(f, "out of memory: {message}"),
             Self::Arena(e) => write!(f, "arena: {e}"),
             Self::Device(e) => write!(f, "device arena: {e}"),
+            Self::NotServed(why) => write!(f, "run not served by the worker's arena: {why}"),
+            Self::Pool(why) => write!(f, "worker pool: {why}"),
         }
     }
 }

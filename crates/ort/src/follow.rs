@@ -2,6 +2,7 @@
 //! input down, and the worker holds the largest model's need.
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 /// When a [`Worker`](crate::Worker) gives cached memory back, at the end of
 /// a run.
@@ -22,19 +23,34 @@ use std::collections::VecDeque;
 /// [`GiveBack::Lazily`](crate::GiveBack::Lazily)): the large run then
 /// costs what it costs on held memory while the kernel has not needed the
 /// pages, which stay in the process's RSS (as `LazyFree`) until it does.
-/// Or hold more runs (`FollowInput { runs: 2 }` or more) or
-/// [`Shrink::KeepLargest`].
+/// Or hold more: the default, [`Shrink::Window`] of 1 s, holds the largest
+/// need of the last second, so sizes that alternate at a server's rate
+/// keep their memory (a 1280x1280 det run after a 320x320 one: 0.974x
+/// ONNX Runtime's arena's time, `BENCHMARKS.md`, issue 35), and idle decay
+/// ([`WorkerOptions::decay`](crate::WorkerOptions::decay)) gives it all
+/// back when traffic stops.
 ///
 /// A model that has not run in the worker's last 64 runs is forgotten.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shrink {
     /// Hold the largest of each model's last `runs` needs (at least 1).
-    /// With 1 (the default), memory comes down after a single smaller run;
+    /// With 1 (the default before issue 35), memory comes down after a
+    /// single smaller run;
     /// with `n`, after `n` smaller runs in a row, so inputs that alternate
     /// within `n` runs keep their memory.
     FollowInput {
         /// Runs of a model remembered.
         runs: u32,
+    },
+    /// Hold the largest of each model's needs over the last `time` (and
+    /// at least its last run's): inputs that alternate within `time` keep
+    /// their memory, and memory comes down at the first run after `time`
+    /// of smaller runs. Traffic that stops is left to idle decay
+    /// ([`WorkerOptions::decay`](crate::WorkerOptions::decay)), which gives
+    /// everything back after its idle time without a run.
+    Window {
+        /// How long a need is remembered.
+        time: Duration,
     },
     /// Hold the largest need each model ever had (the behaviour before
     /// memory followed the input): a repeated large input never commits
@@ -46,10 +62,18 @@ pub enum Shrink {
 }
 
 impl Default for Shrink {
-    /// [`Shrink::FollowInput`] after 1 run: chosen from the measurements
-    /// in `BENCHMARKS.md` (issue 20).
+    /// [`Shrink::Window`] of 1 s, with idle decay after
+    /// [`DEFAULT_DECAY`](crate::DEFAULT_DECAY): a server whose input sizes
+    /// alternate keeps the memory of its largest recent input (no page
+    /// faults when a large run follows a small one), memory follows the
+    /// input down 1 s after the large inputs stop, and all of it goes back
+    /// when traffic stops. Chosen from the measurements in
+    /// `BENCHMARKS.md` (issue 35); the previous default,
+    /// `FollowInput { runs: 1 }`, stays available.
     fn default() -> Self {
-        Shrink::FollowInput { runs: 1 }
+        Shrink::Window {
+            time: Duration::from_secs(1),
+        }
     }
 }
 
@@ -60,6 +84,9 @@ struct Model {
     id: u64,
     /// The last needs (FollowInput), or the largest (KeepLargest: one).
     needs: VecDeque<usize>,
+    /// Window: the needs of the window that no later need is at least as
+    /// large as, oldest first (so the front is the largest), with when.
+    timed: VecDeque<(usize, Instant)>,
     last_run: u64,
 }
 
@@ -82,11 +109,16 @@ impl Follow {
     /// Notes a successful run of `model` that needed `need` bytes; returns
     /// the bytes to hold now (`None`: give nothing back).
     pub(crate) fn after_run(&mut self, model: u64, need: usize) -> Option<usize> {
+        self.after_run_at(model, need, Instant::now())
+    }
+
+    /// [`Follow::after_run`] at a given time.
+    fn after_run_at(&mut self, model: u64, need: usize, now_t: Instant) -> Option<usize> {
         self.runs += 1;
         let keep = match self.policy {
             Shrink::Never => return None,
             Shrink::FollowInput { runs } => runs.max(1) as usize,
-            Shrink::KeepLargest => 1,
+            Shrink::KeepLargest | Shrink::Window { .. } => 1,
         };
         let now = self.runs;
         self.models
@@ -97,6 +129,7 @@ impl Follow {
                 self.models.push(Model {
                     id: model,
                     needs: VecDeque::with_capacity(keep),
+                    timed: VecDeque::new(),
                     last_run: now,
                 });
                 self.models.len() - 1
@@ -104,7 +137,23 @@ impl Follow {
         };
         let m = &mut self.models[i];
         m.last_run = now;
-        if self.policy == Shrink::KeepLargest {
+        if let Shrink::Window { time } = self.policy {
+            // A max-queue: needs no larger than this one, and older, can
+            // never be the largest again.
+            while m.timed.back().is_some_and(|&(n, _)| n <= need) {
+                m.timed.pop_back();
+            }
+            m.timed.push_back((need, now_t));
+            while m.timed.len() > 1
+                && m.timed
+                    .front()
+                    .is_some_and(|&(_, t)| now_t.saturating_duration_since(t) > time)
+            {
+                m.timed.pop_front();
+            }
+            m.needs.clear();
+            m.needs.extend(m.timed.front().map(|&(n, _)| n));
+        } else if self.policy == Shrink::KeepLargest {
             let largest = m.needs.pop_front().unwrap_or(0).max(need);
             m.needs.push_back(largest);
         } else {
@@ -142,19 +191,39 @@ mod tests {
         assert_eq!(f.after_run(1, 10), Some(100));
         assert_eq!(f.after_run(1, 10), Some(10));
         assert_eq!(f.after_run(1, 50), Some(50));
-        let mut f = Follow::new(Shrink::default());
+        let mut f = Follow::new(Shrink::FollowInput { runs: 1 });
         assert_eq!(f.after_run(1, 100), Some(100));
         assert_eq!(f.after_run(1, 10), Some(10));
     }
 
     #[test]
     fn the_worker_holds_the_largest_model() {
-        let mut f = Follow::new(Shrink::default());
+        let mut f = Follow::new(Shrink::FollowInput { runs: 1 });
         f.after_run(1, 300); // det, large image
         f.after_run(2, 20); // cls
         assert_eq!(f.after_run(3, 80), Some(300)); // rec
         assert_eq!(f.after_run(1, 50), Some(80)); // det, small image
         assert_eq!(f.after_run(2, 20), Some(80));
+    }
+
+    #[test]
+    fn a_window_holds_the_largest_recent_need() {
+        let t0 = Instant::now();
+        let s = |ms| t0 + Duration::from_millis(ms);
+        let mut f = Follow::new(Shrink::Window {
+            time: Duration::from_millis(100),
+        });
+        // Alternating sizes within the window hold the large one.
+        assert_eq!(f.after_run_at(1, 300, s(0)), Some(300));
+        assert_eq!(f.after_run_at(1, 50, s(10)), Some(300));
+        assert_eq!(f.after_run_at(1, 300, s(20)), Some(300));
+        assert_eq!(f.after_run_at(1, 50, s(90)), Some(300));
+        // 100 ms after the last large run: down to the recent small ones.
+        assert_eq!(f.after_run_at(1, 40, s(121)), Some(50));
+        assert_eq!(f.after_run_at(1, 40, s(400)), Some(40));
+        // Another model's large need is held beside.
+        assert_eq!(f.after_run_at(2, 500, s(401)), Some(500));
+        assert_eq!(f.after_run_at(1, 10, s(402)), Some(500));
     }
 
     #[test]
@@ -170,7 +239,7 @@ mod tests {
 
     #[test]
     fn a_model_not_run_for_long_is_forgotten() {
-        let mut f = Follow::new(Shrink::default());
+        let mut f = Follow::new(Shrink::FollowInput { runs: 1 });
         f.after_run(1, 1000);
         for _ in 0..FORGET_AFTER {
             f.after_run(2, 10);

@@ -8,31 +8,42 @@
 mod adopt;
 mod block;
 mod cuda;
+mod decay;
 mod error;
 mod follow;
 mod key;
+mod pool;
 mod raw;
+mod runners;
 #[cfg(feature = "load-dynamic")]
 mod runtime;
+mod served;
 mod session;
 mod slot;
 mod tensors;
 mod worker;
 
-pub use adopt::{is_registered, register, SessionBuilderExt};
+pub use adopt::{is_registered, is_registered_on, register, SessionBuilderExt};
 pub use cuda::{cuda_run, cuda_shrink, cuda_stats, CudaExt, CudaRun, DeviceStats, TorchStats};
+pub use decay::DEFAULT_DECAY;
 pub use error::OrtArenaError;
 pub use follow::Shrink;
 pub use key::{KeyInputs, RunKey};
 pub use ort;
+pub use pool::{Checkout, CheckoutFuture, PoolStats, WorkerPool};
 #[cfg(feature = "load-dynamic")]
 pub use runtime::Runtime;
+pub use served::NotServed;
 #[cfg(feature = "load-dynamic")]
 pub use session::open_session;
 pub use session::{
     run_shared, ArenaOptions, ArenaSession, Memory, RunOutput, SessionOptions, SessionWorker,
 };
 pub use tensor_arena::memory::{GiveBack, PagesConfig};
+/// What a server needs of the arena crate without depending on it: one
+/// memory limit for every worker ([`Budget`], [`BudgetStats`]) and the
+/// arena's stats.
+pub use tensor_arena::{ArenaConfig, Budget, BudgetStats, Stats};
 pub use tensors::{hash_outputs, make_input, make_input_in, InputSpec};
 pub use worker::{Plans, RunInfo, Worker, WorkerOptions};
 
@@ -58,6 +69,17 @@ pub struct AllocatorCounters {
     pub alloc_bytes: u64,
     /// Of those, bytes served by the system allocator.
     pub system_bytes: u64,
+}
+
+/// Whether a request nothing can serve is refused to ONNX Runtime with
+/// `std::bad_alloc` (its run then fails with a status, and the process goes
+/// on): true once [`register`] has found the C++ runtime the ONNX Runtime
+/// library binds `__cxa_throw` to (`tensor_arena::cxx::runtime_for`). When
+/// false, `Alloc` returns null for such a request, which ONNX Runtime does
+/// not check (the process then crashes): seen only with a library that
+/// carries a hidden C++ runtime of its own.
+pub fn bad_alloc_available() -> bool {
+    raw::can_throw()
 }
 
 /// The registered allocator's counters.

@@ -3,10 +3,15 @@
 //! module calls [`crate::slot`] (whose blocks carry the header of
 //! [`crate::block`]), never the reverse.
 //!
-//! Every `extern "system"` function is a thin trampoline: it catches any
-//! panic of the safe Rust function it calls (`alloc`, `free`) and turns it
-//! into a system-allocator block or a leak, so a panic never unwinds into
-//! ONNX Runtime.
+//! Every function in the `OrtAllocator` table is a thin trampoline: it
+//! catches any panic of the safe Rust function it calls (`alloc`, `free`,
+//! the memory info) and turns it into a system-allocator block, a leak or
+//! a null info, so a *panic* never unwinds into ONNX Runtime. One thing
+//! does unwind on purpose: `Alloc` (`extern "C-unwind"`), when nothing can
+//! serve a request, throws the C++ `std::bad_alloc` that ONNX Runtime's own
+//! allocators throw and its kernels catch (`tensor_arena::cxx`), after its
+//! `catch_unwind` has returned, with no Rust value left to drop in its
+//! frame. `Free` and `Info` never unwind.
 
 use crate::block::{read_header, Header, ALIGN, HEADER};
 use crate::slot::{self, Slot};
@@ -169,7 +174,7 @@ extern "C-unwind" fn tensor_arena_alloc(
     }
     THREAD_FAILED_ALLOCS.with(|c| c.set(c.get() + 1));
     if THROW_ON_FAILURE.with(std::cell::Cell::get) {
-        if let Some(rt) = tensor_arena::cxx::runtime() {
+        if let Some(rt) = THROWER.get().copied().flatten() {
             // SAFETY: this is the `extern "C-unwind"` function ONNX Runtime
             // calls (C++), and nothing in this frame has a destructor or
             // holds a lock now: the exception may unwind it.
@@ -177,6 +182,25 @@ extern "C-unwind" fn tensor_arena_alloc(
         }
     }
     std::ptr::null_mut()
+}
+
+/// The C++ runtime `Alloc` throws `std::bad_alloc` through: the one the
+/// ONNX Runtime library binds `__cxa_throw` to (`None`: it cannot be
+/// established, and `Alloc` returns null). Set at registration.
+static THROWER: std::sync::OnceLock<Option<&'static tensor_arena::cxx::CxxRuntime>> =
+    std::sync::OnceLock::new();
+
+/// The runtime of the loaded ONNX Runtime library, found through the
+/// address of one of its API functions.
+fn onnxruntime_cxx() -> Option<&'static tensor_arena::cxx::CxxRuntime> {
+    let run = ort::api().Run as *const c_void;
+    tensor_arena::cxx::runtime_for(run)
+}
+
+/// Whether `Alloc` can throw `std::bad_alloc` into ONNX Runtime (the C++
+/// runtime ONNX Runtime uses was found at registration).
+pub(crate) fn can_throw() -> bool {
+    THROWER.get().copied().flatten().is_some()
 }
 
 /// `Alloc`'s type in the `OrtAllocator` table.
@@ -239,9 +263,10 @@ static ALLOCATOR: Registered = Registered(std::cell::UnsafeCell::new(ort::sys::O
     ..unsafe { ort::sys::OrtAllocator::default() }
 }));
 
-/// Registers the allocator on `env` (once per process: ONNX Runtime allows
-/// one environment per process).
-pub(crate) fn register(env: &ort::environment::Environment) -> Result<(), String> {
+/// Registers the allocator on `env`, a live environment (borrowed for the
+/// call); [`crate::register`] first asks the environment whether it has it
+/// ([`registered_on`]).
+pub(crate) fn register_ptr(env: *mut ort::sys::OrtEnv) -> Result<(), String> {
     let info = ort::memory::MemoryInfo::new(
         ort::memory::AllocationDevice::CPU,
         0,
@@ -250,15 +275,37 @@ pub(crate) fn register(env: &ort::environment::Environment) -> Result<(), String
     )
     .map_err(|e| e.message().to_string())?;
     let _ = MEMORY_INFO.set(Info(info));
-    // Find the C++ runtime now, not while a run is out of memory.
-    let _ = tensor_arena::cxx::runtime();
+    // Find the C++ runtime now, not while a run is out of memory: the one
+    // ONNX Runtime itself binds `__cxa_throw` to (found from one of its API
+    // functions), or none.
+    let _ = THROWER.get_or_init(onnxruntime_cxx);
     let api = ort::api();
-    // SAFETY: 1. `env.ptr()` is a live environment (borrowed for the call);
+    // SAFETY: 1. `env` is a live environment (the caller's, for the call);
     // 2. `ALLOCATOR` is a `static`, so it outlives the environment; its
     // function pointers are the trampolines above, which match the C
-    // signatures and never unwind; 3. ONNX Runtime does not write to it.
-    let status = unsafe { (api.RegisterAllocator)(env.ptr().cast_mut(), ALLOCATOR.0.get()) };
+    // signatures and unwind into ONNX Runtime only with the `std::bad_alloc`
+    // `Alloc` throws (see `tensor_arena_alloc`), never with a panic; 3. ONNX
+    // Runtime does not write to it.
+    let status = unsafe { (api.RegisterAllocator)(env, ALLOCATOR.0.get()) };
     status_result(status)
+}
+
+/// Whether `env` holds this allocator as its shared CPU allocator now
+/// (ONNX Runtime's `GetSharedAllocator`): the environment itself says, so
+/// an environment released and made again (at the same address, perhaps)
+/// is seen as the new, unregistered one it is.
+pub(crate) fn registered_on(env: *mut ort::sys::OrtEnv) -> Result<bool, String> {
+    let Some(info) = MEMORY_INFO.get() else {
+        return Ok(false);
+    };
+    let api = ort::api();
+    let mut found: *mut ort::sys::OrtAllocator = std::ptr::null_mut();
+    // SAFETY: 1. `env` is a live environment (the caller's obligation,
+    // borrowed for the call); 2. `info` is the live memory info the
+    // allocator was registered with; 3. `found` is written once.
+    let status = unsafe { (api.GetSharedAllocator)(env, info.0.ptr(), &mut found) };
+    status_result(status)?;
+    Ok(std::ptr::eq(found, ALLOCATOR.0.get()))
 }
 
 /// Registers ONNX Runtime's *own* CPU arena allocator on `env`, shared by
@@ -315,6 +362,12 @@ fn status_result(status: ort::sys::OrtStatusPtr) -> Result<(), String> {
     // SAFETY: released once; not used afterwards.
     unsafe { (api.ReleaseStatus)(status.as_ptr()) };
     Err(message)
+}
+
+/// [`status_result`] for the tests of other modules.
+#[cfg(test)]
+pub(crate) fn status_result_for_tests(status: ort::sys::OrtStatusPtr) -> Result<(), String> {
+    status_result(status)
 }
 
 /// Runs `session` on the given inputs through the C API directly, from
@@ -506,6 +559,28 @@ mod tests {
 
     fn this_ptr() -> *mut ort::sys::OrtAllocator {
         ALLOCATOR.0.get()
+    }
+
+    /// Review finding 4 (issue 35): the module's docs and SAFETY comments
+    /// must not say that every trampoline never unwinds, since `Alloc`
+    /// throws `std::bad_alloc` on purpose; they say which one does.
+    #[test]
+    fn the_docs_say_that_alloc_unwinds_on_purpose() {
+        let src = include_str!("raw.rs");
+        let docs: String = src
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(docs.contains("`Alloc` (`extern \"C-unwind\"`)"), "{docs}");
+        assert!(docs.contains("throws the C++ `std::bad_alloc`"), "{docs}");
+        let unqualified = ["never unwinds into C", "and never unwind;"];
+        for claim in unqualified {
+            let n = src.matches(claim).count();
+            // Once each: here, in this test's own list.
+            assert_eq!(n, 1, "raw.rs claims {claim:?} again");
+        }
+        assert_eq!(ALLOC_FN as usize, tensor_arena_alloc as *const () as usize);
     }
 
     #[test]

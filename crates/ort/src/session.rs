@@ -176,9 +176,11 @@ pub struct ArenaOptions {
     pub plans: bool,
     /// Plans kept, least recently used out (default 64).
     pub plan_capacity: usize,
-    /// When workers give cached memory back (default: memory follows the
-    /// input down after 1 smaller run).
+    /// When workers give cached memory back (default [`Shrink::default`]).
     pub shrink: Shrink,
+    /// Each worker's idle decay (see [`WorkerOptions::decay`]; default
+    /// [`DEFAULT_DECAY`](crate::DEFAULT_DECAY)).
+    pub decay: Option<std::time::Duration>,
     /// Each worker's memory layer (see [`WorkerOptions::pages`]).
     pub pages: PagesConfig,
     /// Threads of ONNX Runtime's intra-op pool; 0 (the default) leaves ONNX
@@ -199,6 +201,7 @@ impl Default for ArenaOptions {
             pages: PagesConfig::default(),
             intra_threads: 0,
             budget: None,
+            decay: Some(crate::DEFAULT_DECAY),
         }
     }
 }
@@ -211,6 +214,7 @@ impl ArenaOptions {
             shrink: self.shrink,
             pages: self.pages,
             budget: self.budget.clone(),
+            decay: self.decay,
         }
     }
 }

@@ -221,6 +221,22 @@ impl Slot {
     }
 }
 
+impl Slot {
+    /// Idle decay ([`crate::decay`]): if no run holds the arena, gives all
+    /// its cached memory back, what was given back lazily included, and
+    /// returns the bytes; `None` if a run holds it (never waited for).
+    pub(crate) fn try_decay(&self) -> Option<usize> {
+        let mut core = self.core.try_lock()?;
+        if core.run.is_some() {
+            return None;
+        }
+        self.drain(&mut core);
+        let released = core.arena().shrink_to(0) + core.arena().give_back_now();
+        self.publish(&core);
+        Some(released)
+    }
+}
+
 impl Reclaim for Slot {
     /// An idle worker (its core not locked: no run open) gives back all its
     /// cached memory, what it gave back lazily included (memory is short);
@@ -438,5 +454,27 @@ impl Core {
     /// The arena's stats now.
     pub(crate) fn arena_stats(&self) -> Stats {
         self.stats()
+    }
+
+    /// A block of `size` bytes for the tests, as `Alloc` would hand out.
+    #[cfg(test)]
+    pub(crate) fn test_alloc(&mut self, owner: &Arc<Slot>, size: usize) -> usize {
+        match self.alloc(owner, size) {
+            Served::Arena(p) => p.as_ptr() as usize,
+            _ => panic!("the arena refused {size} bytes"),
+        }
+    }
+
+    /// Frees a block of [`Core::test_alloc`], releasing the slot reference
+    /// its header holds.
+    #[cfg(test)]
+    pub(crate) fn test_free(&mut self, user: usize) {
+        let p = NonNull::new(user as *mut u8).expect("a block's address");
+        // SAFETY: `user` came from `test_alloc` and its block is still live.
+        let header = unsafe { crate::block::read_header(p) }.expect("a block's header");
+        self.free(user);
+        // SAFETY: the header's owner is the `Arc<Slot>` reference the block
+        // took in `alloc`; given back once, here.
+        drop(unsafe { Arc::from_raw(header.owner as *const Slot) });
     }
 }

@@ -1,12 +1,15 @@
 //! A thread's arena for ONNX Runtime runs: owned, `Send`, any number of
 //! models, wrapped around the caller's own `session.run(...)`.
 
+use crate::decay::Decay;
 use crate::follow::{Follow, Shrink};
 use crate::key::RunKey;
+use crate::served::{NotServed, Watch};
 use crate::slot::{self, Slot};
 use crate::OrtArenaError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tensor_arena::memory::PagesConfig;
 use tensor_arena::{
     ArenaConfig, Budget, DynamicReason, FamilyStats, Lookup, PlanCache, PlanSource, PlanStats,
@@ -104,6 +107,15 @@ pub struct WorkerOptions {
     /// back, at its run's end, what it holds for its other models: down to
     /// that run's need ([`Budget::pressure`]). Default: none.
     pub budget: Option<Arc<Budget>>,
+    /// Idle decay: when the worker has not run for this long, its cached
+    /// memory goes back to the kernel (all of it, what was given back
+    /// lazily included; live outputs keep their blocks), with no call from
+    /// the server: a thread of the process does it, never waiting for a
+    /// busy worker (`BENCHMARKS.md`, issue 35, says how). The next run
+    /// commits again. `None`: memory stays until the shrink policy or
+    /// [`Worker::shrink`] gives it back. Default
+    /// [`DEFAULT_DECAY`](crate::DEFAULT_DECAY) (2 s).
+    pub decay: Option<Duration>,
 }
 
 impl Default for WorkerOptions {
@@ -114,6 +126,7 @@ impl Default for WorkerOptions {
             shrink: Shrink::default(),
             pages: PagesConfig::default(),
             budget: None,
+            decay: Some(crate::DEFAULT_DECAY),
         }
     }
 }
@@ -144,12 +157,27 @@ pub struct RunInfo {
     pub released: usize,
     /// The run's key.
     pub key: RunKey,
+    /// Set when the run's tensors did not come from the arena: the closure
+    /// returned `session.run_async`'s future, or made no allocation on this
+    /// thread while the system allocator served tensors
+    /// ([`RunInfo::check`]).
+    pub not_served: Option<NotServed>,
 }
 
 impl RunInfo {
     /// Whether the run failed because memory ran out.
     pub fn out_of_memory(&self) -> bool {
         !self.succeeded && self.failed_allocs > 0
+    }
+
+    /// `Err` when the run was not served by the arena
+    /// ([`RunInfo::not_served`]): for a server that refuses such runs,
+    /// `worker.last_run().map_or(Ok(()), RunInfo::check)?`.
+    ///
+    /// # Errors
+    /// [`OrtArenaError::NotServed`], saying why and what to do instead.
+    pub fn check(&self) -> Result<(), OrtArenaError> {
+        self.not_served.map_or(Ok(()), |n| Err(n.into()))
     }
 }
 
@@ -174,6 +202,8 @@ pub struct Worker {
     last: Option<RunInfo>,
     /// The budget's [`Budget::pressure`] when this worker last looked.
     pressure_seen: u64,
+    /// Idle decay, if on.
+    decay: Option<Arc<Decay>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -194,8 +224,10 @@ impl Worker {
     /// [`OrtArenaError::Arena`] if `options.arena` is invalid.
     pub fn new(options: WorkerOptions) -> Result<Self, OrtArenaError> {
         options.arena.validate()?;
+        let slot = Slot::new(options.arena, options.pages, options.budget.as_ref())?;
         Ok(Self {
-            slot: Slot::new(options.arena, options.pages, options.budget.as_ref())?,
+            decay: options.decay.map(|idle| Decay::register(&slot, idle)),
+            slot,
             follow: Follow::new(options.shrink),
             pressure_seen: options.budget.as_ref().map_or(0, |b| b.pressure()),
             options,
@@ -237,6 +269,7 @@ impl Worker {
         core.begin_run(lookup.plan.clone(), record);
         let calls_before = crate::raw::thread_alloc_calls();
         let failed_before = crate::raw::thread_failed_allocs();
+        let watch = Watch::start();
         let result = {
             let _entered = slot::enter(&slot, &mut core);
             f()
@@ -284,7 +317,11 @@ impl Worker {
         self.runs += 1;
         slot.publish(&core);
         drop(core);
+        if let Some(d) = &self.decay {
+            d.used();
+        }
         self.last = Some(RunInfo {
+            not_served: watch.finish::<T>(calls.0 - calls_before.0),
             report,
             alloc_calls: calls.0 - calls_before.0,
             refused_allocs: calls.1 - calls_before.1,

@@ -431,8 +431,21 @@ impl<M: HostMemory> Arena<M> {
     }
 
     /// A snapshot of the counters.
+    ///
+    /// # Panics
+    /// If called while this arena is in the middle of a call on this
+    /// thread (from a budget member's [`Reclaim`](crate::Reclaim) during
+    /// this arena's commit); [`Arena::try_stats`] answers `None` there.
     pub fn stats(&self) -> Stats {
         self.state.borrow().raw.stats()
+    }
+
+    /// The counters, or `None` while this arena is in the middle of a call
+    /// on this thread (a commit that asks a budget's members to reclaim):
+    /// the one call a [`Reclaim`](crate::Reclaim) member may make on the
+    /// arena being committed.
+    pub fn try_stats(&self) -> Option<Stats> {
+        self.state.try_borrow().ok().map(|st| st.raw.stats())
     }
 
     /// Gives the memory this arena decommitted lazily

@@ -149,7 +149,7 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
                 shrink: if strategy == OrtStrategy::PlannedKeep {
                     tensor_arena_ort::Shrink::KeepLargest
                 } else {
-                    tensor_arena_ort::Shrink::default()
+                    tensor_arena_ort::Shrink::FollowInput { runs: 1 }
                 },
                 pages: tensor_arena_ort::PagesConfig {
                     give_back: if strategy == OrtStrategy::PlannedLazy {

@@ -41,7 +41,9 @@ pub enum OrtStrategy {
     /// tensor-arena, dynamic (no plans).
     Arena,
     /// tensor-arena with shape-keyed plans, memory following the input
-    /// down (the default of `tensor-arena-ort`).
+    /// down after each smaller run (`Shrink::FollowInput { runs: 1 }`, the
+    /// default of `tensor-arena-ort` before its time window: this command
+    /// runs inputs back to back, where a window would hold them all).
     Planned,
     /// tensor-arena with plans, holding the largest need seen
     /// (`Shrink::KeepLargest`, the behaviour before memory followed the

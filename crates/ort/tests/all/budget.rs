@@ -182,6 +182,7 @@ fn relieving_a_budget_takes_lazily_given_back_memory_out_at_once() {
             give_back: tensor_arena_ort::GiveBack::Lazily,
             ..Default::default()
         },
+        shrink: tensor_arena_ort::Shrink::FollowInput { runs: 1 },
         ..WorkerOptions::default()
     })
     .unwrap();

@@ -106,9 +106,13 @@ fn shrink_policy_follows_small_inputs() {
 }
 
 #[test]
-fn the_default_follows_a_small_input_down_and_commits_again_in_place() {
-    let session =
-        ArenaSession::open(runtime(), model("ppocr_rec.onnx"), ArenaOptions::default()).unwrap();
+fn following_each_run_a_small_input_brings_memory_down_and_commits_again_in_place() {
+    // The default before issue 35, kept as an option.
+    let options = ArenaOptions {
+        shrink: Shrink::FollowInput { runs: 1 },
+        ..ArenaOptions::default()
+    };
+    let session = ArenaSession::open(runtime(), model("ppocr_rec.onnx"), options).unwrap();
     let large = inputs(session.inputs(), &[("x", &[1, 3, 48, 1600])], 1);
     let small = inputs(session.inputs(), &[("x", &[1, 3, 48, 100])], 2);
     let mut worker = session.worker().unwrap();
@@ -144,6 +148,35 @@ fn the_default_follows_a_small_input_down_and_commits_again_in_place() {
     assert_eq!(backing(&worker), before, "{third:?}");
 }
 
+#[test]
+fn the_default_holds_alternating_sizes_and_follows_down_after_its_window() {
+    let session =
+        ArenaSession::open(runtime(), model("ppocr_rec.onnx"), ArenaOptions::default()).unwrap();
+    let large = inputs(session.inputs(), &[("x", &[1, 3, 48, 1600])], 1);
+    let small = inputs(session.inputs(), &[("x", &[1, 3, 48, 100])], 2);
+    let mut worker = session.worker().unwrap();
+    drop(run(&mut worker, &large));
+    let after_large = worker.stats().reserved;
+    // Sizes alternating at full rate: the large one's memory is held, so a
+    // large run after a small one makes no memory-layer call.
+    for _ in 0..2 {
+        drop(run(&mut worker, &small));
+        assert_eq!(worker.stats().reserved, after_large);
+        let before = backing(&worker);
+        let again = run(&mut worker, &large).report;
+        assert!(again.planned, "{again:?}");
+        assert_eq!(backing(&worker), before, "{again:?}");
+    }
+    // A window (1 s) of small runs only: memory follows them down.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    drop(run(&mut worker, &small));
+    let after_small = worker.stats().reserved;
+    assert!(
+        after_small * 4 < after_large,
+        "reserved {after_small} after the window, {after_large} after the large run"
+    );
+}
+
 /// The outputs' hash of a run.
 fn hash(out: &RunOutput) -> u64 {
     tensor_arena_ort::hash_outputs(out.outputs.iter().map(|(n, v)| (n.as_str(), v))).unwrap()
@@ -156,6 +189,7 @@ fn given_back_lazily_memory_still_follows_the_input_down_and_outputs_match() {
             give_back: GiveBack::Lazily,
             ..PagesConfig::default()
         },
+        shrink: Shrink::FollowInput { runs: 1 },
         ..ArenaOptions::default()
     };
     let session = ArenaSession::open(runtime(), model("ppocr_rec.onnx"), options).unwrap();
