@@ -35,6 +35,7 @@
 
 mod checks;
 mod counting;
+mod families;
 mod faulty;
 mod model;
 mod op;

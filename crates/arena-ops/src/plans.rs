@@ -24,6 +24,9 @@ const MAX_BLOCKS: usize = 48;
 const MAX_EVENTS: usize = 160;
 
 /// Runs one fuzz input: the first byte chooses how the rest is read.
+/// - 7 modulo 8: a plan family ([`crate::families::families`]): a run
+///   structure, sizes as functions of a key, and runs at keys from the
+///   bytes, planned exactly, predicted or not at all;
 /// - even: as JSON text, deserialized both as a [`Plan`] and as a
 ///   [`Recording`] (then planned with [`Plan::from_recording`]);
 /// - odd: as structured data: a recording, and offsets, size, alignment and
@@ -40,6 +43,10 @@ pub fn plans(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
+    if mode % 8 == 7 {
+        crate::families::families(&mut Unstructured::new(rest));
+        return;
+    }
     if mode % 2 == 0 {
         if let Ok(plan) = serde_json::from_slice::<Plan>(rest) {
             check_accepted(&plan);
@@ -87,7 +94,7 @@ fn check_accepted(plan: &Plan) {
 
 /// A recording: mostly a valid run (allocations in order, frees of live
 /// blocks), sometimes corrupted.
-fn recording(u: &mut Unstructured<'_>) -> arbitrary::Result<Recording> {
+pub(crate) fn recording(u: &mut Unstructured<'_>) -> arbitrary::Result<Recording> {
     let n = usize::from(u8::arbitrary(u)?) % MAX_BLOCKS;
     let mut rec = Recording::new();
     for _ in 0..n {
@@ -189,9 +196,9 @@ fn tamper(plan: &Plan, u: &mut Unstructured<'_>) -> arbitrary::Result<PlanParts>
 }
 
 /// A live block of a driven run and its fill byte.
-struct Live<'a, 'c> {
-    block: Block<'a, Heap<&'c Counting>>,
-    fill: u8,
+pub(crate) struct Live<'a, 'c> {
+    pub(crate) block: Block<'a, Heap<&'c Counting>>,
+    pub(crate) fill: u8,
 }
 
 /// Serves a planned run of `plan`: follows its events, and with the bytes
@@ -547,7 +554,7 @@ fn check_planned(plan: &Plan, base: &mut Option<usize>, served: &mut usize, at: 
 }
 
 /// No two live blocks overlap, and every fill pattern is intact.
-fn check<'a, 'b: 'a, 'c: 'b>(live: impl Iterator<Item = &'a Live<'b, 'c>> + Clone) {
+pub(crate) fn check<'a, 'b: 'a, 'c: 'b>(live: impl Iterator<Item = &'a Live<'b, 'c>> + Clone) {
     let mut ranges: Vec<(usize, usize)> = live
         .clone()
         .filter(|l| !l.block.is_empty())

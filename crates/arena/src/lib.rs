@@ -16,7 +16,7 @@ mod pressure;
 mod raw;
 mod shared;
 mod stats;
-pub mod trace;
+pub use plan::trace;
 
 pub use allocator_api2;
 pub use arena::{Arena, Block, Run, ScopedBlock, ScopedRun, TypedBlock};

@@ -322,14 +322,14 @@ struct Planner {
 
 /// How a run was served, in words: `exact`, `predicted`, `fell back
 /// (larger)`, `dynamic (new family)`...
-pub fn served_as(lookup: &Lookup, report: &RunReport) -> String {
+pub fn served_as(source: PlanSource, report: &RunReport) -> String {
     let why = |d: Option<Deviation>| match d {
         Some(Deviation::Larger) => "larger",
         Some(Deviation::Extra) => "extra",
         Some(Deviation::Order) => "order",
         Some(Deviation::Short) | None => "short",
     };
-    match lookup.source {
+    match source {
         PlanSource::Exact | PlanSource::Predicted if !report.planned => "dynamic (off)".into(),
         PlanSource::Exact if report.deviated => format!("exact, left ({})", why(report.deviation)),
         PlanSource::Exact => "exact".into(),
@@ -453,7 +453,7 @@ impl Backend for ArenaBackend<'_> {
                 // Every shape seen is now served from its plan's block.
                 self.arena.shrink_to(p.largest);
             }
-            served = Some(served_as(&p.lookup, &report));
+            served = Some(served_as(p.lookup.source, &report));
         }
         if self.shrink == ShrinkMode::ManualAfterSmaller && smaller {
             self.arena.shrink();

@@ -7,6 +7,7 @@
 
 mod alloc_api;
 mod block;
+mod replay;
 mod run;
 mod scoped;
 

@@ -61,6 +61,7 @@ mod family;
 mod fit;
 mod recording;
 pub mod solver;
+pub mod trace;
 
 pub use cache::{Lookup, PlanCache, PlanStats};
 pub use dims::KeyDims;

@@ -46,6 +46,8 @@ struct Step {
     /// Why the run failed (out of memory, say); the worker goes on with the
     /// next run.
     error: Option<String>,
+    /// How the run was planned (arena strategies).
+    plan: Option<String>,
 }
 
 /// The session of a strategy: ONNX Runtime's own memory, or tensor-arena's.
@@ -258,6 +260,7 @@ fn run_all(args: &OrtArgs, strategy: OrtStrategy, job: &Job<'_>) -> Result<Strat
                 backing_calls: None,
                 output_hash: String::new(),
                 error: None,
+                plan: None,
             });
         }
         // Every row is measured: the workers may drop their arenas now.
@@ -302,6 +305,7 @@ fn fill_row(row: &mut RunRow, steps: &[&Step], strategy: OrtStrategy) {
         row.reserved = Some(steps.iter().map(|s| s.reserved as u64).sum());
         row.lazily_given_back = Some(steps.iter().map(|s| s.lazily_given_back as u64).sum());
         row.backing_calls = Some(steps.iter().map(|s| s.memory_calls).sum());
+        row.plan = steps[0].plan.clone();
     }
 }
 
@@ -388,6 +392,7 @@ fn one_run(
             step.nanos = t.elapsed().as_nanos() as u64;
             step.hash = out.hash().map_err(|e| e.to_string())?;
             step.peak_in_use = out.report.peak_in_use;
+            step.plan = Some(crate::strategies::served_as(out.plan, &out.report));
             drop(out);
             let after = w.stats();
             step.reserved = after.reserved;

@@ -39,6 +39,28 @@ pub struct RunRow {
     /// went on with its next run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// How an arena strategy planned the run (the first worker's): exact,
+    /// predicted from the model's earlier shapes, fell back (and why) or
+    /// dynamic (and why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+}
+
+/// Runs by how they were planned, in words: `exact 3, predicted 5 (1 fell
+/// back), dynamic 2`.
+pub fn plan_counts(runs: &[RunRow]) -> String {
+    let count = |prefix: &str| {
+        runs.iter()
+            .filter(|r| r.plan.as_deref().is_some_and(|p| p.starts_with(prefix)))
+            .count()
+    };
+    let fell = count("fell back");
+    format!(
+        "exact {}, predicted {} ({fell} fell back), dynamic {}",
+        count("exact"),
+        count("predicted") + fell,
+        count("dynamic")
+    )
 }
 
 /// One strategy's report.
@@ -219,7 +241,7 @@ pub fn tables(args: &OrtArgs, reports: &[StrategyReport]) -> String {
             .max(5);
         let _ = writeln!(
             out,
-            "  {:<w$}  {:>9}  {:>9}  {:>9}  {:>11}  {:>12}  {:>12}  {:>16}",
+            "  {:<w$}  {:>9}  {:>9}  {:>9}  {:>11}  {:>12}  {:>12}  {:>16}  plan",
             "run",
             "RSS MiB",
             peak_head,
@@ -238,7 +260,7 @@ pub fn tables(args: &OrtArgs, reports: &[StrategyReport]) -> String {
         for x in &r.runs {
             let _ = writeln!(
                 out,
-                "  {:<w$}  {:>9}  {:>9}  {:>9.2}  {:>11}  {:>12}  {:>12}  {:>16}",
+                "  {:<w$}  {:>9}  {:>9}  {:>9.2}  {:>11}  {:>12}  {:>12}  {:>16}  {}",
                 x.label,
                 mib(x.rss_bytes),
                 mib(x.peak_rss_bytes),
@@ -251,8 +273,12 @@ pub fn tables(args: &OrtArgs, reports: &[StrategyReport]) -> String {
                     "FAILED"
                 } else {
                     x.output_hash.as_str()
-                }
+                },
+                x.plan.as_deref().unwrap_or("-")
             );
+        }
+        if r.runs.iter().any(|x| x.plan.is_some()) {
+            let _ = writeln!(out, "  plans: {}", plan_counts(&r.runs));
         }
         if !lazy.is_empty() {
             let _ = writeln!(

@@ -7,7 +7,7 @@
 //! the peak), `start` to take the first requests, `finished` after the last request (the main thread reads the RSS
 //! with the workers still holding their memory), `release` to let them go.
 
-use super::report::{BudgetReport, ConfigReport};
+use super::report::{BudgetReport, ConfigReport, ModelPlans};
 use super::stream::{self, Request, Stage};
 use super::{PoolArgs, PoolConfig};
 use crate::ort_cmd::child::{load_runtime, run_error};
@@ -47,6 +47,9 @@ struct Served {
     nanos: u64,
     model_runs: u64,
     outcome: Result<u64, String>,
+    /// tensor-arena: each model run's stage and whether it was served on a
+    /// plan (its key's own or a predicted one) to its end.
+    on_plan: Vec<(Stage, bool)>,
 }
 
 /// State the main thread and the workers share.
@@ -253,7 +256,31 @@ fn serve(
         served.len(),
         failed.len()
     );
+    let plans = (!matches!(config, PoolConfig::OrtDefault | PoolConfig::OrtShared)).then(|| {
+        Stage::ALL
+            .iter()
+            .map(|&stage| {
+                let c = shared.models.plans[stage.index()].stats().runs;
+                // Runs of the 4th request on, by whether a plan served them.
+                let later: Vec<bool> = served
+                    .iter()
+                    .filter(|s| s.index >= 3)
+                    .flat_map(|s| s.on_plan.iter().filter(|x| x.0 == stage).map(|x| x.1))
+                    .collect();
+                ModelPlans {
+                    model: stage.name().to_string(),
+                    exact: c.exact,
+                    predicted: c.predicted,
+                    fell_back: c.fell_back(),
+                    dynamic: c.dynamic,
+                    runs_from_4th: later.len() as u64,
+                    on_plan_from_4th: later.iter().filter(|&&p| p).count() as u64,
+                }
+            })
+            .collect()
+    });
     Ok(ConfigReport {
+        plans,
         config: name.to_string(),
         workers: args.workers,
         intra_threads: args.intra_threads,
@@ -322,6 +349,7 @@ fn worker(shared: &Shared<'_>, mut memories: Memories) -> Vec<Served> {
             nanos: 0,
             model_runs: 0,
             outcome: Err("the worker panicked serving it".into()),
+            on_plan: Vec::new(),
         });
         if one.outcome.is_err() {
             shared.failed.fetch_add(1, Ordering::Relaxed);
@@ -343,6 +371,7 @@ fn serve_one(models: &Models, memories: &mut Memories, request: &Request, index:
         nanos: 0,
         model_runs: 0,
         outcome: Ok(0),
+        on_plan: Vec::new(),
     };
     let inputs: Result<Vec<DynValue>, String> = request
         .runs
@@ -365,7 +394,12 @@ fn serve_one(models: &Models, memories: &mut Memories, request: &Request, index:
     for ((stage, _), input) in request.runs.iter().zip(&inputs) {
         served.model_runs += 1;
         match run_model(models, memories, *stage, input) {
-            Ok(x) => h = mix(h, x),
+            Ok((x, on_plan)) => {
+                h = mix(h, x);
+                if let Some(p) = on_plan {
+                    served.on_plan.push((*stage, p));
+                }
+            }
             Err(e) => {
                 served.outcome = Err(format!("{}: {e}", stage.name()));
                 served.nanos = t.elapsed().as_nanos() as u64;
@@ -378,13 +412,14 @@ fn serve_one(models: &Models, memories: &mut Memories, request: &Request, index:
     served
 }
 
-/// One model run in the worker's memory; returns its outputs' hash.
+/// One model run in the worker's memory; returns its outputs' hash and,
+/// with tensor-arena, whether it was served on a plan to its end.
 fn run_model(
     models: &Models,
     memories: &mut Memories,
     stage: Stage,
     input: &DynValue,
-) -> Result<u64, String> {
+) -> Result<(u64, Option<bool>), String> {
     let i = stage.index();
     let session = &models.sessions[i];
     let named = [(models.specs[i].name.as_str(), input)];
@@ -396,5 +431,13 @@ fn run_model(
         Memories::PerWorker(w) => w.run(&models.plans[i], &key(), run),
     }
     .map_err(|e| run_error(e.to_string()))?;
-    hash_outputs(outputs.iter().map(|(n, v)| (n.as_str(), v))).map_err(|e| e.to_string())
+    let info = match memories {
+        Memories::Ort => None,
+        Memories::PerModel(w) => w[i].last_run(),
+        Memories::PerWorker(w) => w.last_run(),
+    };
+    let on_plan = info.map(|r| r.report.planned && !r.report.deviated);
+    let hash =
+        hash_outputs(outputs.iter().map(|(n, v)| (n.as_str(), v))).map_err(|e| e.to_string())?;
+    Ok((hash, on_plan))
 }

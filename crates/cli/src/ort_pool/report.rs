@@ -79,6 +79,30 @@ pub struct ConfigReport {
     /// A hash of every output of every request, in request order; `None`
     /// when a request failed.
     pub outputs_hash: Option<String>,
+    /// tensor-arena: each model's runs by how they were planned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plans: Option<Vec<ModelPlans>>,
+}
+
+/// One model's runs under a tensor-arena configuration, by how they were
+/// planned (the model's [`Plans`](tensor_arena_ort::Plans) counters).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelPlans {
+    /// `det`, `cls` or `rec`.
+    pub model: String,
+    /// Runs served by their key's own plan.
+    pub exact: u64,
+    /// Runs served by a plan predicted from the model's earlier shapes
+    /// (including those that fell back).
+    pub predicted: u64,
+    /// Predicted runs that left the prediction.
+    pub fell_back: u64,
+    /// Runs served dynamically.
+    pub dynamic: u64,
+    /// Runs of the 4th request on...
+    pub runs_from_4th: u64,
+    /// ... and of those, the ones served on a plan to their end.
+    pub on_plan_from_4th: u64,
 }
 
 /// Whether the configurations that served every request produced the same
@@ -174,6 +198,27 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
             b.waited,
             b.wait_ms
         );
+    }
+    for r in reports {
+        for m in r.plans.iter().flatten() {
+            let _ = writeln!(
+                s,
+                "plans {:<17} {}: exact {}, predicted {} ({} fell back), dynamic {}; on a plan from the 4th request: {}/{} ({:.1}%)",
+                r.config,
+                m.model,
+                m.exact,
+                m.predicted,
+                m.fell_back,
+                m.dynamic,
+                m.on_plan_from_4th,
+                m.runs_from_4th,
+                if m.runs_from_4th > 0 {
+                    100.0 * m.on_plan_from_4th as f64 / m.runs_from_4th as f64
+                } else {
+                    0.0
+                }
+            );
+        }
     }
     let _ = writeln!(
         s,

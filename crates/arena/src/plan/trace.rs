@@ -47,19 +47,6 @@ use std::path::{Path, PathBuf};
 /// The format version this module reads and writes (`# trace v1`).
 pub const VERSION: u32 = 1;
 
-impl Trace {
-    /// Replays every run into `arena`, in order; see [`TraceRun::replay`].
-    ///
-    /// # Errors
-    /// The first allocation error.
-    pub fn replay<M: crate::memory::HostMemory>(
-        &self,
-        arena: &crate::Arena<M>,
-    ) -> Result<Vec<crate::RunReport>, crate::ArenaError> {
-        self.runs.iter().map(|r| r.replay(arena)).collect()
-    }
-}
-
 /// A parsed trace file: an optional header and the runs in file order.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -425,37 +412,6 @@ impl TraceRun {
             events.push(Event::Free { id: i as u64 });
         }
         Self { label, events }
-    }
-
-    /// Replays the run into `arena` (every block written once per 4 KiB
-    /// page, as a runtime would) and returns the run's report.
-    ///
-    /// # Errors
-    /// The first allocation error; the run is closed and its blocks freed.
-    pub fn replay<M: crate::memory::HostMemory>(
-        &self,
-        arena: &crate::Arena<M>,
-    ) -> Result<crate::RunReport, crate::ArenaError> {
-        let run = arena.try_begin_run()?;
-        run.set_label(&self.label);
-        let mut live: HashMap<u64, crate::Block<'_, M>> = HashMap::new();
-        for ev in &self.events {
-            match *ev {
-                Event::Alloc { id, bytes } => {
-                    let len = usize::try_from(bytes).unwrap_or(usize::MAX);
-                    let mut block = run.try_alloc(len)?;
-                    for page in block.chunks_mut(4096) {
-                        page[0] = id as u8;
-                    }
-                    live.insert(id, block);
-                }
-                Event::Free { id } => {
-                    live.remove(&id);
-                }
-            }
-        }
-        drop(live);
-        Ok(run.finish())
     }
 
     /// The lifetimes of the run's tensors, in alloc order: `[alloc event
