@@ -47,7 +47,19 @@ python3 -c "import onnxruntime, torch; print(onnxruntime.__version__, onnxruntim
 
 step "install the wheel into a venv that sees the machine's packages"
 venv="$(mktemp -d)/venv"
-if python3 -m venv --system-site-packages "$venv" \
+# (A machine whose torch lives in a virtual environment of its own, as the
+# H200 of the first sitting had it in /opt/torch/.venv, is not seen by a
+# new venv: then the wheel goes into a directory on PYTHONPATH instead.)
+if python3 -c "import torch" 2>/dev/null \
+    && ! (python3 -m venv --system-site-packages "$venv" && "$venv/bin/python" -c "import torch") 2>/dev/null; then
+  echo "the machine's torch is not visible from a new venv: installing into a directory on PYTHONPATH"
+  site="$(mktemp -d)/site"
+  python3 -m pip install --no-index --no-deps --quiet --target "$site" "$wheel" \
+    || python3 -m zipfile -e "$wheel" "$site" || { echo "FAIL: cannot install $wheel"; exit 1; }
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  py=python3
+  echo "pip install: ok ($site)"
+elif python3 -m venv --system-site-packages "$venv" \
     && "$venv/bin/python" -m pip install --no-index --no-deps --quiet "$wheel"; then
   py="$venv/bin/python"
   echo "pip install: ok ($venv)"

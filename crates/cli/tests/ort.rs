@@ -122,20 +122,21 @@ fn json_document_has_the_documented_schema_and_equal_hashes() {
         let runs = s["runs"].as_array().unwrap();
         assert_eq!(runs.len(), 4);
         for (i, r) in runs.iter().enumerate() {
-            assert_eq!(
-                keys(r),
-                [
-                    "backing_calls",
-                    "label",
-                    "lazily_given_back",
-                    "nanos",
-                    "output_hash",
-                    "peak_in_use",
-                    "peak_rss_bytes",
-                    "reserved",
-                    "rss_bytes"
-                ]
-            );
+            let mut expected_keys = vec![
+                "backing_calls",
+                "label",
+                "lazily_given_back",
+                "nanos",
+                "output_hash",
+                "peak_in_use",
+                "peak_rss_bytes",
+            ];
+            // Arena strategies say how each run was planned.
+            if is_arena {
+                expected_keys.push("plan");
+            }
+            expected_keys.extend(["reserved", "rss_bytes"]);
+            assert_eq!(keys(r), expected_keys);
             assert_eq!(
                 r["output_hash"].as_str().unwrap(),
                 first_hashes[i],
@@ -153,6 +154,20 @@ fn json_document_has_the_documented_schema_and_equal_hashes() {
                 assert_eq!(r[k].is_u64(), is_arena, "{} {k}", s["strategy"]);
                 assert_eq!(r[k].is_null(), !is_arena, "{} {k}", s["strategy"]);
             }
+        }
+        let plans: Vec<&str> = runs.iter().filter_map(|r| r["plan"].as_str()).collect();
+        match s["strategy"].as_str() {
+            Some("arena") => assert_eq!(plans, ["dynamic (off)"; 4]),
+            Some("planned") => assert_eq!(
+                plans,
+                [
+                    "dynamic (new family)",
+                    "dynamic (one shape)",
+                    "exact",
+                    "exact"
+                ]
+            ),
+            _ => assert!(plans.is_empty()),
         }
         if s["strategy"] == "planned" {
             // A shape seen before, after a smaller one: memory followed the
