@@ -24,7 +24,7 @@ const MAX_BLOCKS: usize = 48;
 const MAX_EVENTS: usize = 160;
 
 /// Runs one fuzz input: the first byte chooses how the rest is read.
-/// - 7 modulo 8: a plan family ([`crate::families::families`]): a run
+/// - 7 modulo 8: a plan family (the private `families` module): a run
 ///   structure, sizes as functions of a key, and runs at keys from the
 ///   bytes, planned exactly, predicted or not at all;
 /// - even: as JSON text, deserialized both as a [`Plan`] and as a
