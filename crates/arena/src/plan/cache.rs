@@ -313,12 +313,11 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         };
         let id = key.family();
         {
-            let mut families = self.families.lock();
-            let counts = families.counts(id, || key.family_name());
-            counts.count(source);
-            if source == PlanSource::Predicted && report.deviated {
-                counts.fell_back_by(report.deviation.unwrap_or(super::Deviation::Short));
-            }
+            let fell_back = (source == PlanSource::Predicted && report.deviated)
+                .then(|| report.deviation.unwrap_or(super::Deviation::Short));
+            self.families
+                .lock()
+                .record(id, || key.family_name(), source, fell_back);
         }
         if report.deviated {
             self.note_deviation();

@@ -44,30 +44,6 @@ impl KeyDims for [usize] {
     }
 }
 
-impl KeyDims for Box<[usize]> {
-    fn family(&self) -> u64 {
-        (**self).family()
-    }
-    fn dims(&self, out: &mut Vec<u64>) {
-        (**self).dims(out)
-    }
-    fn family_name(&self) -> String {
-        (**self).family_name()
-    }
-}
-
-impl KeyDims for Vec<usize> {
-    fn family(&self) -> u64 {
-        self.as_slice().family()
-    }
-    fn dims(&self, out: &mut Vec<u64>) {
-        self.as_slice().dims(out)
-    }
-    fn family_name(&self) -> String {
-        self.as_slice().family_name()
-    }
-}
-
 /// Splits text into its skeleton (each run of decimal digits as `#`) and
 /// the numbers those runs spell (saturating).
 fn skeleton(text: &[u8], dims: Option<&mut Vec<u64>>) -> Vec<u8> {
@@ -112,16 +88,28 @@ impl KeyDims for [u8] {
     }
 }
 
-impl KeyDims for Vec<u8> {
-    fn family(&self) -> u64 {
-        self.as_slice().family()
-    }
-    fn dims(&self, out: &mut Vec<u64>) {
-        self.as_slice().dims(out)
-    }
-    fn family_name(&self) -> String {
-        self.as_slice().family_name()
-    }
+/// Owned and borrowed forms of a key read as the form they deref to.
+macro_rules! as_keydims {
+    ($($owner:ty => $view:ty),* $(,)?) => {$(
+        impl KeyDims for $owner {
+            fn family(&self) -> u64 {
+                <$view as KeyDims>::family(self.as_ref())
+            }
+            fn dims(&self, out: &mut Vec<u64>) {
+                <$view as KeyDims>::dims(self.as_ref(), out)
+            }
+            fn family_name(&self) -> String {
+                <$view as KeyDims>::family_name(self.as_ref())
+            }
+        }
+    )*};
+}
+
+as_keydims! {
+    Box<[usize]> => [usize],
+    Vec<usize> => [usize],
+    Vec<u8> => [u8],
+    String => str,
 }
 
 impl KeyDims for str {
@@ -133,18 +121,6 @@ impl KeyDims for str {
     }
     fn family_name(&self) -> String {
         self.as_bytes().family_name()
-    }
-}
-
-impl KeyDims for String {
-    fn family(&self) -> u64 {
-        self.as_str().family()
-    }
-    fn dims(&self, out: &mut Vec<u64>) {
-        self.as_str().dims(out)
-    }
-    fn family_name(&self) -> String {
-        self.as_str().family_name()
     }
 }
 

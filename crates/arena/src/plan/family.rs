@@ -195,6 +195,8 @@ impl Prediction {
 /// recently used out).
 pub(crate) struct Families {
     map: HashMap<u64, Family>,
+    /// Every run counted, in families held or gone.
+    total: FamilyCounts,
     capacity: usize,
     clock: u64,
 }
@@ -203,6 +205,7 @@ impl Families {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             map: HashMap::new(),
+            total: FamilyCounts::default(),
             capacity: capacity.max(1),
             clock: 0,
         }
@@ -233,8 +236,8 @@ impl Families {
         }
     }
 
-    /// Counts a run of family `id` (made on first sight, named `name`).
-    pub(crate) fn counts(&mut self, id: u64, name: impl FnOnce() -> String) -> &mut FamilyCounts {
+    /// The counts of family `id` (made on first sight, named `name`).
+    fn counts(&mut self, id: u64, name: impl FnOnce() -> String) -> &mut FamilyCounts {
         let now = self.tick();
         if !self.map.contains_key(&id) {
             self.make_room();
@@ -360,11 +363,25 @@ impl Families {
 
     /// Every family's counts added up.
     pub(crate) fn totals(&self) -> FamilyCounts {
-        let mut t = FamilyCounts::default();
-        for f in self.map.values() {
-            t.add(&f.counts);
+        self.total
+    }
+
+    /// Counts a run of family `id` served as `source` (and, for a
+    /// prediction it left, why) in the family and in the totals.
+    pub(crate) fn record(
+        &mut self,
+        id: u64,
+        name: impl FnOnce() -> String,
+        source: PlanSource,
+        fell_back: Option<Deviation>,
+    ) {
+        let mut one = FamilyCounts::default();
+        one.count(source);
+        if let Some(why) = fell_back {
+            one.fell_back_by(why);
         }
-        t
+        self.counts(id, name).add(&one);
+        self.total.add(&one);
     }
 
     /// Families held.
