@@ -240,9 +240,11 @@ impl Worker {
     /// arena serving the tensors ONNX Runtime allocates on this thread,
     /// keyed by `key` in `plans` (the model's). Returns what `f` returned.
     ///
-    /// The first run of a key is recorded; if it succeeds it becomes a plan,
-    /// and later runs of the key get every tensor at its planned offset in
-    /// one block. After the run the shrink policy gives cached memory back
+    /// The first run of a key is served from a plan predicted from the
+    /// model's earlier shapes (once its family has seen two), else recorded;
+    /// if it succeeds its plan is learned, and later runs of the key get
+    /// every tensor at its planned offset in one block
+    /// ([`RunInfo::plan`] says which). After the run the shrink policy gives cached memory back
     /// ([`WorkerOptions::shrink`]). A failed run (`Err`) teaches no plan.
     /// [`Worker::last_run`] tells what the run did.
     ///
