@@ -50,6 +50,15 @@ MODELS = {
 }
 BERT_BATCH = 8
 MIB = 1 << 20
+# Another order of shapes, for every process of a sitting:
+# GPU_CHECK_BATCHES="bert=64,128,512;densenet121=1,4,16" (plan families
+# predict a shape never seen once a model has shown two, so an order whose
+# largest shape comes third shows first sight on a predicted plan).
+for part in filter(None, os.environ.get("GPU_CHECK_BATCHES", "").split(";")):
+    name, _, sizes = part.partition("=")
+    if name not in MODELS or not sizes:
+        raise SystemExit(f"GPU_CHECK_BATCHES: bad entry {part!r}")
+    MODELS[name] = [int(x) for x in sizes.split(",")]
 
 
 def inputs(model, batches):
