@@ -37,7 +37,8 @@ pub use pairs::{
 pub use peers::PoolHeap;
 pub use replay::{
     arena_run, arena_run_with, bare_replayer, config_with, dynamic_scoped_replayer, make_plans,
-    preplanned_replayer, replayer, scoped_replayer, ArenaReplay, Replay, Touch,
+    make_predicted_plans, preplanned_replayer, preplanned_scoped_replayer, replayer,
+    scoped_replayer, ArenaReplay, Replay, Touch,
 };
 pub use strategy::{Counters, Strategy, ALIGN};
 pub use trace::{hot_path_sizes, trace_names, traces_dir, Op, Trace, TraceRun};

@@ -189,6 +189,37 @@ pub fn make_plans(trace: &Trace) -> HashMap<String, Arc<Plan>> {
     plans
 }
 
+/// For each distinct run label of `trace`, the plan its family predicts
+/// from every other label's run (leave one out: `PlanCache::after_run` of
+/// the others' recordings, then `PlanCache::lookup` of the label), or the
+/// label's own plan where none is predicted: what a run of a shape never
+/// seen is served from. Returns the plans and how many were predicted.
+pub fn make_predicted_plans(trace: &Trace) -> (HashMap<String, Arc<Plan>>, usize) {
+    let exact = make_plans(trace);
+    let mut plans = HashMap::new();
+    let mut predicted = 0;
+    for label in exact.keys() {
+        let cache: tensor_arena::PlanCache<String> = tensor_arena::PlanCache::new(64);
+        for (other, plan) in &exact {
+            if other != label {
+                let none = tensor_arena::Lookup::none(tensor_arena::DynamicReason::NewFamily);
+                let report = tensor_arena::RunReport::default();
+                cache.after_run(other.as_str(), &none, &report, plan.recording(), true);
+            }
+        }
+        let lookup = cache.lookup(label.as_str());
+        let plan = match lookup.plan {
+            Some(p) if lookup.source == tensor_arena::PlanSource::Predicted => {
+                predicted += 1;
+                p
+            }
+            _ => Arc::clone(&exact[label]),
+        };
+        plans.insert(label.clone(), plan);
+    }
+    (plans, predicted)
+}
+
 /// [`Strategy::Planned`] on a fresh arena that has `plans` before its first
 /// run (from [`make_plans`]), so that no run of a known shape is dynamic.
 pub fn preplanned_replayer(plans: HashMap<String, Arc<Plan>>) -> Box<dyn Replay> {
@@ -254,6 +285,17 @@ pub fn scoped_replayer() -> Box<dyn Replay> {
         arena: Arena::new(ArenaConfig::default()),
         plans: HashMap::new(),
         largest: 0,
+    }))
+}
+
+/// [`scoped_replayer`] on a fresh arena that has `plans` before its first
+/// run (from [`make_plans`] or [`make_predicted_plans`]).
+pub fn preplanned_scoped_replayer(plans: HashMap<String, Arc<Plan>>) -> Box<dyn Replay> {
+    let largest = plans.values().map(|p| p.size()).max().unwrap_or(0);
+    Box::new(ScopedReplay(PlannedReplay {
+        arena: Arena::new(ArenaConfig::default()),
+        plans,
+        largest,
     }))
 }
 

@@ -15,7 +15,9 @@
 //! `planned`, `shared`, `rlsf`, `talc`, ...; also `planned-scoped`, the
 //! planned runs through a `ScopedRun`, and `arena-scoped`, dynamic runs
 //! through one; and `floor`, the offsets-only TLSF of `benches::floor`,
-//! with no arena). The warm-up (three batches,
+//! with no arena; and, for traces, `predicted` and `predicted-scoped`: the
+//! planned runs served from the plan each shape's family predicts from the
+//! trace's other shapes, as a shape never seen is). The warm-up (three batches,
 //! or one replay) runs before collection starts; only the functions named
 //! `measure*` are counted. The program prints how many allocations (each
 //! with its free) were measured: callgrind's "Collected" count divided by
@@ -23,7 +25,8 @@
 
 use benches::{
     arena_scoped_pairs, dynamic_scoped_replayer, floor_pairs, floor_replayer, hot_path_sizes,
-    pairs, planned_scoped_pairs, replayer, scoped_replayer, Pairs, Replay, Strategy, Touch, Trace,
+    make_predicted_plans, pairs, planned_scoped_pairs, preplanned_replayer,
+    preplanned_scoped_replayer, replayer, scoped_replayer, Pairs, Replay, Strategy, Touch, Trace,
 };
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -57,13 +60,15 @@ fn main() -> ExitCode {
         eprintln!("usage: icount (pairs | TRACE) STRATEGY");
         return ExitCode::from(2);
     };
+    // `predicted`, `predicted-scoped`: planned runs from predicted plans.
+    let predicted = strategy.starts_with("predicted");
     // `planned-scoped`: planned runs through a `ScopedRun`.
-    let scoped = strategy == "planned-scoped";
+    let scoped = strategy == "planned-scoped" || strategy == "predicted-scoped";
     let dynamic_scoped = strategy == "arena-scoped";
     // `floor`: the offsets-only TLSF of `benches::floor`, no arena.
     let floor = strategy == "floor";
     let Some(strategy) = Strategy::from_name(match strategy.as_str() {
-        "planned-scoped" => "planned",
+        "planned-scoped" | "predicted" | "predicted-scoped" => "planned",
         "arena-scoped" => "arena",
         // Not used for the floor, which is no `Strategy`.
         "floor" => "rlsf",
@@ -100,7 +105,15 @@ fn main() -> ExitCode {
         }
         let trace = Trace::load(workload);
         let allocs: usize = trace.runs.iter().map(|r| r.allocs().count()).sum();
-        let mut r = if floor {
+        let mut r = if predicted {
+            let (plans, n) = make_predicted_plans(&trace);
+            eprintln!("icount: {n} of {} shapes' plans predicted", plans.len());
+            if scoped {
+                preplanned_scoped_replayer(plans)
+            } else {
+                preplanned_replayer(plans)
+            }
+        } else if floor {
             floor_replayer()
         } else if scoped {
             scoped_replayer()
