@@ -10,7 +10,7 @@
 //! overlap and keep their bytes, predicted or not, and every byte comes
 //! back.
 
-use crate::plans::{check, recording, Live};
+use crate::plans::{check, free_slot, recording, Live};
 use crate::Counting;
 use arbitrary::{Arbitrary, Unstructured};
 use tensor_arena::plan::PlanEvent;
@@ -112,14 +112,8 @@ pub(crate) fn families(u: &mut Unstructured<'_>) {
                             }
                         }
                     }
-                    PlanEvent::Free(_) if twist % 8 == 3 && !live.is_empty() => {
-                        let k = t % live.len();
-                        live[k] = None;
-                    }
                     PlanEvent::Free(i) => {
-                        if let Some(slot) = live.get_mut(i as usize) {
-                            *slot = None;
-                        }
+                        free_slot(&mut live, i, (twist % 8 == 3).then_some(t));
                     }
                 }
                 check(live.iter().flatten().chain(&extras));

@@ -276,15 +276,13 @@ fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
                         }
                     }
                 }
-                PlanEvent::Free(_) if tweak % 16 == 3 && !live.is_empty() => {
-                    // Free some other block instead: out of order.
-                    let k = usize::from(tweak) % live.len();
-                    live[k] = None;
-                }
+                // Now and then some other block instead: out of order.
                 PlanEvent::Free(i) => {
-                    if let Some(slot) = live.get_mut(i as usize) {
-                        *slot = None;
-                    }
+                    free_slot(
+                        &mut live,
+                        i,
+                        (tweak % 16 == 3).then_some(usize::from(tweak)),
+                    );
                 }
             }
             check(live.iter().flatten().chain(&extras));
@@ -554,6 +552,18 @@ fn check_planned(plan: &Plan, base: &mut Option<usize>, served: &mut usize, at: 
 }
 
 /// No two live blocks overlap, and every fill pattern is intact.
+/// Drops live block `i`, or with `instead`, the `instead % len`th slot
+/// (a free out of the recorded order); a slot already empty stays so.
+pub(crate) fn free_slot<T>(live: &mut [Option<T>], i: u32, instead: Option<usize>) {
+    let k = match instead {
+        Some(k) if !live.is_empty() => k % live.len(),
+        _ => i as usize,
+    };
+    if let Some(slot) = live.get_mut(k) {
+        *slot = None;
+    }
+}
+
 pub(crate) fn check<'a, 'b: 'a, 'c: 'b>(live: impl Iterator<Item = &'a Live<'b, 'c>> + Clone) {
     let mut ranges: Vec<(usize, usize)> = live
         .clone()
