@@ -65,6 +65,9 @@ struct Shell<M: HostMemory> {
     raw: RawArena<M>,
     /// The per-run scratch allocator, lent to the open run.
     scratch: Option<Bump>,
+    /// The list a scoped run notes its smaller steps in, kept between
+    /// runs for its capacity.
+    smaller: Vec<(usize, usize)>,
     /// Spans handed out through the `Allocator` trait, by address: that
     /// interface gives back a pointer, not a handle.
     by_addr: HashMap<usize, SpanId>,
@@ -158,6 +161,7 @@ impl<M: HostMemory> Arena<M> {
             state: RefCell::new(Shell {
                 raw: RawArena::new(config, memory)?,
                 scratch: Some(Bump::new()),
+                smaller: Vec::new(),
                 by_addr: HashMap::new(),
             }),
         })

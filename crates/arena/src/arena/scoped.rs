@@ -24,15 +24,18 @@ const OFF_TAPE: usize = usize::MAX;
 /// [`Arena::begin_scoped_run`]. Its blocks ([`ScopedBlock`]) borrow the run,
 /// so none can outlive it, and nothing else can touch the arena meanwhile.
 ///
-/// That is what makes its planned path short. While the run does exactly
-/// what the plan recorded, an allocation reads the plan's next step,
-/// compares the request with it and returns the block at the step's offset;
-/// a free checks that it is the step the plan expects. Nothing is counted
-/// per event: the arena's counters, peaks and the plan block's table are
-/// brought up to date from the plan in one pass when the run finishes (or
-/// [`ScopedRun::stats`] is asked). At the first event that differs (another
-/// size or alignment, a free out of the plan's order, more events than
-/// recorded) the run hands over to the arena's own planned run, which
+/// That is what makes its planned path short. While the run does what the
+/// plan recorded, an allocation reads the plan's next step, compares the
+/// request with it and returns the block at the step's offset; a free
+/// checks that it is the step the plan expects. A request smaller than its
+/// step (a predicted plan's slots are sized on the safe side) is served
+/// from the step's slot all the same, and its size noted aside. Nothing
+/// else is counted per event: the arena's counters, peaks, the plan
+/// block's table and, where a request was smaller, the run's own
+/// recording are brought up to date from the plan in one pass when the run
+/// finishes (or [`ScopedRun::stats`] is asked). At the first event that
+/// differs otherwise (a larger size, another alignment, a free out of the
+/// plan's order, more events than recorded) the run hands over to the arena's own planned run, which
 /// serves or leaves the plan exactly as a [`Run`](crate::Run) from
 /// [`Arena::begin_planned_run`] does: the same blocks at the same
 /// addresses, the same report, and a recording from where it left the plan.
@@ -104,6 +107,9 @@ pub struct ScopedRun<'a, M: HostMemory = DefaultMemory> {
     /// The next step of the plan this run serves itself, or [`OFF_TAPE`]
     /// once the core serves every event.
     pos: Cell<usize>,
+    /// Steps served smaller than the plan's, not yet told to the core:
+    /// `(step, size rounded to the granule)`, in step order.
+    smaller: RefCell<Vec<(usize, usize)>>,
     /// Handles of the blocks the core handed out, by [`Owner::Core`] slot
     /// (`None`: a vacant slot), and the vacant slots: a block carries a
     /// slot, not the 24-byte handle, so that it stays four words that the
@@ -216,6 +222,7 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
         (base, slot, generation, pos): (NonNull<u8>, u32, u32, usize),
     ) -> Self {
         let scratch = shell.scratch.take().unwrap_or_default();
+        let smaller = core::mem::take(&mut shell.smaller);
         let granule = shell.raw.granule();
         ScopedRun {
             shell: RefCell::new(shell),
@@ -226,6 +233,7 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
             generation,
             granule,
             pos: Cell::new(pos),
+            smaller: RefCell::new(smaller),
             handles: RefCell::new((Vec::new(), Vec::new())),
             error: Cell::new(None),
             id,
@@ -329,6 +337,31 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
         Some((M::at(self.base, step.offset), Owner::Planned(step.index)))
     }
 
+    /// The block of the plan's next step for a request smaller than the
+    /// step by a granule or more (a predicted plan's slots are sized on the
+    /// safe side): served from the step's slot, its rounded size noted for
+    /// the core to count when it catches up. `None` for any other request.
+    fn serve_smaller(&self, len: usize, align: usize) -> Option<(NonNull<u8>, Owner)> {
+        let pos = self.pos.get();
+        let step = self.steps.get(pos)?;
+        // From 1 byte to less than the step's size (a free's step has size
+        // 0, which no such size fits), at the step's alignment: the block
+        // lies inside the step's slot, so inside the plan block.
+        let fits = len != 0
+            && len < step.size
+            && crate::freemap::pow2(align)
+            && align.max(self.granule) == step.align as usize;
+        if !fits {
+            return None;
+        }
+        // At most the step's size, a multiple of the granule (a power of
+        // two): no overflow.
+        let size = (len + self.granule - 1) & !(self.granule - 1);
+        self.smaller.borrow_mut().push((pos, size));
+        self.pos.set(pos + 1);
+        Some((M::at(self.base, step.offset), Owner::Planned(step.index)))
+    }
+
     /// An allocation the run's tape does not serve: a dynamic run's (from
     /// the core's pool, by span), or one off a plan's tape. Out of line, so
     /// that the planned path stays a few instructions in the caller; `None`
@@ -341,6 +374,9 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
         location: &'static Location<'static>,
     ) -> Option<(NonNull<u8>, Owner)> {
         if self.plan.is_some() || len == 0 {
+            if let Some(served) = self.serve_smaller(len, align) {
+                return Some(served);
+            }
             return self.off_tape_alloc(len, align, location);
         }
         let got = self.shell.borrow_mut().raw.alloc_at(len, align, location);
@@ -480,7 +516,7 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
     fn leave_tape(&self) {
         let pos = self.pos.replace(OFF_TAPE);
         if pos != OFF_TAPE {
-            self.shell.borrow_mut().raw.follow_steps(pos);
+            self.follow(pos);
         }
     }
 
@@ -489,8 +525,16 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
     fn catch_up(&self) {
         let pos = self.pos.get();
         if pos != OFF_TAPE {
-            self.shell.borrow_mut().raw.follow_steps(pos);
+            self.follow(pos);
         }
+    }
+
+    /// Tells the core the steps served up to `pos`, with the sizes of
+    /// those served smaller.
+    fn follow(&self, pos: usize) {
+        let mut smaller = self.smaller.borrow_mut();
+        self.shell.borrow_mut().raw.follow_steps(pos, &smaller);
+        smaller.clear();
     }
 
     /// The arena's statistics now, as [`Arena::stats`] would give them
@@ -520,6 +564,7 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
         scratch.reset();
         let mut shell = self.shell.borrow_mut();
         shell.scratch = Some(scratch);
+        shell.smaller = core::mem::take(&mut *self.smaller.borrow_mut());
         if keep_recording {
             shell.raw.finish_run()
         } else {
@@ -570,11 +615,9 @@ impl<M: HostMemory> ScopedBlock<'_, '_, M> {
     pub fn capacity(&self) -> usize {
         match self.owner {
             Owner::Empty => 0,
-            Owner::Planned(index) => self
-                .run
-                .plan
-                .and_then(|p| p.recording().blocks.get(index as usize))
-                .map_or(0, |b| b.0),
+            // Served at its size rounded to the granule (the step's, or
+            // less for a smaller request), as the core serves it.
+            Owner::Planned(_) => self.len.next_multiple_of(self.run.granule),
             Owner::Span(span) => self.run.shell.borrow().raw.span_capacity(span),
             Owner::Core(slot) => {
                 let handles = self.run.handles.borrow();

@@ -171,10 +171,14 @@ impl<M: Memory> RawArena<M> {
     /// Brings the open planned run up to event `upto` of its plan: the
     /// bookkeeping of every step from where the run stands, as
     /// [`RawArena::alloc_planned`] and [`RawArena::free_planned`] would
-    /// have done it had each event come through them exactly as recorded.
-    /// For a caller that served those events itself
-    /// ([`RawArena::exact_serving`]) and guarantees they were the plan's.
-    pub(crate) fn follow_steps(&mut self, upto: usize) {
+    /// have done it had each event come through them as recorded, except
+    /// the allocations listed in `smaller`: `(step, size)`, in step order,
+    /// each served at `size` (a multiple of the granule, at most the
+    /// step's), from which on the run keeps its own recording as
+    /// `alloc_planned` does. For a caller that served those events itself
+    /// ([`RawArena::exact_serving`]) and guarantees they were the plan's,
+    /// but for those sizes.
+    pub(crate) fn follow_steps(&mut self, upto: usize, smaller: &[(usize, usize)]) {
         let Some(run) = self.run.as_mut() else {
             return;
         };
@@ -197,7 +201,55 @@ impl<M: Memory> RawArena<M> {
         // Bytes in use outside planned blocks do not change meanwhile.
         let others = self.pool.in_use() - self.plan_reserved;
         let mut peak = run.peak;
-        if serve.pos == 0 && upto == steps.len() {
+        if serve.pos == 0 && upto == steps.len() && !serve.recording && !smaller.is_empty() {
+            // The whole tape, some steps served smaller: one walk for the
+            // peak and the sizes live at the end, and the run's recording
+            // is the plan's with those sizes (the same events, in order).
+            let mut live = self.planned_live;
+            let mut next = smaller.iter().peekable();
+            for (pos, step) in steps.iter().enumerate() {
+                let Some(served) = pb.served.get_mut(step.index as usize) else {
+                    debug_assert!(false, "a validated plan names its own blocks");
+                    return;
+                };
+                if step.is_free() {
+                    live -= core::mem::take(served);
+                } else {
+                    *served = match next.next_if(|&&(at, _)| at <= pos) {
+                        Some(&(_, size)) => size.min(step.size),
+                        None => step.size,
+                    };
+                    live += *served;
+                    peak = peak.max(others + live);
+                }
+            }
+            let whole = plan.whole();
+            let end_live_bytes = live - self.planned_live;
+            run.rec.clone_from(plan.recording());
+            for &(at, size) in smaller {
+                let Some(block) = steps
+                    .get(at)
+                    .and_then(|s| run.rec.blocks.get_mut(s.index as usize))
+                else {
+                    debug_assert!(false, "a step served smaller is an allocation");
+                    continue;
+                };
+                block.0 = size.min(block.0);
+            }
+            serve.recording = true;
+            pb.live += whole.end_live.len();
+            pb.live_bytes += end_live_bytes;
+            self.planned_live = live;
+            self.allocs += whole.allocs;
+            self.planned_allocs += whole.allocs;
+            self.frees += whole.frees;
+            run.blocks += whole.allocs as u32;
+            serve.pos = upto;
+            run.peak = peak;
+            self.peak_in_use = self.peak_in_use.max(peak);
+            return;
+        }
+        if serve.pos == 0 && upto == steps.len() && smaller.is_empty() {
             // The whole tape: its totals at once.
             let whole = plan.whole();
             peak = peak.max(others + self.planned_live + whole.peak_live);
@@ -223,7 +275,8 @@ impl<M: Memory> RawArena<M> {
             self.peak_in_use = self.peak_in_use.max(peak);
             return;
         }
-        for step in &steps[serve.pos..upto] {
+        let mut smaller = smaller.iter().peekable();
+        for (pos, step) in steps.iter().enumerate().take(upto).skip(serve.pos) {
             let Some(served) = pb.served.get_mut(step.index as usize) else {
                 debug_assert!(false, "a validated plan names its own blocks");
                 break;
@@ -235,11 +288,28 @@ impl<M: Memory> RawArena<M> {
                 pb.live -= 1;
                 pb.live_bytes -= size;
                 self.frees += 1;
+                if serve.recording {
+                    run.rec.free(step.index);
+                }
             } else {
-                *served = step.size;
+                let size = match smaller.next_if(|&&(at, _)| at <= pos) {
+                    Some(&(at, size)) => {
+                        debug_assert!(at == pos && size <= step.size, "a step served smaller");
+                        size.min(step.size)
+                    }
+                    None => step.size,
+                };
+                if size != step.size {
+                    serve.pos = pos;
+                    Self::materialize(serve, &mut run.rec, run.blocks);
+                }
+                if serve.recording {
+                    run.rec.alloc(size, step.align as usize);
+                }
+                *served = size;
                 pb.live += 1;
-                pb.live_bytes += step.size;
-                self.planned_live += step.size;
+                pb.live_bytes += size;
+                self.planned_live += size;
                 self.allocs += 1;
                 self.planned_allocs += 1;
                 run.blocks += 1;

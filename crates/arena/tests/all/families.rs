@@ -1,8 +1,8 @@
 //! Plan families over random models: a random structure (which block comes
 //! when, which free releases which) whose sizes are affine in random
 //! products of a random key's dimensions. A shape never seen, after two,
-//! is served on a predicted plan with no overlap and within 1.02x of its
-//! lower bound (plus one granule); random deviations (a size above its
+//! is served on a predicted plan with no overlap and within 1.02x of the
+//! plan its own recording solves to (plus one granule); random deviations (a size above its
 //! slot, an extra allocation, a missing free, another order, a shape
 //! outside the fit) are served correctly, every block's bytes intact.
 
@@ -190,8 +190,8 @@ proptest! {
 
     /// After shapes that span the key's range (two tell a proportional size
     /// apart, a third an affine one), every shape never seen within it is
-    /// predicted, and one that keeps to its prediction is within 1.02x of
-    /// its lower bound plus a granule.
+    /// predicted, and one that keeps to its prediction is within 1.02x
+    /// (plus a granule) of the plan solved for its own recording.
     #[test]
     fn a_shape_never_seen_is_planned_from_its_family(
         model in model(),
@@ -224,9 +224,21 @@ proptest! {
                 // The run's need: its predicted plan's block (where the
                 // arena draws that block is the arena's business).
                 let size = lookup.plan.as_ref().unwrap().size();
+                // Against the plan solved from the run's own recording
+                // (learned by `after_run`): what knowing the shape would
+                // have given. The solver is a heuristic, and a random
+                // structure's best packing may lie above the lower bound
+                // of live bytes (one CI seed: 1.068x, predicted and exact
+                // alike), so the prediction is held to the solver's own
+                // figure, and that figure to the lower bound only where
+                // the solver reaches it.
+                let exact = cache.lookup(&key[..]);
+                prop_assert_eq!(exact.source, PlanSource::Exact);
+                let exact = exact.plan.unwrap().size();
+                prop_assert!(exact >= lb, "{key:?}: exact plan {exact} under lower bound {lb}");
                 prop_assert!(
-                    size as f64 <= lb as f64 * 1.02 + 4096.0,
-                    "{key:?}: predicted plan {size} over lower bound {lb}"
+                    size as f64 <= exact as f64 * 1.02 + 4096.0,
+                    "{key:?}: predicted plan {size} over exact plan {exact} (lower bound {lb})"
                 );
             }
             prop_assert_eq!(arena.stats().in_use, 0);

@@ -280,11 +280,19 @@ fn a_scoped_run_stays_on_its_tape_until_an_event_differs() {
     let empty = r.try_alloc(0).unwrap();
     assert!(empty.is_empty() && r.on_tape());
     // The plan's second block is 1,000 bytes at 64 (1,024 held): 900 is
-    // another size (960 held).
+    // smaller (960 held), served from the step's slot on the tape.
     let b = r.try_alloc(900).unwrap();
-    assert!(!r.on_tape());
+    assert!(r.on_tape());
     assert_eq!(b.capacity(), 960);
-    drop((a, b, empty));
+    let s = r.stats();
+    assert_eq!((s.in_use, s.allocs - s.frees), (4096 + 960, 2));
+    assert!(r.on_tape());
+    // The third step holds 70,016 bytes: 80,000 is larger, and the run
+    // leaves its tape (the core serves it, the plan followed no more).
+    let c = r.try_alloc(80_000).unwrap();
+    assert!(!r.on_tape());
+    assert_eq!(c.capacity(), 80_000);
+    drop((a, b, c, empty));
     let report = r.finish();
     assert!(report.planned && report.deviated);
     assert_eq!(arena.stats().in_use, 0);
@@ -397,13 +405,15 @@ pub(crate) fn ev() -> impl Strategy<Value = Ev> {
 }
 
 /// A change to a script: one event replaced, one inserted, two swapped,
-/// the tail cut.
+/// the tail cut, an allocation made smaller (to `eighths / 8` of its size,
+/// at least a byte), as a predicted plan's runs are.
 #[derive(Clone, Debug)]
 enum Edit {
     Replace(usize, Ev),
     Insert(usize, Ev),
     Swap(usize),
     Cut(usize),
+    Shrink(usize, usize),
 }
 
 fn edit() -> impl Strategy<Value = Edit> {
@@ -412,6 +422,7 @@ fn edit() -> impl Strategy<Value = Edit> {
         (any::<usize>(), ev()).prop_map(|(i, e)| Edit::Insert(i, e)),
         any::<usize>().prop_map(Edit::Swap),
         any::<usize>().prop_map(Edit::Cut),
+        (any::<usize>(), 0usize..8).prop_map(|(i, e)| Edit::Shrink(i, e)),
     ]
 }
 
@@ -422,6 +433,11 @@ fn apply(script: &mut Vec<Ev>, edit: &Edit) {
         Edit::Insert(i, e) => script.insert(i % (n + 1), e),
         Edit::Swap(i) if n > 1 => script.swap(i % (n - 1), i % (n - 1) + 1),
         Edit::Cut(i) if n > 0 => script.truncate(i % n),
+        Edit::Shrink(i, eighths) if n > 0 => {
+            if let Ev::Alloc(len @ 1.., align) = script[i % n] {
+                script[i % n] = Ev::Alloc((len * eighths / 8).max(1), align);
+            }
+        }
         _ => {}
     }
 }
@@ -446,6 +462,29 @@ proptest! {
         if edits.is_empty() {
             prop_assert!(!outcome.report.deviated);
         }
+    }
+
+    /// Requests smaller than their steps (a predicted plan's runs) keep a
+    /// scoped run on its tape to the end, and it still shows exactly what
+    /// a planned run shows, with the smaller sizes in its recording.
+    #[test]
+    fn smaller_requests_keep_a_scoped_run_on_its_tape(
+        base in prop::collection::vec(ev(), 1..40),
+        shrinks in prop::collection::vec((any::<usize>(), 0usize..8), 1..6),
+    ) {
+        let mut script = base.clone();
+        for &(i, eighths) in &shrinks {
+            apply(&mut script, &Edit::Shrink(i, eighths));
+        }
+        let (_, plan, anchor) = learned(&base);
+        let (mut arena, _, _) = learned(&base);
+        let (outcome, on_tape) = through_scope(&mut arena, &plan, anchor, &script);
+        // A plan with a block to serve from keeps the run on it (zero-size
+        // blocks and frees of foreign blocks are no steps).
+        if plan.size() > 0 && !outcome.report.deviated {
+            prop_assert!(on_tape);
+        }
+        same_both_ways(&base, &script);
     }
 }
 
