@@ -241,6 +241,11 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         self.families.lock().stats()
     }
 
+    /// The structure of family `id` with `events`, if held.
+    fn shape(&self, id: u64, events: &[super::PlanEvent]) -> Option<Arc<super::family::Shape>> {
+        self.families.lock().shape(id, events)
+    }
+
     /// The plan for a run of `key`: its own if one was learned
     /// ([`PlanSource::Exact`], counted as a hit), else one predicted from
     /// its family's earlier shapes ([`PlanSource::Predicted`]: the fit of
@@ -265,10 +270,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         };
         let mut dims = Vec::new();
         key.dims(&mut dims);
-        match prediction
-            .recording(&dims)
-            .and_then(|rec| Plan::from_recording(&rec).ok())
-        {
+        match prediction.plan(&dims) {
             Some(plan) => Lookup {
                 plan: Some(Arc::new(plan)),
                 source: PlanSource::Predicted,
@@ -325,10 +327,20 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         if !succeeded || (source == PlanSource::Exact && !report.deviated) {
             return None;
         }
+        let mut hint = None;
         let plan = match (&lookup.plan, recording.is_empty()) {
             // Followed to the end, every block as predicted.
             (Some(plan), true) if report.planned && !report.deviated => Arc::clone(plan),
-            (_, false) => Arc::new(Plan::from_recording(recording).ok()?),
+            // Searched from where the structure's last search ended, if
+            // the family knows the structure (solved outside the lock).
+            (_, false) => match self.shape(id, &recording.events) {
+                Some(shape) => Arc::new(shape.plan(recording)?),
+                None => {
+                    let (plan, next) = Plan::from_recording_hinted(recording, None).ok()?;
+                    hint = next;
+                    Arc::new(plan)
+                }
+            },
             _ => return None,
         };
         self.insert(key.to_owned().into(), Arc::clone(&plan));
@@ -336,7 +348,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         key.dims(&mut dims);
         self.families
             .lock()
-            .observe(id, || key.family_name(), dims, plan.recording());
+            .observe(id, || key.family_name(), dims, plan.recording(), hint);
         Some(plan)
     }
 }

@@ -3,7 +3,9 @@
 //! never seen is planned from the keys seen before ([`Families`]).
 
 use super::fit::{Fit, Observation};
-use super::{Deviation, PlanEvent, Recording};
+use super::solver::Hint;
+use super::{Deviation, Plan, PlanEvent, Recording};
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -140,11 +142,29 @@ pub struct FamilyStats {
 }
 
 /// The events and alignments of one run structure, shared with the plans
-/// predicted from it.
+/// predicted from it, and where the latest search for a plan of it ended.
 #[derive(Debug)]
 pub(crate) struct Shape {
     events: Vec<PlanEvent>,
     aligns: Vec<usize>,
+    /// The placement order the latest plan of the structure (predicted or
+    /// learned, at any shape) was found with: the next search starts from
+    /// it, so the structure's plans improve as its shapes come, at no more
+    /// work per plan.
+    hint: Mutex<Option<Hint>>,
+}
+
+impl Shape {
+    /// Plans `rec` (a run of this structure), its search started where the
+    /// last one ended, and keeps where this one ends.
+    pub(crate) fn plan(&self, rec: &Recording) -> Option<Plan> {
+        let hint = self.hint.lock().clone();
+        let (plan, next) = Plan::from_recording_hinted(rec, hint.as_ref()).ok()?;
+        if next.is_some() {
+            *self.hint.lock() = next;
+        }
+        Some(plan)
+    }
 }
 
 struct Structure {
@@ -176,6 +196,12 @@ impl Prediction {
         } else {
             DynamicReason::Unpredictable
         }
+    }
+
+    /// The plan of the recording a run at `dims` is predicted to make,
+    /// searched from where the structure's last search ended.
+    pub(crate) fn plan(&self, dims: &[u64]) -> Option<Plan> {
+        self.shape.plan(&self.recording(dims)?)
     }
 
     /// The recording a run at `dims` is predicted to make.
@@ -236,6 +262,16 @@ impl Families {
         }
     }
 
+    /// The structure of family `id` whose events are `events`, if held.
+    pub(crate) fn shape(&self, id: u64, events: &[PlanEvent]) -> Option<Arc<Shape>> {
+        let family = self.map.get(&id)?;
+        let s = family
+            .structures
+            .iter()
+            .find(|s| s.shape.events == events)?;
+        Some(Arc::clone(&s.shape))
+    }
+
     /// The counts of family `id` (made on first sight, named `name`).
     fn counts(&mut self, id: u64, name: impl FnOnce() -> String) -> &mut FamilyCounts {
         let now = self.tick();
@@ -271,13 +307,16 @@ impl Families {
     }
 
     /// Adds what a run at `dims` did (a valid recording) to family `id`,
-    /// and fits its structure again.
+    /// and fits its structure again; `hint` (where the search for the
+    /// run's plan ended, when no structure of the family could start it)
+    /// starts the structure's next search.
     pub(crate) fn observe(
         &mut self,
         id: u64,
         name: impl FnOnce() -> String,
         dims: Vec<u64>,
         rec: &Recording,
+        hint: Option<Hint>,
     ) {
         let now = self.tick();
         self.counts(id, name);
@@ -300,6 +339,7 @@ impl Families {
                     shape: Arc::new(Shape {
                         events: rec.events.clone(),
                         aligns: aligns(),
+                        hint: Mutex::new(None),
                     }),
                     obs: VecDeque::new(),
                     fit: None,
@@ -309,6 +349,9 @@ impl Families {
             }
         };
         s.last_used = now;
+        if hint.is_some() {
+            *s.shape.hint.lock() = hint;
+        }
         // A larger alignment than the structure's so far widens it.
         if s.shape
             .aligns
@@ -323,9 +366,11 @@ impl Families {
                 .zip(&rec.blocks)
                 .map(|(a, b)| (*a).max(b.1))
                 .collect();
+            let hint = s.shape.hint.lock().clone();
             s.shape = Arc::new(Shape {
                 events: s.shape.events.clone(),
                 aligns,
+                hint: Mutex::new(hint),
             });
         }
         let sizes: Vec<usize> = rec.blocks.iter().map(|b| b.0).collect();

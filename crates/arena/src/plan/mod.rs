@@ -28,8 +28,10 @@
 //!    borrow it, so none can outlive it or be freed twice, and while the
 //!    run follows the plan an allocation is a read of the plan's next step,
 //!    two comparisons and an add, with the arena's counters brought up to
-//!    date when the run finishes. It hands over to the planned run above at
-//!    the first difference.
+//!    date when the run finishes. A request smaller than its step (a
+//!    predicted plan's slots are sized on the safe side) is served from the
+//!    step's slot too, its size noted for the run's recording. It hands
+//!    over to the planned run above at the first other difference.
 //! 4. **Cache**: [`PlanCache`] keeps plans by exact key (hash and equality,
 //!    no collisions), bounded, least recently used out; lookups take no lock.
 //! 5. **Families**: the runs of one model have the same structure at every
@@ -46,6 +48,16 @@
 //!    any planned run is, with nothing lost, and its recording becomes its
 //!    key's plan and a new shape of its family. A family whose sizes follow
 //!    no fit is served dynamically and reported so ([`FamilyStats`]).
+//!
+//!    Every plan of one structure, predicted or learned, is searched from
+//!    the placement order the structure's previous search ended on (the
+//!    same blocks in the same lifetimes, at other sizes), alternately going
+//!    on from it and searching afresh with other random moves and keeping
+//!    it where it is still better. So a structure planned at many shapes
+//!    is searched for many budgets' worth, each plan costing one, and a
+//!    plan is never worse than that order's placement; a key's plan then
+//!    depends on the shapes seen before it (for one sequence of runs, it
+//!    is the same every time).
 //!
 //! # Fits
 //! How each block's size is fitted, and why, is said in full on the
@@ -156,9 +168,19 @@ impl Plan {
     /// allocation, a zero or oversized size, a bad alignment), or when its
     /// blocks add up to more than fits in `usize`.
     pub fn from_recording(recording: &Recording) -> Result<Self, PlanError> {
+        Self::from_recording_hinted(recording, None).map(|(plan, _)| plan)
+    }
+
+    /// [`Plan::from_recording`], its search started from `hint` too (where
+    /// an earlier search of the same structure ended); returns the plan
+    /// and where this search ended.
+    pub(crate) fn from_recording_hinted(
+        recording: &Recording,
+        hint: Option<&solver::Hint>,
+    ) -> Result<(Self, Option<solver::Hint>), PlanError> {
         recording.validate()?;
         let requests = recording.requests();
-        let solution = solver::plan(&requests);
+        let (solution, hint) = solver::plan_hinted(&requests, hint);
         let mut plan = Self {
             recording: recording.clone(),
             offsets: solution.offsets,
@@ -172,7 +194,7 @@ impl Plan {
         // bug becomes an error here, not overlapping blocks later.
         plan.validate()?;
         plan.compile();
-        Ok(plan)
+        Ok((plan, hint))
     }
 
     /// A plan from its parts (as [`Plan`]'s serialized form holds them),

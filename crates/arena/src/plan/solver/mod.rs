@@ -230,3 +230,4 @@ fn stacked(requests: &[Request]) -> Solution {
 mod search;
 
 pub use search::{greedy_by_size, plan};
+pub(crate) use search::{plan_hinted, Hint};

@@ -32,12 +32,56 @@ pub fn greedy_by_size(requests: &[Request]) -> Solution {
 /// 200 conflict checks per buffer. In a release build, 1,000 buffers plan in
 /// under 5 ms and 10,000 in well under a second.
 pub fn plan(requests: &[Request]) -> Solution {
+    plan_hinted(requests, None).0
+}
+
+/// Where a search of [`plan_hinted`] ended: the placement order it ended
+/// on (request indices; it places as well as the best it found) and the
+/// fit that places it. Runs of one structure at other shapes have the same
+/// requests in the same lifetimes at other sizes, so the order that packs
+/// one shape well is a good start for the next: each search goes on from
+/// where the last one stopped, so a structure planned at many shapes is
+/// searched for many budgets' worth, each plan costing one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Hint {
+    order: Vec<u32>,
+    fit: Fit,
+    /// Searches so far: each draws other random moves, so that the next
+    /// goes on where the last one stopped rather than repeating it.
+    round: u64,
+}
+
+/// [`plan`], starting from `hint` (the order a search of the same
+/// structure ended on; ignored unless it orders exactly the requests that
+/// take part) as well as from its usual orders, with the same work budget.
+/// Never worse than `plan` started from the hint's placement alone, nor
+/// than greedy by size. Returns the solution and the order to start the
+/// next search of the structure from.
+pub(crate) fn plan_hinted(requests: &[Request], hint: Option<&Hint>) -> (Solution, Option<Hint>) {
     let Some(problem) = Problem::new(requests) else {
-        return stacked(requests);
+        return (stacked(requests), None);
+    };
+    let (start, round) = match hint.and_then(|h| Some((problem.items_in(&h.order)?, h))) {
+        Some((order, h)) => (Some((order, h.fit)), h.round.wrapping_add(1)),
+        // No hint, or one of other requests: a search of its own.
+        None => (None, 0),
     };
     let mut search = Search::new(&problem);
-    search.run(&problem);
-    problem.solution(requests, &search.best_offset)
+    search.run(&problem, start, round);
+    let last = if search.walk.is_empty() {
+        &search.best_order
+    } else {
+        &search.walk
+    };
+    let hint = Hint {
+        order: last
+            .iter()
+            .map(|&i| problem.items[i as usize].request as u32)
+            .collect(),
+        fit: search.best_fit,
+        round,
+    };
+    (problem.solution(requests, &search.best_offset), Some(hint))
 }
 
 /// A request that takes part in planning.
@@ -120,6 +164,29 @@ impl Problem {
 
     fn len(&self) -> usize {
         self.items.len()
+    }
+
+    /// `order` (request indices) as an order of this problem's items, if it
+    /// names each item exactly once and nothing else.
+    fn items_in(&self, order: &[u32]) -> Option<Vec<u32>> {
+        if order.len() != self.len() {
+            return None;
+        }
+        // Items are in request order: the last names the most requests.
+        let requests = self.items.last().map_or(0, |it| it.request + 1);
+        let mut item_of = vec![u32::MAX; requests];
+        for (i, it) in self.items.iter().enumerate() {
+            item_of[it.request] = i as u32;
+        }
+        // Each request is taken out once found: a second mention fails.
+        order
+            .iter()
+            .map(|&r| {
+                let slot = item_of.get_mut(r as usize)?;
+                let i = core::mem::replace(slot, u32::MAX);
+                (i != u32::MAX).then_some(i)
+            })
+            .collect()
     }
 
     /// Turns per-item offsets into a solution over all requests.
@@ -534,6 +601,10 @@ struct Search {
     best_offset: Vec<usize>,
     best_order: Vec<u32>,
     best_fit: Fit,
+    /// The order the local search ended on, when it placed as the best
+    /// (empty otherwise): the next search of the structure goes on from
+    /// there.
+    walk: Vec<u32>,
     /// Work done so far.
     spent: u64,
     /// Work allowed.
@@ -547,6 +618,7 @@ impl Search {
             best_offset: vec![0; problem.len()],
             best_order: Vec::new(),
             best_fit: Fit::First,
+            walk: Vec::new(),
             spent: 0,
             budget: 0,
         }
@@ -556,7 +628,14 @@ impl Search {
         self.spent >= self.budget || self.best <= problem.bound
     }
 
-    fn run(&mut self, problem: &Problem) {
+    /// The search: greedy by size, the other orders, then the local search
+    /// from the best. With `start` (where an earlier search of the
+    /// structure ended), odd rounds go on from it (it is placed first, and
+    /// the local search walks on from it if it is the best); even rounds
+    /// search afresh, with other random moves, and take it at the end only
+    /// if it is still better: a walk that went on from a plateau can stay
+    /// on it, and a fresh walk often leaves it.
+    fn run(&mut self, problem: &Problem, start: Option<(Vec<u32>, Fit)>, round: u64) {
         // Greedy by size first, kept whatever its size.
         let mut greedy = Decoder::new(problem, problem.order(OrderKey::Size));
         let top = greedy
@@ -570,6 +649,36 @@ impl Search {
             .saturating_mul(SEARCH_ROUNDS)
             .min(most)
             .max(MIN_WORK);
+        let (first, last) = match start {
+            Some(start) if round % 2 == 1 => (Some(start), None),
+            start => (None, start),
+        };
+        // (Neither is placed once the best is at the lower bound.)
+        if let Some((order, fit)) = first.filter(|_| self.best > problem.bound) {
+            self.try_order(problem, order, fit, self.best);
+        }
+        self.search(problem, round);
+        if let Some((order, fit)) = last.filter(|_| self.best > problem.bound) {
+            let (best, walk) = (self.best, self.walk.len());
+            self.try_order(problem, order, fit, self.best.saturating_sub(1));
+            if self.best < best || walk == 0 {
+                self.walk.clear();
+            }
+        }
+    }
+
+    /// Places `order` with `fit`, kept if its footprint is at most `limit`
+    /// (and so at most the best's).
+    fn try_order(&mut self, problem: &Problem, order: Vec<u32>, fit: Fit, limit: usize) {
+        let mut decoder = Decoder::new(problem, order);
+        if let Some(top) = decoder.decode(problem, 0, fit, limit) {
+            self.keep(&decoder, top, fit);
+        }
+        self.spent += decoder.work;
+    }
+
+    /// The other orders, then the local search from the best so far.
+    fn search(&mut self, problem: &Problem, round: u64) {
         let candidates = [
             (OrderKey::Size, Fit::Best),
             (OrderKey::Breadth, Fit::Best),
@@ -583,13 +692,10 @@ impl Search {
             if self.done(problem) {
                 return;
             }
-            let mut decoder = Decoder::new(problem, problem.order(key));
-            if let Some(top) = decoder.decode(problem, 0, fit, self.best.saturating_sub(1)) {
-                self.keep(&decoder, top, fit);
-            }
-            self.spent += decoder.work;
+            let order = problem.order(key);
+            self.try_order(problem, order, fit, self.best.saturating_sub(1));
         }
-        self.improve(problem);
+        self.improve(problem, round);
     }
 
     fn keep(&mut self, decoder: &Decoder, top: usize, fit: Fit) {
@@ -602,7 +708,7 @@ impl Search {
     /// Local search on the best order: move a buffer that reaches the top
     /// of the plan (or a random one) to an earlier position, re-place from
     /// there, keep the change if the footprint does not grow.
-    fn improve(&mut self, problem: &Problem) {
+    fn improve(&mut self, problem: &Problem, round: u64) {
         let n = problem.len();
         if n < 2 || self.done(problem) {
             return;
@@ -613,7 +719,9 @@ impl Search {
         let mut current = decoder
             .decode(problem, 0, fit, usize::MAX)
             .unwrap_or(usize::MAX);
-        let mut rng = Rng(SEED ^ n as u64);
+        // Each round its own stream (the round hashed, not added: seeds a
+        // multiple of the generator's step apart share their streams).
+        let mut rng = Rng(SEED ^ n as u64 ^ Rng(round).next());
         let mut saved_offsets: Vec<usize> = Vec::new();
         let mut saved_top: Vec<usize> = Vec::new();
         let start = self.spent;
@@ -638,6 +746,11 @@ impl Search {
                 }
             }
             self.spent = start + decoder.work;
+        }
+        // The walk's order places as the best does (a move is kept only
+        // if the footprint does not grow) but is where the walk stands.
+        if current == self.best {
+            self.walk.clone_from(&decoder.order);
         }
     }
 }
@@ -691,3 +804,7 @@ fn restore_suffix(decoder: &mut Decoder, low: usize, offsets: &[usize], top: &[u
     }
     decoder.top[low..].copy_from_slice(top);
 }
+
+#[cfg(test)]
+#[path = "hint_tests.rs"]
+mod hint_tests;

@@ -1,0 +1,126 @@
+//! Searches started from where an earlier one ended ([`plan_hinted`]).
+
+use super::super::{lower_bound, validate, Request};
+use super::*;
+use crate::trace::Trace;
+use proptest::prelude::*;
+
+/// Requests of one structure: `(size, start, end)` at `scale` times the
+/// size (rounded to 64 bytes, as the arena records them).
+fn scaled(shape: &[(usize, usize, usize)], scale: usize) -> Vec<Request> {
+    shape
+        .iter()
+        .map(|&(size, start, end)| {
+            Request::new((size * scale).next_multiple_of(64), 64, start, end)
+        })
+        .collect()
+}
+
+/// The footprint of `order` (request indices) placed with `fit`.
+fn placed(requests: &[Request], hint: &Hint) -> usize {
+    let problem = Problem::new(requests).unwrap();
+    let order = problem.items_in(&hint.order).unwrap();
+    let mut decoder = Decoder::new(&problem, order);
+    decoder
+        .decode(&problem, 0, hint.fit, usize::MAX)
+        .unwrap()
+        .max(problem.idle)
+}
+
+fn structure() -> impl Strategy<Value = Vec<(usize, usize, usize)>> {
+    prop::collection::vec((1usize..5000, 0usize..60, 1usize..30), 1..60).prop_map(|v| {
+        v.into_iter()
+            .map(|(size, start, len)| (size, start, start + len))
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    /// Searched from the order an earlier search of the structure ended
+    /// on (at another scale), a plan is valid, never larger than that
+    /// order's placement nor than greedy by size, and hands on an order
+    /// that places as well as the plan.
+    #[test]
+    fn a_hinted_plan_is_valid_and_never_worse_than_its_hint(
+        shape in structure(),
+        scales in prop::collection::vec(1usize..9, 2..6),
+    ) {
+        let mut hint: Option<Hint> = None;
+        for (k, &scale) in scales.iter().enumerate() {
+            let requests = scaled(&shape, scale);
+            let (solution, next) = plan_hinted(&requests, hint.as_ref());
+            prop_assert!(validate(&requests, &solution).is_ok());
+            prop_assert!(solution.size <= greedy_by_size(&requests).size);
+            prop_assert!(solution.size >= lower_bound(&requests));
+            if let Some(h) = &hint {
+                prop_assert!(solution.size <= placed(&requests, h));
+            }
+            let next = next.unwrap();
+            prop_assert_eq!(next.round, k as u64);
+            prop_assert_eq!(placed(&requests, &next), solution.size);
+            hint = Some(next);
+        }
+    }
+
+    /// A hint that does not order exactly the requests that take part (too
+    /// short, too long, a request twice, one out of range) is ignored: the
+    /// plan is `plan`'s own.
+    #[test]
+    fn a_hint_of_other_requests_is_ignored(
+        shape in structure(),
+        garbage in prop::collection::vec(0u32..80, 0..70),
+    ) {
+        let requests = scaled(&shape, 1);
+        let problem = Problem::new(&requests).unwrap();
+        prop_assume!(problem.items_in(&garbage).is_none());
+        let hint = Hint { order: garbage, fit: Fit::First, round: 0 };
+        let (solution, _) = plan_hinted(&requests, Some(&hint));
+        prop_assert_eq!(solution, plan(&requests));
+    }
+}
+
+/// A request named twice is refused even when the count is right.
+#[test]
+fn an_order_with_a_request_twice_is_refused() {
+    let requests = [
+        Request::new(64, 64, 0, 2),
+        Request::new(64, 64, 1, 3),
+        Request::new(64, 64, 2, 4),
+    ];
+    let problem = Problem::new(&requests).unwrap();
+    assert!(problem.items_in(&[0, 1, 2]).is_some());
+    assert!(problem.items_in(&[0, 1, 1]).is_none());
+    assert!(problem.items_in(&[0, 1, 3]).is_none());
+    assert!(problem.items_in(&[0, 1]).is_none());
+}
+
+/// DenseNet-121 in ONNX Runtime's own order (batches 8, 1, 4, 2, 6): each
+/// batch's plan, searched on from the previous batch's, is at the lower
+/// bound of live bytes.
+#[test]
+fn densenet_in_onnx_runtimes_order_is_planned_at_its_lower_bound() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../traces/ort/densenet121-batches.trace"
+    );
+    let trace = Trace::from_file(path).unwrap();
+    let mut hint = None;
+    for run in &trace.runs {
+        let requests: Vec<Request> = run
+            .lifetimes()
+            .iter()
+            .map(|l| Request::new(l.size.next_multiple_of(64), 64, l.start, l.end))
+            .collect();
+        let (solution, next) = plan_hinted(&requests, hint.as_ref());
+        let bound = lower_bound(&requests);
+        assert!(
+            solution.size as f64 <= bound as f64 * 1.02,
+            "{}: {} over lower bound {bound}",
+            run.label,
+            solution.size
+        );
+        hint = next;
+    }
+}
