@@ -201,71 +201,61 @@ impl<M: Memory> RawArena<M> {
         // Bytes in use outside planned blocks do not change meanwhile.
         let others = self.pool.in_use() - self.plan_reserved;
         let mut peak = run.peak;
-        if serve.pos == 0 && upto == steps.len() && !serve.recording && !smaller.is_empty() {
-            // The whole tape, some steps served smaller: one walk for the
-            // peak and the sizes live at the end, and the run's recording
-            // is the plan's with those sizes (the same events, in order).
-            let mut live = self.planned_live;
-            let mut next = smaller.iter().peekable();
-            for (pos, step) in steps.iter().enumerate() {
-                let Some(served) = pb.served.get_mut(step.index as usize) else {
-                    debug_assert!(false, "a validated plan names its own blocks");
-                    return;
-                };
-                if step.is_free() {
-                    live -= core::mem::take(served);
-                } else {
-                    *served = match next.next_if(|&&(at, _)| at <= pos) {
-                        Some(&(_, size)) => size.min(step.size),
-                        None => step.size,
-                    };
-                    live += *served;
-                    peak = peak.max(others + live);
-                }
-            }
+        if serve.pos == 0 && upto == steps.len() && (smaller.is_empty() || !serve.recording) {
             let whole = plan.whole();
-            let end_live_bytes = live - self.planned_live;
-            run.rec.clone_from(plan.recording());
-            for &(at, size) in smaller {
-                let Some(block) = steps
-                    .get(at)
-                    .and_then(|s| run.rec.blocks.get_mut(s.index as usize))
-                else {
-                    debug_assert!(false, "a step served smaller is an allocation");
-                    continue;
-                };
-                block.0 = size.min(block.0);
-            }
-            serve.recording = true;
+            let end_live_bytes = if smaller.is_empty() {
+                // The whole tape as recorded: its totals at once.
+                peak = peak.max(others + self.planned_live + whole.peak_live);
+                for &index in &whole.end_live {
+                    let (Some(served), Some(&(size, _))) = (
+                        pb.served.get_mut(index as usize),
+                        plan.recording().blocks.get(index as usize),
+                    ) else {
+                        debug_assert!(false, "a validated plan names its own blocks");
+                        continue;
+                    };
+                    *served = size;
+                }
+                whole.end_live_bytes
+            } else {
+                // Some steps served smaller: one walk for the peak and the
+                // sizes live at the end, and the run's recording is the
+                // plan's with those sizes (the same events, in order).
+                let mut live = self.planned_live;
+                let mut next = smaller.iter().peekable();
+                for (pos, step) in steps.iter().enumerate() {
+                    let Some(served) = pb.served.get_mut(step.index as usize) else {
+                        debug_assert!(false, "a validated plan names its own blocks");
+                        return;
+                    };
+                    if step.is_free() {
+                        live -= core::mem::take(served);
+                    } else {
+                        *served = match next.next_if(|&&(at, _)| at <= pos) {
+                            Some(&(_, size)) => size.min(step.size),
+                            None => step.size,
+                        };
+                        live += *served;
+                        peak = peak.max(others + live);
+                    }
+                }
+                run.rec.clone_from(plan.recording());
+                for &(at, size) in smaller {
+                    let Some(block) = steps
+                        .get(at)
+                        .and_then(|s| run.rec.blocks.get_mut(s.index as usize))
+                    else {
+                        debug_assert!(false, "a step served smaller is an allocation");
+                        continue;
+                    };
+                    block.0 = size.min(block.0);
+                }
+                serve.recording = true;
+                live - self.planned_live
+            };
             pb.live += whole.end_live.len();
             pb.live_bytes += end_live_bytes;
-            self.planned_live = live;
-            self.allocs += whole.allocs;
-            self.planned_allocs += whole.allocs;
-            self.frees += whole.frees;
-            run.blocks += whole.allocs as u32;
-            serve.pos = upto;
-            run.peak = peak;
-            self.peak_in_use = self.peak_in_use.max(peak);
-            return;
-        }
-        if serve.pos == 0 && upto == steps.len() && smaller.is_empty() {
-            // The whole tape: its totals at once.
-            let whole = plan.whole();
-            peak = peak.max(others + self.planned_live + whole.peak_live);
-            for &index in &whole.end_live {
-                let (Some(served), Some(&(size, _))) = (
-                    pb.served.get_mut(index as usize),
-                    plan.recording().blocks.get(index as usize),
-                ) else {
-                    debug_assert!(false, "a validated plan names its own blocks");
-                    continue;
-                };
-                *served = size;
-            }
-            pb.live += whole.end_live.len();
-            pb.live_bytes += whole.end_live_bytes;
-            self.planned_live += whole.end_live_bytes;
+            self.planned_live += end_live_bytes;
             self.allocs += whole.allocs;
             self.planned_allocs += whole.allocs;
             self.frees += whole.frees;

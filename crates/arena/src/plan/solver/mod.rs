@@ -227,6 +227,7 @@ fn stacked(requests: &[Request]) -> Solution {
     Solution { offsets, size: top }
 }
 
+mod min_table;
 mod search;
 
 pub use search::{greedy_by_size, plan};

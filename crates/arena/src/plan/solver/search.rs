@@ -2,6 +2,7 @@
 //! [`greedy_by_size`](super::greedy_by_size): the problem's items and
 //! conflicts, greedy decoding of a placement order, and the local search.
 
+use super::min_table::MinTable;
 use super::{align_up, clamp, is_active, stacked, Request, Solution};
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -314,37 +315,6 @@ enum OrderKey {
     Length,
     /// Items of the busiest moments first, largest first within one.
     Breadth,
-}
-
-/// Sparse table for range-minimum queries over a fixed array.
-struct MinTable {
-    levels: Vec<Vec<u32>>,
-}
-
-impl MinTable {
-    fn new(values: Vec<u32>) -> Self {
-        let mut levels = vec![values];
-        let mut width = 1;
-        while width * 2 <= levels[0].len() {
-            let prev = &levels[levels.len() - 1];
-            let next: Vec<u32> = (0..prev.len() - width)
-                .map(|i| prev[i].min(prev[i + width]))
-                .collect();
-            levels.push(next);
-            width *= 2;
-        }
-        MinTable { levels }
-    }
-
-    /// Minimum of `values[lo..hi]` (`u32::MAX` when empty).
-    fn min(&self, lo: usize, hi: usize) -> u32 {
-        if hi <= lo {
-            return u32::MAX;
-        }
-        let level = (usize::BITS - 1 - (hi - lo).leading_zeros()) as usize;
-        let row = &self.levels[level];
-        row[lo].min(row[hi - (1 << level)])
-    }
 }
 
 impl Conflicts {
