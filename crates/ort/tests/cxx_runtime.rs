@@ -83,11 +83,7 @@ fn the_runtime_that_throws_is_the_one_the_catcher_uses() {
     assert!(runtime_for(libc::malloc as *const c_void).is_none());
 
     // ONNX Runtime: registration finds the runtime it binds to.
-    let env = tensor_arena_ort::ort::init_from(common::assets().join("libonnxruntime.so"))
-        .unwrap()
-        .with_name("cxx-runtime")
-        .build()
-        .unwrap();
+    let env = common::environment("cxx-runtime");
     assert!(!tensor_arena_ort::bad_alloc_available());
     tensor_arena_ort::register(&env).unwrap();
     assert!(tensor_arena_ort::bad_alloc_available());

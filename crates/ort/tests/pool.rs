@@ -27,12 +27,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 fn env() -> &'static Environment {
     static ENV: OnceLock<Environment> = OnceLock::new();
     ENV.get_or_init(|| {
-        let lib = common::assets().join("libonnxruntime.so");
-        let env = ort::init_from(&lib)
-            .unwrap()
-            .with_name("async-server")
-            .build()
-            .unwrap();
+        let env = common::environment("async-server");
         register(&env).unwrap();
         env
     })

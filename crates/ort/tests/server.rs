@@ -28,12 +28,7 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn env() -> &'static Environment {
     static ENV: OnceLock<Environment> = OnceLock::new();
     ENV.get_or_init(|| {
-        let lib = common::assets().join("libonnxruntime.so");
-        let env = ort::init_from(&lib)
-            .unwrap()
-            .with_name("existing-server")
-            .build()
-            .unwrap();
+        let env = common::environment("existing-server");
         let refused = Session::builder(&env)
             .unwrap()
             .with_tensor_arena()

@@ -49,6 +49,18 @@ pub fn runtime() -> &'static Runtime {
     Runtime::load(&path).unwrap_or_else(|e| panic!("ONNX Runtime is needed for these tests: {e}"))
 }
 
+/// A process environment named `name` on the fetched library, made as a
+/// server makes its own (not yet registered with the arena). Only the
+/// binaries that make their own environment use it.
+#[allow(dead_code)]
+pub fn environment(name: &str) -> tensor_arena_ort::ort::environment::Environment {
+    tensor_arena_ort::ort::init_from(assets().join("libonnxruntime.so"))
+        .unwrap()
+        .with_name(name)
+        .build()
+        .unwrap()
+}
+
 /// A model file from the assets.
 pub fn model(name: &str) -> PathBuf {
     assets().join(name)
