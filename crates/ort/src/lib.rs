@@ -11,6 +11,7 @@ mod cuda;
 mod decay;
 mod error;
 mod follow;
+mod heaps;
 mod key;
 mod pool;
 mod raw;
@@ -28,6 +29,7 @@ pub use cuda::{cuda_run, cuda_shrink, cuda_stats, CudaExt, CudaRun, DeviceStats,
 pub use decay::DEFAULT_DECAY;
 pub use error::OrtArenaError;
 pub use follow::Shrink;
+pub use heaps::{limit_system_heaps, DEFAULT_SYSTEM_HEAPS};
 pub use key::{KeyInputs, RunKey};
 pub use ort;
 pub use pool::{Checkout, CheckoutFuture, PoolStats, WorkerPool};
