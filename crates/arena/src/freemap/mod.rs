@@ -559,24 +559,44 @@ impl<T: Copy> FreeMap<T> {
 pub(crate) fn simulate_extent(ops: &[RunOp], fit: Fit, coalesce: Coalesce) -> usize {
     let mut map = FreeMap::<()>::with_policy(fit, coalesce);
     // A region larger than any run can need: the top never runs out.
-    map.add_region(MAX_REGION);
-    let mut ids: Vec<SpanId> = Vec::new();
+    let rid = map.add_region(MAX_REGION);
+    // Each allocation's span and offset, by index.
+    let mut ids: Vec<(SpanId, usize)> = Vec::new();
     let mut extent = 0;
+    // Where the next allocation goes, when a `Place` named it.
+    let mut placed: Option<usize> = None;
     for op in ops {
         match *op {
             RunOp::Alloc {
                 size, align_log2, ..
             } => {
-                let (_, off, id) = map
-                    .alloc(size, 1 << align_log2, ())
-                    .expect("the simulated region is larger than any run");
+                let at = placed
+                    .take()
+                    .and_then(|off| Some((off, map.take_range(rid, off, size, ())?)));
+                let (off, id) = match at {
+                    Some(found) => found,
+                    None => {
+                        let (_, off, id) = map
+                            .alloc(size, 1 << align_log2, ())
+                            .expect("the simulated region is larger than any run");
+                        (off, id)
+                    }
+                };
                 extent = extent.max(off + size);
-                ids.push(id);
+                ids.push((id, off));
             }
             RunOp::Free { index } => {
-                if let Some(&id) = ids.get(index as usize) {
+                if let Some(&(id, _)) = ids.get(index as usize) {
                     let _ = map.free(id);
                 }
+            }
+            RunOp::Dissolve { index } => {
+                if let Some(&(id, _)) = ids.get(index as usize) {
+                    let _ = map.free_merged(id);
+                }
+            }
+            RunOp::Place { base, off } => {
+                placed = ids.get(base as usize).map(|&(_, start)| start + off);
             }
         }
     }
@@ -602,6 +622,21 @@ pub(crate) enum RunOp {
     Free {
         /// Index of the allocation within the run.
         index: u32,
+    },
+    /// Allocation number `index` (a plan's block its run left) freed and
+    /// merged with its free neighbours at once ([`FreeMap::free_merged`]).
+    Dissolve {
+        /// Index of the allocation within the run.
+        index: u32,
+    },
+    /// The next allocation is placed at `off` bytes into where allocation
+    /// number `base` started (a planned block that stays where its plan
+    /// put it when the plan's block is dissolved).
+    Place {
+        /// Index of the allocation whose start is the base.
+        base: u32,
+        /// Offset from that start.
+        off: usize,
     },
 }
 

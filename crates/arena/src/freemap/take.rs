@@ -187,3 +187,55 @@ impl<T: Copy> FreeMap<T> {
         id
     }
 }
+
+impl<T: Copy> FreeMap<T> {
+    /// Frees used span `id` and merges it with its free neighbours at once,
+    /// never onto the front: its bytes are open to every request that
+    /// follows, best fit included (a plan's block that its run left). The
+    /// front is coalesced first, so that the merge sees every free
+    /// neighbour. Returns its size and payload.
+    pub(crate) fn free_merged(&mut self, id: SpanId) -> Result<(usize, T), super::FreeError> {
+        if self.front_map != 0 {
+            self.flush_front();
+        }
+        let span = self
+            .spans
+            .get_mut(id as usize)
+            .filter(|s| s.size > 0)
+            .ok_or(super::FreeError::NotABlock)?;
+        let tag = span.used.take().ok_or(super::FreeError::AlreadyFree)?;
+        let size = span.size;
+        self.used_count -= 1;
+        self.coalesce(id);
+        Ok((size, tag))
+    }
+
+    /// Hands out exactly `off..off + size` of region `rid` (`size > 0`), if
+    /// that range lies inside one free span out of the front; `None`
+    /// changes nothing. A walk of the region's spans: for the cold path
+    /// that turns a plan's live blocks into blocks of the map.
+    pub(crate) fn take_range(
+        &mut self,
+        rid: RegionId,
+        off: usize,
+        size: usize,
+        tag: T,
+    ) -> Option<SpanId> {
+        let end = off.checked_add(size)?;
+        let mut id = self.regions.get(rid as usize).filter(|r| r.size > 0)?.head;
+        while id != NIL {
+            let s = &self.spans[id as usize];
+            if s.off <= off && end <= s.off + s.size {
+                if s.used.is_some() || s.front || size == 0 {
+                    return None;
+                }
+                return Some(self.take(id, off, size, tag).2);
+            }
+            if s.off > off {
+                return None;
+            }
+            id = s.next;
+        }
+        None
+    }
+}

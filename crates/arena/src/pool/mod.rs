@@ -277,6 +277,41 @@ impl<M: Memory> Pool<M> {
         self.cover_holes(rid, off, span, size, tag, grown_from)
     }
 
+    /// Turns live block `span` into the live blocks `pieces` inside it
+    /// (`(offset in the block, size, tag)`, sorted by offset, disjoint,
+    /// each a multiple of the arena's alignment and inside the block), and
+    /// the rest of it into free memory merged with its free neighbours.
+    /// Pushes each piece's span to `out`, in order. No memory-layer call:
+    /// the block was committed, and so are its parts.
+    pub(crate) fn dissolve(
+        &mut self,
+        span: SpanId,
+        pieces: &[(usize, usize, Tag)],
+        out: &mut Vec<SpanId>,
+    ) -> Result<(), FreeError> {
+        let (rid, base) = self.map.position(span).ok_or(FreeError::NotABlock)?;
+        let (size, _) = self.map.get(span).ok_or(FreeError::AlreadyFree)?;
+        // Checked before anything changes: every piece lies inside.
+        let mut end = 0;
+        for &(off, len, _) in pieces {
+            if off < end || len == 0 || off.checked_add(len).is_none_or(|e| e > size) {
+                return Err(FreeError::NotABlock);
+            }
+            end = off + len;
+        }
+        self.map.free_merged(span)?;
+        self.in_use -= size;
+        for &(off, len, tag) in pieces {
+            let id = self
+                .map
+                .take_range(rid, base + off, len, tag)
+                .expect("a piece of a block just freed is free");
+            self.in_use += len;
+            out.push(id);
+        }
+        Ok(())
+    }
+
     /// Ends [`Pool::alloc`] for the block in `span` at `off` of region
     /// `rid`: commits the holes under it first, if any. On a refusal the
     /// block is freed again and a growth from `grown_from` is undone.

@@ -31,6 +31,8 @@ fn derive_recording(ops: &[RunOp], rec: &mut Recording) {
                     rec.free(r);
                 }
             }
+            // A dynamic run has no plan's block to dissolve.
+            RunOp::Dissolve { .. } | RunOp::Place { .. } => {}
         }
     }
 }
@@ -82,14 +84,23 @@ impl<M: Memory> RawArena<M> {
                 .as_mut()
                 .expect("the serving plan's block is live");
             pb.open = false;
-            // Planned blocks still live are the run's leaks too.
-            run.live_blocks += pb.live;
-            run.live_bytes += pb.live_bytes;
+            // Planned blocks still live are the run's leaks too (a
+            // dissolved block's are counted as the pool's).
+            if !pb.dissolved {
+                run.live_blocks += pb.live;
+                run.live_bytes += pb.live_bytes;
+            }
             if pb.live == 0 {
+                let dissolved = pb.dissolved;
                 self.release_plan_block(slot);
-                if run.log {
+                if run.log && !dissolved {
                     run.ops.push(RunOp::Free { index: 0 });
                 }
+            } else if !pb.dissolved {
+                // Blocks that outlive the run keep their places; the rest
+                // of the plan's block is free memory from now on, not held
+                // until the last of them goes.
+                self.dissolve(slot, &serve.plan, run.id);
             }
         }
         let grew = self.pool.calls.reserves != run.backing_allocs_at_start;
@@ -271,9 +282,10 @@ impl<M: Memory> RawArena<M> {
     /// Live blocks of the caller's: pool blocks other than plan blocks, and
     /// planned blocks.
     pub(super) fn live_count(&self) -> usize {
-        let plan_blocks = self.plan_blocks.iter().flatten();
-        let planned: usize = plan_blocks.clone().map(|b| b.live).sum();
-        self.pool.live_count() - plan_blocks.count() + planned
+        // A dissolved block's live blocks are spans of the pool.
+        let whole = self.plan_blocks.iter().flatten().filter(|b| !b.dissolved);
+        let planned: usize = whole.clone().map(|b| b.live).sum();
+        self.pool.live_count() - whole.count() + planned
     }
 
     /// Every live block of the caller's, with the run it belongs to and (in
@@ -307,7 +319,13 @@ impl<M: Memory> RawArena<M> {
             assert!(r.peak >= in_use);
         }
         assert!(self.peak_in_use >= in_use);
-        let plan_blocks: usize = self.plan_blocks.iter().flatten().map(|b| b.raw.size).sum();
+        let plan_blocks: usize = self
+            .plan_blocks
+            .iter()
+            .flatten()
+            .filter(|b| !b.dissolved)
+            .map(|b| b.raw.size)
+            .sum();
         assert_eq!(plan_blocks, self.plan_reserved);
         assert!(self.planned_live <= self.plan_reserved);
         for pb in self.plan_blocks.iter().flatten() {
@@ -315,8 +333,29 @@ impl<M: Memory> RawArena<M> {
                 pb.open || pb.live > 0,
                 "a finished plan block with nothing live"
             );
-            assert!(self.pool.get(pb.raw.span).is_some());
+            assert!(pb.open || pb.dissolved, "a finished plan block still whole");
+            if pb.dissolved {
+                let live = pb.served.iter().filter(|&&s| s > 0).count();
+                assert_eq!(live, pb.live);
+                for (i, &size) in pb.served.iter().enumerate() {
+                    if size > 0 {
+                        let span = pb.spans[i];
+                        assert_eq!(self.pool.get(span).map(|s| s.0), Some(size));
+                    }
+                }
+            } else {
+                assert!(self.pool.get(pb.raw.span).is_some());
+            }
         }
+        // Never two plans' blocks whole at once: only the open run's.
+        assert!(
+            self.plan_blocks
+                .iter()
+                .flatten()
+                .filter(|b| !b.dissolved)
+                .count()
+                <= 1
+        );
         assert!(self.recent.len() <= self.config.watermark_window);
     }
 }

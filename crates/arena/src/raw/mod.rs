@@ -12,6 +12,7 @@ use core::panic::Location;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+mod fallback;
 mod finish;
 mod serve;
 
@@ -154,6 +155,13 @@ struct PlanBlock<P> {
     live_bytes: usize,
     /// Whether its run is still open.
     open: bool,
+    /// Whether it has been dissolved ([`RawArena::dissolve`]): its live
+    /// planned blocks are spans of the pool now (`spans`, by block index),
+    /// the rest of it free memory of the pool, and `raw` no longer a span.
+    dissolved: bool,
+    /// The pool span of each planned block still live, by block index,
+    /// once dissolved (empty before).
+    spans: Vec<SpanId>,
 }
 
 /// A block handed out by a [`RawArena`]: its address and the handle that
@@ -582,6 +590,7 @@ impl<M: Memory> RawArena<M> {
         if let Some(served) = self.alloc_planned(len, align) {
             return Ok(served);
         }
+        let mut left = None;
         if let Some(run) = &mut self.run {
             if let Some(serve) = run.serve.as_mut().filter(|s| !s.deviated) {
                 // A bad request is an error, not a deviation (checked here
@@ -594,7 +603,12 @@ impl<M: Memory> RawArena<M> {
                 Self::materialize(serve, &mut run.rec, run.blocks);
                 serve.deviated = true;
                 self.deviations += 1;
+                left = Some((serve.slot, Arc::clone(&serve.plan), run.id));
             }
+        }
+        // The rest of the run is served from the plan's block first.
+        if let Some((slot, plan, run)) = left {
+            self.dissolve(slot, &plan, run);
         }
         let raw = self.alloc_pool(len, align, location, true)?;
         let i = raw.span as usize;
@@ -684,6 +698,7 @@ impl<M: Memory> RawArena<M> {
             *g = g.wrapping_add(1);
         }
         self.frees += 1;
+        let mut left = None;
         if let Some(r) = &mut self.run {
             if tag.run == r.id {
                 if r.log {
@@ -693,9 +708,12 @@ impl<M: Memory> RawArena<M> {
                 r.live_bytes -= size;
                 // A dynamic run's frees are in `ops` already.
                 if tag.rec != NOT_PLANNED && r.serve.is_some() {
-                    Self::record_free(r, tag.rec, &mut self.deviations);
+                    left = Self::record_free(r, tag.rec, &mut self.deviations);
                 }
             }
+        }
+        if let Some((slot, plan, run)) = left {
+            self.dissolve(slot, &plan, run);
         }
         Ok(())
     }

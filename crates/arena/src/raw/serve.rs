@@ -36,6 +36,8 @@ impl<M: Memory> RawArena<M> {
             live: 0,
             live_bytes: 0,
             open: true,
+            dissolved: false,
+            spans: Vec::new(),
         };
         let slot = match self.plan_blocks.iter().position(Option::is_none) {
             Some(i) => {
@@ -129,8 +131,16 @@ impl<M: Memory> RawArena<M> {
     }
 
     /// Records the free of block `index`, following it in the serving plan.
+    /// Returns, when the free leaves the plan, what the caller dissolves
+    /// ([`RawArena::dissolve`]): the plan block's slot, the plan and the
+    /// run.
     #[inline(always)]
-    pub(super) fn record_free(run: &mut OpenRun, index: u32, deviations: &mut u64) {
+    pub(super) fn record_free(
+        run: &mut OpenRun,
+        index: u32,
+        deviations: &mut u64,
+    ) -> Option<(u32, Arc<Plan>, u64)> {
+        let mut left = None;
         match &mut run.serve {
             // A dynamic run: derived from its `ops` when it ends.
             None => {}
@@ -144,6 +154,7 @@ impl<M: Memory> RawArena<M> {
                         serve.deviated = true;
                         serve.why = Some(Deviation::Order);
                         *deviations += 1;
+                        left = Some((serve.slot, Arc::clone(&serve.plan), run.id));
                     }
                 }
                 if serve.recording {
@@ -151,6 +162,7 @@ impl<M: Memory> RawArena<M> {
                 }
             }
         }
+        left
     }
 
     /// What a caller that serves the open planned run's exact steps itself
@@ -346,6 +358,9 @@ impl<M: Memory> RawArena<M> {
         else {
             return Err(FreeError::AlreadyFree);
         };
+        if pb.dissolved {
+            return self.free_dissolved(slot, index);
+        }
         // The handle's generation matches the plan block's, so a live entry
         // is this handle's block.
         let size = match pb.served.get_mut(index as usize) {
@@ -358,10 +373,14 @@ impl<M: Memory> RawArena<M> {
         pb.live -= 1;
         pb.live_bytes -= size;
         let orphan_done = !pb.open && pb.live == 0;
+        let mut left = None;
         if let Some(r) = &mut self.run {
             if r.serve.as_ref().is_some_and(|s| s.slot == slot) {
-                Self::record_free(r, index, &mut self.deviations);
+                left = Self::record_free(r, index, &mut self.deviations);
             }
+        }
+        if let Some((slot, plan, run)) = left {
+            self.dissolve(slot, &plan, run);
         }
         if orphan_done {
             self.release_plan_block(slot);
@@ -372,9 +391,12 @@ impl<M: Memory> RawArena<M> {
     /// Returns plan block `slot` to the pool.
     pub(super) fn release_plan_block(&mut self, slot: u32) {
         if let Some(pb) = self.plan_blocks[slot as usize].take() {
-            self.plan_reserved -= pb.raw.size;
-            let freed = self.pool.free(pb.raw.span);
-            debug_assert!(freed.is_ok(), "plan block not live in the pool");
+            // A dissolved block is the pool's already.
+            if !pb.dissolved {
+                self.plan_reserved -= pb.raw.size;
+                let freed = self.pool.free(pb.raw.span);
+                debug_assert!(freed.is_ok(), "plan block not live in the pool");
+            }
             if pb.served.capacity() > self.spare_served.capacity() {
                 self.spare_served = pb.served;
             }

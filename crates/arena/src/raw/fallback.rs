@@ -1,0 +1,149 @@
+//! A run that leaves its plan keeps to the plan's block: the block is
+//! dissolved into the pool, its live planned blocks becoming ordinary live
+//! blocks where the plan put them and the rest free memory that serves the
+//! rest of the run. Only what does not fit there grows the arena.
+
+use super::RawArena;
+use crate::freemap::{FreeError, RunOp, SpanId};
+use crate::memory::Memory;
+use crate::plan::Plan;
+use crate::pool::Tag;
+
+impl<M: Memory> RawArena<M> {
+    /// Dissolves plan block `slot`, laid out by `plan`: each planned block
+    /// still live becomes a span of the pool at its place in the block,
+    /// tagged as an allocation of `run` (the open run's, when it is the one
+    /// being served: it then counts and logs them as its own); the rest of
+    /// the block becomes free memory of the pool, merged with its free
+    /// neighbours. Nothing moves and no memory-layer call is made. A block
+    /// dissolved already is left alone.
+    pub(super) fn dissolve(&mut self, slot: u32, plan: &Plan, run: u64) {
+        let Some(pb) = self
+            .plan_blocks
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+        else {
+            return;
+        };
+        if pb.dissolved {
+            return;
+        }
+        // The open run's pool allocations are numbered on (its log names
+        // them so).
+        let open = self.run.as_mut().filter(|r| r.id == run);
+        let mut next_index = open.as_ref().map_or(0, |r| r.pool_allocs);
+        let mut pieces: Vec<(usize, usize, Tag)> = Vec::with_capacity(pb.live);
+        let mut indices: Vec<u32> = Vec::with_capacity(pb.live);
+        for (index, &size) in pb.served.iter().enumerate() {
+            if size == 0 {
+                continue;
+            }
+            let Some(off) = plan.offset(index) else {
+                debug_assert!(false, "a live planned block is one of its plan's");
+                continue;
+            };
+            pieces.push((
+                off,
+                size,
+                Tag {
+                    run,
+                    index: 0,
+                    rec: index as u32,
+                    len: size,
+                    #[cfg(debug_assertions)]
+                    location: core::panic::Location::caller(),
+                },
+            ));
+            indices.push(index as u32);
+        }
+        // By offset, as the pool takes them; numbered in that order.
+        let mut order: Vec<usize> = (0..pieces.len()).collect();
+        order.sort_by_key(|&i| pieces[i].0);
+        let pieces: Vec<(usize, usize, Tag)> = order
+            .iter()
+            .map(|&i| {
+                let mut p = pieces[i];
+                p.2.index = next_index;
+                next_index += 1;
+                p
+            })
+            .collect();
+        let indices: Vec<u32> = order.iter().map(|&i| indices[i]).collect();
+        let mut spans: Vec<SpanId> = Vec::with_capacity(pieces.len());
+        if self
+            .pool
+            .dissolve(pb.raw.span, &pieces, &mut spans)
+            .is_err()
+        {
+            debug_assert!(false, "a plan's block holds its planned blocks");
+            return;
+        }
+        let block_size = pb.raw.size;
+        let live_bytes = pb.live_bytes;
+        let mut by_index = core::mem::take(&mut pb.spans);
+        by_index.clear();
+        by_index.resize(pb.served.len(), SpanId::MAX);
+        for (&index, &span) in indices.iter().zip(&spans) {
+            by_index[index as usize] = span;
+        }
+        pb.spans = by_index;
+        pb.dissolved = true;
+        pb.live_bytes = 0;
+        self.plan_reserved -= block_size;
+        self.planned_live -= live_bytes;
+        if let Some(&max) = spans.iter().max() {
+            if self.span_gens.len() <= max as usize {
+                self.span_gens.resize(max as usize + 1, 0);
+            }
+        }
+        if let Some(r) = self.run.as_mut().filter(|r| r.id == run) {
+            r.live_blocks += pieces.len();
+            r.live_bytes += live_bytes;
+            if r.log {
+                // The plan's block is the run's allocation 0.
+                r.ops.push(RunOp::Dissolve { index: 0 });
+                for &(off, size, tag) in &pieces {
+                    r.ops.push(RunOp::Place { base: 0, off });
+                    r.ops
+                        .push(RunOp::alloc(size, tag_align(plan, tag.rec), true));
+                }
+            }
+            r.pool_allocs = next_index;
+        }
+        self.check();
+    }
+
+    /// Frees planned block `index` of dissolved plan block `slot`: its span
+    /// of the pool. The slot goes once its run is over and nothing of it
+    /// is live.
+    pub(super) fn free_dissolved(&mut self, slot: u32, index: u32) -> Result<(), FreeError> {
+        let Some(pb) = self
+            .plan_blocks
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+        else {
+            return Err(FreeError::AlreadyFree);
+        };
+        let span = match pb.served.get_mut(index as usize) {
+            Some(0) => return Err(FreeError::AlreadyFree),
+            Some(served) => {
+                *served = 0;
+                pb.spans[index as usize]
+            }
+            None => return Err(FreeError::NotABlock),
+        };
+        pb.live -= 1;
+        if !pb.open && pb.live == 0 {
+            // Nothing of it is left: the slot goes first.
+            self.release_plan_block(slot);
+        }
+        let freed = self.free_span(span);
+        debug_assert!(freed.is_ok(), "a dissolved block's span is live");
+        freed
+    }
+}
+
+/// The alignment planned block `index` of `plan` was served at.
+fn tag_align(plan: &Plan, index: u32) -> usize {
+    plan.block(index as usize).map_or(1, |(_, align)| align)
+}
