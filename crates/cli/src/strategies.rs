@@ -344,6 +344,8 @@ pub fn served_as(source: PlanSource, report: &RunReport) -> String {
                 DynamicReason::OneShape => "one shape",
                 DynamicReason::Unfit => "unfit",
                 DynamicReason::Unpredictable => "unpredictable",
+                DynamicReason::Unvaried => "unvaried dimension",
+                DynamicReason::Unbounded => "unbounded",
                 DynamicReason::Off => "off",
             }
         ),

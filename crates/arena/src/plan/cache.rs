@@ -271,11 +271,11 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         let mut dims = Vec::new();
         key.dims(&mut dims);
         match prediction.plan(&dims) {
-            Some(plan) => Lookup {
+            Ok(plan) => Lookup {
                 plan: Some(Arc::new(plan)),
                 source: PlanSource::Predicted,
             },
-            None => Lookup::none(prediction.why_not()),
+            Err(why) => Lookup::none(why),
         }
     }
 

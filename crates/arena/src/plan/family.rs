@@ -2,7 +2,7 @@
 //! shapes, and each block's size follows the key's dimensions, so a key
 //! never seen is planned from the keys seen before ([`Families`]).
 
-use super::fit::{Fit, Observation};
+use super::fit::{Fit, NoPrediction, Observation};
 use super::solver::Hint;
 use super::{Deviation, Plan, PlanEvent, Recording};
 use parking_lot::Mutex;
@@ -27,6 +27,13 @@ pub enum DynamicReason {
     /// The key's dimensions are not the family's, or a predicted size is
     /// not a size.
     Unpredictable,
+    /// The key changes a dimension its family never saw vary: how sizes
+    /// follow it is unknown (the run teaches it).
+    Unvaried,
+    /// The prediction needs more than its family's runs justify: the
+    /// largest lower bound seen, scaled past the shapes seen by the fit's
+    /// degree, plus an eighth (a wrong fit, not a large input).
+    Unbounded,
     /// Planning is off, or the plan's block could not be had.
     Off,
 }
@@ -72,6 +79,12 @@ pub struct FamilyCounts {
     pub dynamic: u64,
     /// Of those, runs whose family's sizes did not follow its fit.
     pub dynamic_unfit: u64,
+    /// Of those, runs whose key changed a dimension the family never saw
+    /// vary.
+    pub dynamic_unvaried: u64,
+    /// Of those, runs whose prediction was refused as larger than the
+    /// family's runs justify.
+    pub dynamic_unbounded: u64,
 }
 
 impl FamilyCounts {
@@ -99,6 +112,8 @@ impl FamilyCounts {
         self.fell_back_short += o.fell_back_short;
         self.dynamic += o.dynamic;
         self.dynamic_unfit += o.dynamic_unfit;
+        self.dynamic_unvaried += o.dynamic_unvaried;
+        self.dynamic_unbounded += o.dynamic_unbounded;
     }
 
     pub(crate) fn count(&mut self, source: PlanSource) {
@@ -107,8 +122,11 @@ impl FamilyCounts {
             PlanSource::Predicted => self.predicted += 1,
             PlanSource::Dynamic(why) => {
                 self.dynamic += 1;
-                if why == DynamicReason::Unfit {
-                    self.dynamic_unfit += 1;
+                match why {
+                    DynamicReason::Unfit => self.dynamic_unfit += 1,
+                    DynamicReason::Unvaried => self.dynamic_unvaried += 1,
+                    DynamicReason::Unbounded => self.dynamic_unbounded += 1,
+                    _ => {}
                 }
             }
         }
@@ -188,26 +206,27 @@ pub(crate) struct Prediction {
 }
 
 impl Prediction {
-    /// Why no recording could be predicted: blocks that no model explains,
-    /// or a key the fit cannot take.
-    pub(crate) fn why_not(&self) -> DynamicReason {
-        if self.fit.unfit() > 0 {
-            DynamicReason::Unfit
-        } else {
-            DynamicReason::Unpredictable
-        }
-    }
-
     /// The plan of the recording a run at `dims` is predicted to make,
-    /// searched from where the structure's last search ended.
-    pub(crate) fn plan(&self, dims: &[u64]) -> Option<Plan> {
-        self.shape.plan(&self.recording(dims)?)
+    /// searched from where the structure's last search ended; or why there
+    /// is none (a prediction past [`Fit::bound`] is refused before any
+    /// search).
+    pub(crate) fn plan(&self, dims: &[u64]) -> Result<Plan, DynamicReason> {
+        let rec = self.recording(dims)?;
+        let bound = self.fit.bound(dims);
+        if super::solver::lower_bound(&rec.requests()) > bound {
+            return Err(DynamicReason::Unbounded);
+        }
+        self.shape.plan(&rec).ok_or(DynamicReason::Unpredictable)
     }
 
     /// The recording a run at `dims` is predicted to make.
-    pub(crate) fn recording(&self, dims: &[u64]) -> Option<Recording> {
-        let sizes = self.fit.predict(dims)?;
-        Some(Recording {
+    pub(crate) fn recording(&self, dims: &[u64]) -> Result<Recording, DynamicReason> {
+        let sizes = self.fit.predict(dims).map_err(|why| match why {
+            NoPrediction::Unfit => DynamicReason::Unfit,
+            NoPrediction::Unpredictable => DynamicReason::Unpredictable,
+            NoPrediction::Unvaried => DynamicReason::Unvaried,
+        })?;
+        Ok(Recording {
             blocks: sizes
                 .into_iter()
                 .zip(self.shape.aligns.iter().copied())
@@ -378,7 +397,12 @@ impl Families {
         if s.obs.len() >= MAX_SHAPES {
             s.obs.pop_front();
         }
-        s.obs.push_back(Observation { dims, sizes });
+        let lower_bound = super::solver::lower_bound(&rec.requests());
+        s.obs.push_back(Observation {
+            dims,
+            sizes,
+            lower_bound,
+        });
         let obs: Vec<Observation> = s.obs.iter().cloned().collect();
         let rounding = s.shape.aligns.iter().copied().min().unwrap_or(1);
         s.fit = (obs.len() >= 2).then(|| Arc::new(Fit::new(&obs, rounding)));

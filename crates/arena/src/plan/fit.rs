@@ -29,12 +29,17 @@
 //! bytes, too small a slot hands the run over to the dynamic path.
 //!
 //! A dimension that never varied among the shapes seen says nothing about
-//! how sizes follow it. When a new key grows one (a batch of 12 after
-//! batches of 6 at other widths), every block is taken to scale with it (as
-//! a batch does: linear is the safe side of most strided sizes too); when a
-//! key shrinks one, the sizes at the value seen are kept (sizes do not grow
-//! as an input shrinks, so this is safe too, if generous). A wrong guess is
-//! served correctly and corrected by the run's recording.
+//! how sizes follow it: a key that changes one is not predicted
+//! ([`NoPrediction::Unvaried`]). The run is served dynamically, and its
+//! recording teaches the family how sizes follow that dimension.
+//!
+//! A prediction is also bounded ([`Fit::bound`]): sizes in a tensor
+//! program do not grow as its input shrinks, so the largest run seen
+//! bounds the lower bound of every shape within the volume seen; past it,
+//! sizes grow at most as the highest degree the fit found. A predicted run
+//! whose lower bound exceeds that (by more than an eighth, and a quantum a
+//! block for the slots' safe-side rounding) is a wrong fit, not a large
+//! input: its family refuses it (`DynamicReason::Unbounded`).
 
 /// Strides a factor may be divided by: `2^0 ..= 2^MAX_SHIFT`.
 const MAX_SHIFT: u8 = 5;
@@ -59,6 +64,11 @@ struct Factor {
 pub(crate) struct Monomial(Vec<Factor>);
 
 impl Monomial {
+    /// Its degree: the sum of its factors' exponents.
+    fn degree(&self) -> i32 {
+        self.0.iter().map(|f| i32::from(f.exp)).sum()
+    }
+
     /// Its value at `dims` (a missing dimension counts as 0).
     fn eval(&self, dims: &[u64]) -> f64 {
         self.0.iter().fold(1.0, |m, f| {
@@ -93,6 +103,22 @@ pub(crate) enum SizeModel {
 pub(crate) struct Observation {
     pub(crate) dims: Vec<u64>,
     pub(crate) sizes: Vec<usize>,
+    /// The run's lower bound (most bytes live at once).
+    pub(crate) lower_bound: usize,
+}
+
+/// Why a [`Fit`] makes no prediction for a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NoPrediction {
+    /// A block's sizes follow no model (over every shape seen, or the
+    /// shapes nearest to the key).
+    Unfit,
+    /// The key has other dimensions than the shapes seen, or a predicted
+    /// size is not a size.
+    Unpredictable,
+    /// The key changes a dimension that never varied among the shapes
+    /// seen.
+    Unvaried,
 }
 
 /// Every block's [`SizeModel`], fitted to the observations of one run
@@ -110,6 +136,11 @@ pub(crate) struct Fit {
     volume_max: f64,
     /// The shapes seen (for local models).
     obs: Vec<Observation>,
+    /// The largest lower bound among the shapes seen.
+    lower_bound_max: usize,
+    /// The highest degree of a model in the varying dimensions (3 where a
+    /// block has no model over every shape: a local one may have any).
+    degree: i32,
 }
 
 /// How block `b`'s size follows the shapes `obs`: constant, else the
@@ -222,6 +253,18 @@ impl Fit {
         let models: Vec<Option<SizeModel>> = (0..blocks)
             .map(|b| model_of(obs, b, &tiers, q, volume_min, volume_max))
             .collect();
+        let degree = models
+            .iter()
+            .map(|m| match m {
+                None => 3,
+                Some(SizeModel::Const { .. }) => 1,
+                Some(SizeModel::Scaled(fits) | SizeModel::Affine(fits)) => {
+                    fits.iter().map(|(m, _)| m.degree()).max().unwrap_or(1)
+                }
+            })
+            .max()
+            .unwrap_or(1)
+            .max(1);
         Fit {
             models,
             quantum,
@@ -229,6 +272,28 @@ impl Fit {
             varied,
             volume_max,
             obs: obs.to_vec(),
+            lower_bound_max: obs.iter().map(|o| o.lower_bound).max().unwrap_or(0),
+            degree,
+        }
+    }
+
+    /// The most a run at `dims` may need at once (its lower bound) for a
+    /// prediction to be used: the largest lower bound seen, scaled past
+    /// the volume seen by the fit's highest degree, plus an eighth and a
+    /// quantum a block (see the module docs).
+    pub(crate) fn bound(&self, dims: &[u64]) -> usize {
+        let grown = if self.volume_max > 0.0 {
+            (volume(dims, &self.varied) / self.volume_max).max(1.0)
+        } else {
+            1.0
+        };
+        let scaled = self.lower_bound_max as f64 * grown.powi(self.degree);
+        let slack = (self.quantum * self.models.len()) as f64;
+        let bound = scaled * 1.125 + slack;
+        if bound >= usize::MAX as f64 {
+            usize::MAX
+        } else {
+            bound as usize
         }
     }
 
@@ -281,24 +346,24 @@ impl Fit {
         self.models.iter().filter(|m| m.is_none()).count()
     }
 
-    /// Every block's predicted size at `dims`, or `None` when a block has
-    /// no model (over every shape seen, or over the shapes nearest to
-    /// `dims`), the key has other dimensions than the shapes seen, or a
-    /// prediction is not a size.
-    pub(crate) fn predict(&self, dims: &[u64]) -> Option<Vec<usize>> {
+    /// Every block's predicted size at `dims`, or why there is none: a
+    /// block has no model (over every shape seen, or over the shapes
+    /// nearest to `dims`), the key has other dimensions than the shapes
+    /// seen or changes one that never varied, or a prediction is not a
+    /// size.
+    pub(crate) fn predict(&self, dims: &[u64]) -> Result<Vec<usize>, NoPrediction> {
         if dims.len() != self.base.len() {
-            return None;
+            return Err(NoPrediction::Unpredictable);
         }
-        // Dimensions that never varied but have grown now: blocks are
-        // scaled by their ratio (see the module docs).
-        let mut scale = 1.0f64;
-        for (d, (&now, &seen)) in dims.iter().zip(&self.base).enumerate() {
-            if !self.varied[d] && now != seen {
-                if seen == 0 {
-                    return None;
-                }
-                scale *= (now as f64 / seen as f64).max(1.0);
-            }
+        // A dimension that never varied says nothing of how sizes follow
+        // it (see the module docs).
+        if dims
+            .iter()
+            .zip(&self.base)
+            .zip(&self.varied)
+            .any(|((now, seen), varied)| !varied && now != seen)
+        {
+            return Err(NoPrediction::Unvaried);
         }
         let q = self.quantum as f64;
         let grown = if self.volume_max > 0.0 {
@@ -314,29 +379,27 @@ impl Fit {
                 let m = match m {
                     Some(m) => m,
                     None => {
-                        local = self.local_model(b, dims)?;
+                        local = self.local_model(b, dims).ok_or(NoPrediction::Unfit)?;
                         &local
                     }
                 };
                 let bytes = match m {
                     SizeModel::Const { size, small } => {
                         let grown = if *small { grown } else { 1.0 };
-                        *size as f64 * scale * grown
+                        *size as f64 * grown
                     }
-                    SizeModel::Scaled(fits) | SizeModel::Affine(fits) => {
-                        fits.iter()
-                            .map(|(m, vertices)| {
-                                let x = m.eval(dims);
-                                vertices
-                                    .iter()
-                                    .map(|(a, c)| a + c * x)
-                                    .fold(f64::NEG_INFINITY, f64::max)
-                            })
-                            .fold(0.0, f64::max)
-                            * scale
-                    }
+                    SizeModel::Scaled(fits) | SizeModel::Affine(fits) => fits
+                        .iter()
+                        .map(|(m, vertices)| {
+                            let x = m.eval(dims);
+                            vertices
+                                .iter()
+                                .map(|(a, c)| a + c * x)
+                                .fold(f64::NEG_INFINITY, f64::max)
+                        })
+                        .fold(0.0, f64::max),
                 };
-                to_size(bytes, q)
+                to_size(bytes, q).ok_or(NoPrediction::Unpredictable)
             })
             .collect()
     }
@@ -596,6 +659,7 @@ mod tests {
         Observation {
             dims: dims.to_vec(),
             sizes: sizes.to_vec(),
+            lower_bound: sizes.iter().sum(),
         }
     }
 
@@ -703,7 +767,7 @@ mod tests {
         );
         assert_eq!(f.unfit(), 1);
         // Nearest to 4: 3, 5 and 120, which no model explains.
-        assert!(f.predict(&[4]).is_none());
+        assert_eq!(f.predict(&[4]), Err(NoPrediction::Unfit));
         let f = Fit::new(
             &[
                 obs(&[120], &[s(120)]),
@@ -724,12 +788,13 @@ mod tests {
             64,
         );
         assert_eq!(f.unfit(), 1);
-        assert!(f.predict(&[30]).is_none());
+        assert_eq!(f.predict(&[30]), Err(NoPrediction::Unfit));
     }
 
     #[test]
-    fn a_dimension_not_seen_varying_scales_what_varied() {
-        // Batch 6 at two widths, then batch 3.
+    fn a_dimension_not_seen_varying_is_not_predicted() {
+        // Batch 6 at two widths, then batch 3 or 12: how sizes follow the
+        // batch is unknown.
         let s = |b: u64, w: u64| (b * w * 64) as usize;
         let f = Fit::new(
             &[
@@ -738,9 +803,20 @@ mod tests {
             ],
             64,
         );
-        // Smaller: the sizes at the batch seen; larger: scaled.
-        assert_eq!(f.predict(&[3, 400]).unwrap(), [s(6, 400), 1024]);
-        assert_eq!(f.predict(&[12, 400]).unwrap(), [s(12, 400), 2048]);
-        assert!(f.predict(&[12]).is_none());
+        assert_eq!(f.predict(&[6, 400]).unwrap(), [s(6, 400), 1024]);
+        assert_eq!(f.predict(&[3, 400]), Err(NoPrediction::Unvaried));
+        assert_eq!(f.predict(&[12, 400]), Err(NoPrediction::Unvaried));
+        assert_eq!(f.predict(&[12]), Err(NoPrediction::Unpredictable));
+    }
+
+    #[test]
+    fn the_bound_scales_the_largest_lower_bound_by_the_degree() {
+        let s = |w: u64| (w * w * 64) as usize;
+        let f = Fit::new(&[obs(&[10], &[s(10)]), obs(&[20], &[s(20)])], 64);
+        // Within the shapes seen: the largest lower bound, plus an eighth
+        // and a quantum.
+        assert_eq!(f.bound(&[15]), s(20) + s(20) / 8 + 64);
+        // Past them, squared (the fit is quadratic).
+        assert_eq!(f.bound(&[40]), 4 * s(20) + s(20) / 2 + 64);
     }
 }
