@@ -14,7 +14,7 @@
 //!   pointer of its `alloc_fn` unchecked, and its own caching allocator
 //!   throws (`torch.cuda.OutOfMemoryError`). A null becomes a tensor at
 //!   address 0: the first kernel on it is an illegal memory access, which
-//!   poisons the process's CUDA context (seen on an H100: `BENCHMARKS.md`).
+//!   poisons the process's CUDA context (seen on an H100: `BENCHMARKS.md`, "GPU").
 //!
 //! So an allocation function that nothing can serve throws `std::bad_alloc`
 //! through the C++ runtime the host itself uses (`libstdc++.so.6`, already
