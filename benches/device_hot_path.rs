@@ -18,9 +18,9 @@ use tensor_arena_cuda::{
 };
 
 extern "C" {
-    fn alloc_fn(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void;
-    fn free_fn(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void);
-    fn tensor_arena_init(driver: *const core::ffi::c_char) -> c_int;
+    fn tensor_arena_cuda_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void;
+    fn tensor_arena_cuda_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void);
+    fn tensor_arena_cuda_init(driver: *const core::ffi::c_char) -> c_int;
 }
 
 /// Sizes of a run: a CNN's activations, 256 KiB to 12 MiB, in the order of
@@ -90,18 +90,23 @@ fn hot_path(c: &mut Criterion) {
     });
 
     // SAFETY: a NUL-terminated string.
-    assert_eq!(unsafe { tensor_arena_init(c"simulated".as_ptr()) }, 0);
-    g.bench_function(BenchmarkId::new("c_abi", "alloc_fn+free_fn"), |b| {
-        b.iter(|| {
-            pass!(
-                &sizes,
-                // SAFETY: the simulated driver takes any stream.
-                |n: usize| unsafe { alloc_fn(black_box(n as isize), 0, core::ptr::null_mut()) },
-                // SAFETY: a pointer `alloc_fn` returned, freed once.
-                |p| unsafe { free_fn(p, 0, 0, core::ptr::null_mut()) }
-            )
-        })
-    });
+    assert_eq!(unsafe { tensor_arena_cuda_init(c"simulated".as_ptr()) }, 0);
+    g.bench_function(
+        BenchmarkId::new("c_abi", "tensor_arena_cuda_alloc+free"),
+        |b| {
+            b.iter(|| {
+                pass!(
+                    &sizes,
+                    // SAFETY: the simulated driver takes any stream.
+                    |n: usize| unsafe {
+                        tensor_arena_cuda_alloc(black_box(n as isize), 0, core::ptr::null_mut())
+                    },
+                    // SAFETY: a pointer `tensor_arena_cuda_alloc` returned, freed once.
+                    |p| unsafe { tensor_arena_cuda_free(p, 0, 0, core::ptr::null_mut()) }
+                )
+            })
+        },
+    );
     g.finish();
 }
 

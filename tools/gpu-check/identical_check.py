@@ -129,8 +129,13 @@ def mempool_part(lib):
     m = arena.memory_stats(0)
     check("stats through PyTorch's names", m["reserved_bytes.all.current"] == arena.stats(0)["mapped"]
           and m["allocated_bytes.all.peak"] > 0 and m["num_device_alloc"] > 0, str(m))
+    before = arena.stats(0)
     released = arena.shrink(0)
-    check("shrink after the scopes", released >= 0, f"(released {released} B)")
+    after = arena.stats(0)
+    need = after["arena"]["watermark"] + after["arena"]["in_use"]
+    check("shrink after the scopes: releases what it says, down to the need",
+          released == before["mapped"] - after["mapped"] and after["mapped"] <= need + (2 << 20),
+          f"(released {released} B, mapped {before['mapped']} -> {after['mapped']} B, need {need} B)")
     if FAILED:
         print(f"mempool: FAILED ({len(FAILED)})")
         sys.exit(1)
@@ -190,7 +195,7 @@ def ort_part(lib, model):
                       f"(calls {s['calls']['total'] - calls})")
     for b, live, mapped in rows:
         print(f"batch {b}: arena mapped / live at first sight {mapped / live:.3f} ({mapped >> 20} / {live >> 20} MiB)")
-    cdll.tensor_arena_ort_cuda_empty_cache()
+    cdll.tensor_arena_cuda_ort_empty_cache()
     s = arena.stats(0)
     print(f"after empty_cache: mapped {s['mapped'] >> 20} MiB, watermark + initializers "
           f"{(s['arena']['watermark'] + s['arena']['in_use']) >> 20} MiB")

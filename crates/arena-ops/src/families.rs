@@ -10,7 +10,7 @@
 //! overlap and keep their bytes, predicted or not, and every byte comes
 //! back.
 
-use crate::plans::{check, free_slot, recording, Live};
+use crate::slots::{check, free_slot, recording, Live};
 use crate::Counting;
 use arbitrary::{Arbitrary, Unstructured};
 use tensor_arena::plan::PlanEvent;

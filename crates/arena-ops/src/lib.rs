@@ -43,6 +43,7 @@ mod pages;
 mod pattern;
 mod plans;
 mod raw_handles;
+mod slots;
 mod weights;
 
 pub use counting::Counting;

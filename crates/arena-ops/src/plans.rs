@@ -9,6 +9,7 @@
 //! common base, inside `base..base + plan.size()`.
 
 use crate::checks;
+use crate::slots::{check, free_slot, recording, Live, MAX_EVENTS};
 use crate::Counting;
 use arbitrary::{Arbitrary, Unstructured};
 use std::sync::Arc;
@@ -17,11 +18,6 @@ use tensor_arena::{
     Arena, ArenaConfig, Block, FreeError, Handle, Heap, Plan, RawArena, Recording, RunReport,
     ScopedBlock,
 };
-
-/// Most blocks in a decoded recording.
-const MAX_BLOCKS: usize = 48;
-/// Most events in a decoded recording, and steps of a run.
-const MAX_EVENTS: usize = 160;
 
 /// Runs one fuzz input: the first byte chooses how the rest is read.
 /// - 7 modulo 8: a plan family (the private `families` module): a run
@@ -92,69 +88,6 @@ fn check_accepted(plan: &Plan) {
     }
 }
 
-/// A recording: mostly a valid run (allocations in order, frees of live
-/// blocks), sometimes corrupted.
-pub(crate) fn recording(u: &mut Unstructured<'_>) -> arbitrary::Result<Recording> {
-    let n = usize::from(u8::arbitrary(u)?) % MAX_BLOCKS;
-    let mut rec = Recording::new();
-    for _ in 0..n {
-        let raw = u16::arbitrary(u)?;
-        // Sizes in 64-byte steps (as an arena with alignment 64 records
-        // them) or, now and then, anything.
-        let size = if raw & 0x8000 == 0 {
-            (usize::from(raw & 0x3ff) + 1) * 64
-        } else {
-            usize::from(raw & 0x7fff)
-        };
-        let align = match u8::arbitrary(u)? % 8 {
-            0..=4 => 64,
-            5 => 128,
-            6 => 4096,
-            _ => usize::from(u8::arbitrary(u)?),
-        };
-        rec.blocks.push((size, align));
-    }
-    let mut allocated = 0u32;
-    let mut live: Vec<u32> = Vec::new();
-    while rec.events.len() < MAX_EVENTS && (allocated as usize) < n || !live.is_empty() {
-        if rec.events.len() >= MAX_EVENTS {
-            break;
-        }
-        let choice = u8::arbitrary(u).unwrap_or(0);
-        match choice % 16 {
-            // Corruptions: any event at all.
-            15 => {
-                let i = u32::from(u8::arbitrary(u).unwrap_or(0)) % (n as u32 + 2);
-                rec.events.push(if choice & 0x10 == 0 {
-                    PlanEvent::Alloc(i)
-                } else {
-                    PlanEvent::Free(i)
-                });
-                if i < n as u32 && choice & 0x10 == 0 {
-                    allocated = allocated.max(i + 1);
-                }
-            }
-            0..=8 if (allocated as usize) < n => {
-                rec.events.push(PlanEvent::Alloc(allocated));
-                live.push(allocated);
-                allocated += 1;
-            }
-            _ if !live.is_empty() => {
-                let k = usize::from(choice) % live.len();
-                rec.events.push(PlanEvent::Free(live.swap_remove(k)));
-            }
-            // Nothing live and every block allocated: blocks left live
-            // live to the end.
-            _ if (allocated as usize) >= n => break,
-            _ => {}
-        }
-        if u.is_empty() && (allocated as usize) >= n {
-            break;
-        }
-    }
-    Ok(rec)
-}
-
 /// The plan's parts, each field perhaps changed a little or a lot.
 fn tamper(plan: &Plan, u: &mut Unstructured<'_>) -> arbitrary::Result<PlanParts> {
     let mut parts = PlanParts {
@@ -193,12 +126,6 @@ fn tamper(plan: &Plan, u: &mut Unstructured<'_>) -> arbitrary::Result<PlanParts>
         }
     }
     Ok(parts)
-}
-
-/// A live block of a driven run and its fill byte.
-pub(crate) struct Live<'a, 'c> {
-    pub(crate) block: Block<'a, Heap<&'c Counting>>,
-    pub(crate) fill: u8,
 }
 
 /// Serves a planned run of `plan`: follows its events, and with the bytes
@@ -549,37 +476,4 @@ fn check_planned(plan: &Plan, base: &mut Option<usize>, served: &mut usize, at: 
         "block {i} outside the plan's block"
     );
     assert_eq!(b % plan.align(), 0, "plan block misaligned");
-}
-
-/// No two live blocks overlap, and every fill pattern is intact.
-/// Drops live block `i`, or with `instead`, the `instead % len`th slot
-/// (a free out of the recorded order); a slot already empty stays so.
-pub(crate) fn free_slot<T>(live: &mut [Option<T>], i: u32, instead: Option<usize>) {
-    let k = match instead {
-        Some(k) if !live.is_empty() => k % live.len(),
-        _ => i as usize,
-    };
-    if let Some(slot) = live.get_mut(k) {
-        *slot = None;
-    }
-}
-
-pub(crate) fn check<'a, 'b: 'a, 'c: 'b>(live: impl Iterator<Item = &'a Live<'b, 'c>> + Clone) {
-    let mut ranges: Vec<(usize, usize)> = live
-        .clone()
-        .filter(|l| !l.block.is_empty())
-        .map(|l| {
-            (
-                l.block.as_ptr() as usize,
-                l.block.as_ptr() as usize + l.block.len(),
-            )
-        })
-        .collect();
-    checks::disjoint(&"plans", "live blocks", &mut ranges);
-    for l in live {
-        assert!(
-            l.block.iter().all(|&b| b == l.fill),
-            "a live block was overwritten"
-        );
-    }
 }

@@ -64,7 +64,8 @@ pub enum Relayout {
 /// holds is not refused yet: every free span of its class and above is
 /// tried first (not constant time, but only on the way to growing the
 /// arena or failing), so no request fails while a free span holds it.
-/// `BENCHMARKS.md` (issue 23) has both on every shared trace.
+/// `BENCHMARKS.md`, "First sight of a shape", has both on every shared
+/// trace; `docs/decisions.md` says why good fit is the default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Fit {
@@ -74,7 +75,7 @@ pub enum Fit {
     /// no list walked. Failing that, the head of the request's own class
     /// if it fits, then a region's top. The default: on every trace
     /// measured its high-water marks are at most best fit's (`BENCHMARKS.md`,
-    /// issue 23).
+    /// "First sight of a shape").
     #[default]
     Good,
     /// Segregated *best fit*: the smallest of the first 8 spans of the
@@ -86,8 +87,9 @@ pub enum Fit {
 
 /// When a freed span is merged with its free neighbours.
 ///
-/// `BENCHMARKS.md` (issue 23, "Fourth pass") has both on every shared trace
-/// and on ONNX Runtime's own allocation order.
+/// `BENCHMARKS.md`, "First sight of a shape", has both on every shared trace
+/// and on ONNX Runtime's own allocation order; `docs/decisions.md` says why
+/// merging at once is the default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Coalesce {

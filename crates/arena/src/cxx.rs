@@ -14,7 +14,7 @@
 //!   pointer of its `alloc_fn` unchecked, and its own caching allocator
 //!   throws (`torch.cuda.OutOfMemoryError`). A null becomes a tensor at
 //!   address 0: the first kernel on it is an illegal memory access, which
-//!   poisons the process's CUDA context (seen on an H100: `BENCHMARKS.md`).
+//!   poisons the process's CUDA context (seen on an H100: `BENCHMARKS.md`, "GPU").
 //!
 //! So an allocation function that nothing can serve throws `std::bad_alloc`
 //! through the C++ runtime the host itself uses (`libstdc++.so.6`, already
@@ -131,7 +131,9 @@ fn object_of(addr: *const c_void) -> Option<(std::ffi::CString, usize)> {
 ///   symbols not exported), gets `None`, since throwing through any other
 ///   runtime would be caught by one that does not know the exception.
 /// - A definition in the library itself is its own runtime; otherwise the
-///   process's global scope comes first, as the dynamic linker binds.
+///   process's global scope comes first, as the dynamic linker binds by
+///   default (a library loaded with `RTLD_DEEPBIND` or linked with
+///   `-Bsymbolic` binds in its own scope first: not told apart here).
 /// - When the code is the main program, its scope is the global scope:
 ///   a program that linked its C++ runtime statically while another
 ///   `libstdc++.so.6` is loaded globally cannot be told apart from one that
@@ -203,6 +205,22 @@ fn main_program(base: usize) -> Option<*mut c_void> {
 /// library. Call it from inside the allocation function, while memory is
 /// not short, and keep the answer. `None` where the stack cannot be read
 /// (targets other than Linux with glibc) or where [`runtime_for`] says so.
+///
+/// # Limits
+/// The answer is a best effort from the stack and the loader's tables:
+/// - **A caller the loader cannot name** (JIT-compiled code, a libffi
+///   closure: `dladdr` finds no object for its address) gets `None`: the
+///   runtime of a library further up the stack is not the one that would
+///   catch, so the allocation function returns null rather than throw.
+/// - **Binding is assumed to follow the global scope first**, as the
+///   dynamic linker does by default (see [`runtime_for`]). A caller loaded
+///   with `RTLD_DEEPBIND`, or linked with `-Bsymbolic`, binds `__cxa_throw`
+///   in its own scope first: where a different C++ runtime is loaded
+///   globally, the answer names that one, not the caller's.
+/// - **Callers keep one answer.** Looked up once and kept (as the
+///   allocation functions of this workspace do), the answer is the first
+///   caller's: a second C++ host in the process, calling through another
+///   runtime, would be thrown at through the first's.
 pub fn runtime_for_caller() -> Option<&'static CxxRuntime> {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -212,15 +230,30 @@ pub fn runtime_for_caller() -> Option<&'static CxxRuntime> {
         // array it is given, which has room for 64.
         let n = unsafe { libc::backtrace(frames.as_mut_ptr(), 64) };
         let n = usize::try_from(n).unwrap_or(0).min(frames.len());
-        // The first frame outside this library (its own frames are the
-        // caller's chain into it; libc's `backtrace` reports none of its
-        // own).
-        let caller = frames[..n]
-            .iter()
-            .find(|&&f| object_of(f).is_some_and(|(_, b)| b != own))?;
-        return runtime_for(*caller);
+        let caller = first_caller(&frames[..n], own, |f| object_of(f).map(|(_, b)| b))?;
+        return runtime_for(caller);
     }
     #[allow(unreachable_code)]
+    None
+}
+
+/// The first of `frames` (innermost first) outside the object based at
+/// `own`, as `base_of` names each frame's object: `None` when every frame
+/// is `own`'s, or when the first frame outside it has no name (unknown
+/// code: whatever library lies further up did not make the call).
+/// libc's `backtrace` reports none of its own frames.
+fn first_caller(
+    frames: &[*mut c_void],
+    own: usize,
+    base_of: impl Fn(*const c_void) -> Option<usize>,
+) -> Option<*const c_void> {
+    for &f in frames {
+        match base_of(f) {
+            Some(b) if b == own => continue,
+            Some(_) => return Some(f),
+            None => return None,
+        }
+    }
     None
 }
 
@@ -277,4 +310,37 @@ pub unsafe fn throw_bad_alloc(rt: &CxxRuntime) -> ! {
     // storage, with its typeinfo and destructor; the caller allows the
     // unwinding (see above).
     unsafe { (rt.throw)(obj, rt.typeinfo, Some(rt.destructor)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_caller;
+    use std::ffi::c_void;
+
+    /// Frames at addresses 1, 2, ...; `objects` gives each frame's object
+    /// base (0: none the loader can name).
+    fn pick(objects: &[usize]) -> Option<usize> {
+        let frames: Vec<*mut c_void> = (1..=objects.len()).map(|i| i as *mut c_void).collect();
+        first_caller(&frames, 100, |f| {
+            let base = objects[f as usize - 1];
+            (base != 0).then_some(base)
+        })
+        .map(|f| f as usize)
+    }
+
+    #[test]
+    fn the_caller_is_the_first_frame_outside_the_library() {
+        assert_eq!(pick(&[100, 100, 200, 300]), Some(3));
+        assert_eq!(pick(&[200, 100, 300]), Some(1));
+        assert_eq!(pick(&[100, 100]), None, "no frame outside the library");
+        assert_eq!(pick(&[]), None);
+    }
+
+    #[test]
+    fn an_unnamed_caller_is_not_skipped() {
+        // JIT code or a libffi closure called the library: the library
+        // further up (200) did not, and its runtime is not the catcher's.
+        assert_eq!(pick(&[100, 0, 200]), None);
+        assert_eq!(pick(&[100, 300, 0, 200]), Some(2), "only the first counts");
+    }
 }

@@ -81,6 +81,9 @@ def main(path=None):
     assert m["reserved_bytes.all.peak"] >= m["reserved_bytes.all.current"], m
     assert m["allocation.all.current"] == 1, m
     assert m["num_device_alloc"] > 0 and m["num_ooms"] == 0, m
+    # Segments made and given back, the weights' still live.
+    assert m["allocation.all.allocated"] > m["allocation.all.freed"] > 0, m
+    assert m["allocation.all.allocated"] - m["allocation.all.freed"] == 1, m
     arena.reset_peak_memory_stats()
     assert arena.max_memory_allocated() == held
     assert arena.max_memory_reserved() == arena.memory_reserved()

@@ -4,14 +4,14 @@
 //! Every `extern "C"` function is a thin trampoline: raw arguments are
 //! wrapped at the edge, the work is a safe Rust function, and a panic is
 //! caught and turned into a null pointer or an error code (the message in
-//! [`tensor_arena_last_error`]), never unwound into C. The one exception
-//! on purpose is [`alloc_fn`], PyTorch's: a request it cannot serve throws
+//! [`tensor_arena_cuda_last_error`]), never unwound into C. The one exception
+//! on purpose is [`tensor_arena_cuda_alloc`], PyTorch's: a request it cannot serve throws
 //! `std::bad_alloc` into its C++ caller, as PyTorch's own allocator throws,
 //! because PyTorch uses the pointer unchecked.
 //!
 //! One arena per device, made on the device's first allocation, behind one
 //! mutex (PyTorch may allocate from several threads). The driver is the
-//! real one unless [`tensor_arena_init`] or the environment variable
+//! real one unless [`tensor_arena_cuda_init`] or the environment variable
 //! `TENSOR_ARENA_CUDA_DRIVER` says `simulated`.
 
 use crate::driver::{DevicePtr, SimConfig, SimDriver, Stream};
@@ -27,7 +27,7 @@ use tensor_arena::{ArenaError, ShrinkPolicy};
 const MAX_DEVICES: usize = 64;
 
 /// The environment variable that picks the driver when
-/// [`tensor_arena_init`] was not called: `cuda` (default) or `simulated`.
+/// [`tensor_arena_cuda_init`] was not called: `cuda` (default) or `simulated`.
 pub const DRIVER_ENV: &str = "TENSOR_ARENA_CUDA_DRIVER";
 
 /// The environment variable that sets the arenas' shrink policy, read when
@@ -45,12 +45,40 @@ enum Choice {
 struct Global {
     choice: Option<Choice>,
     arenas: Vec<Option<DeviceArena>>,
+    /// Per device: which kinds of [`Caller`] have allocated from its arena
+    /// (bits of [`Caller::bit`]).
+    callers: Vec<u8>,
 }
 
 static GLOBAL: Mutex<Global> = Mutex::new(Global {
     choice: None,
     arenas: Vec::new(),
+    callers: Vec::new(),
 });
+
+/// Who allocates from a device's arena through the C ABI. The stream
+/// layer orders reuse across streams only when each block is tagged with
+/// the stream its work really runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Caller {
+    /// An entry that passes the stream its work runs on: PyTorch's, the
+    /// ctypes layer's, ONNX Runtime's external allocator once its compute
+    /// stream was given (`ort_cuda::set_stream`).
+    Stream,
+    /// ONNX Runtime's external allocator with its compute stream unknown:
+    /// its blocks are tagged [`Stream::DEFAULT`], but its kernels run on a
+    /// stream of its own, so nothing orders them against another caller's.
+    OrtUnknownStream,
+}
+
+impl Caller {
+    fn bit(self) -> u8 {
+        match self {
+            Self::Stream => 1,
+            Self::OrtUnknownStream => 2,
+        }
+    }
+}
 
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 
@@ -129,15 +157,60 @@ fn config_from_env() -> Result<DeviceConfig, CudaError> {
     Ok(config)
 }
 
+fn device_index(device: c_int) -> Result<usize, CudaError> {
+    usize::try_from(device)
+        .ok()
+        .filter(|&d| d < MAX_DEVICES)
+        .ok_or(CudaError::BadDevice { device })
+}
+
+/// Makes `arena` the arena of `device`, before that device's first use.
+pub(crate) fn set_arena(device: c_int, arena: DeviceArena) -> Result<(), CudaError> {
+    let index = device_index(device)?;
+    let mut g = GLOBAL.lock();
+    if g.arenas.len() <= index {
+        g.arenas.resize_with(index + 1, || None);
+    }
+    if g.arenas[index].is_some() {
+        return Err(CudaError::Arena(ArenaError::InvalidConfig(
+            "the device's arena exists already: set it before the device's first use",
+        )));
+    }
+    g.arenas[index] = Some(arena);
+    Ok(())
+}
+
+/// [`with_arena`] for an allocation by `caller`: refuses
+/// ([`CudaError::UnorderedSharing`]) when ONNX Runtime's external allocator
+/// with its stream unknown and a caller with a stream would share the
+/// device's arena, since a block one of them frees could reach the other
+/// with nothing ordering their kernels.
+pub(crate) fn with_arena_for<T>(
+    device: c_int,
+    caller: Caller,
+    f: impl FnOnce(&mut DeviceArena) -> Result<T, CudaError>,
+) -> Result<T, CudaError> {
+    let index = device_index(device)?;
+    {
+        let mut g = GLOBAL.lock();
+        if g.callers.len() <= index {
+            g.callers.resize(index + 1, 0);
+        }
+        let seen = g.callers[index] | caller.bit();
+        if seen == Caller::Stream.bit() | Caller::OrtUnknownStream.bit() {
+            return Err(CudaError::UnorderedSharing { device });
+        }
+        g.callers[index] = seen;
+    }
+    with_arena(device, f)
+}
+
 /// The arena of `device`, made on first use.
 pub(crate) fn with_arena<T>(
     device: c_int,
     f: impl FnOnce(&mut DeviceArena) -> Result<T, CudaError>,
 ) -> Result<T, CudaError> {
-    let index = usize::try_from(device)
-        .ok()
-        .filter(|&d| d < MAX_DEVICES)
-        .ok_or(CudaError::BadDevice { device })?;
+    let index = device_index(device)?;
     let mut g = GLOBAL.lock();
     let choice = match g.choice {
         Some(c) => c,
@@ -190,7 +263,7 @@ unsafe fn stream_of(stream: *mut c_void) -> Stream {
     unsafe { Stream::from_raw(stream as usize as u64) }
 }
 
-pub(crate) fn alloc(size: isize, device: c_int, stream: Stream) -> *mut c_void {
+pub(crate) fn alloc(size: isize, device: c_int, stream: Stream, caller: Caller) -> *mut c_void {
     let Ok(size) = usize::try_from(size) else {
         set_error(format!("negative allocation size {size}"));
         return core::ptr::null_mut();
@@ -198,11 +271,11 @@ pub(crate) fn alloc(size: isize, device: c_int, stream: Stream) -> *mut c_void {
     if size == 0 {
         return core::ptr::null_mut();
     }
-    match with_arena(device, |a| a.alloc(size, stream)) {
+    match with_arena_for(device, caller, |a| a.alloc(size, stream)) {
         Ok(p) => p.0 as usize as *mut c_void,
         Err(e) => {
             let msg = format!("allocating {size} bytes on device {device}: {e}");
-            // Say why on stderr too: the exception `alloc_fn` throws (or
+            // Say why on stderr too: the exception `tensor_arena_cuda_alloc` throws (or
             // the null it returns without a C++ runtime) carries no message.
             let _ = writeln!(std::io::stderr(), "tensor-arena-cuda: {msg}");
             set_error(msg);
@@ -264,21 +337,40 @@ fn stats_json(device: c_int) -> Result<String, CudaError> {
     })
 }
 
-/// The C++ runtime of `alloc_fn`'s caller (see `alloc_fn`).
-static CALLER_CXX: std::sync::OnceLock<Option<&'static tensor_arena::cxx::CxxRuntime>> =
-    std::sync::OnceLock::new();
+type Runtime = Option<&'static tensor_arena::cxx::CxxRuntime>;
+
+/// The C++ runtime of [`tensor_arena_cuda_alloc`]'s first caller, kept
+/// for the process's life.
+static CALLER_CXX: std::sync::OnceLock<Runtime> = std::sync::OnceLock::new();
+
+/// `find()`, with a panic of it caught: `None` then (the caller gets a
+/// null rather than an exception) and the message in
+/// [`tensor_arena_cuda_last_error`]. What [`tensor_arena_cuda_alloc`]
+/// looks its caller's runtime up with, so that no panic of the lookup
+/// unwinds into C++.
+fn runtime_contained(find: impl FnOnce() -> Runtime) -> Runtime {
+    trampoline(None, find)
+}
 
 /// `CUDAPluggableAllocator`'s allocation function: `size` bytes on
 /// `device` for work on `stream`. Null for a zero size. A request that
 /// cannot be served (out of device memory, a bad device) **throws
 /// `std::bad_alloc`** through the C++ runtime of the code that calls
-/// `alloc_fn` (PyTorch's: found at the first call, while memory is not
-/// short, with [`tensor_arena::cxx::runtime_for_caller`]), and returns null
-/// when that runtime cannot be established (a caller with a hidden,
-/// statically linked runtime); the message is in
-/// [`tensor_arena_last_error`] either way.
+/// `tensor_arena_cuda_alloc` (PyTorch's: found at the first call, while
+/// memory is not short, with [`tensor_arena::cxx::runtime_for_caller`]),
+/// and returns null when that runtime cannot be established (a caller with
+/// a hidden, statically linked runtime, or one the loader cannot name); the
+/// message is in [`tensor_arena_cuda_last_error`] either way.
 ///
-/// PyTorch does not check the pointer `alloc_fn` returns: a null becomes a
+/// How the runtime is found has limits (`runtime_for_caller`'s docs and
+/// the crate's README): the **first** caller's answer is kept for the
+/// process's life, so a second C++ host calling through another runtime
+/// gets the first's; the caller's binding of `__cxa_throw` is assumed to
+/// follow the global scope first (not so under `RTLD_DEEPBIND` or
+/// `-Bsymbolic`); and a caller the loader cannot name (JIT code, a libffi
+/// closure) gets null rather than a throw.
+///
+/// PyTorch does not check the pointer `tensor_arena_cuda_alloc` returns: a null becomes a
 /// tensor at address 0, and the first kernel on it poisons the CUDA
 /// context (an illegal memory access; seen on an H100). Thrown, the
 /// exception unwinds PyTorch as its own allocator's would and reaches
@@ -287,25 +379,26 @@ static CALLER_CXX: std::sync::OnceLock<Option<&'static tensor_arena::cxx::CxxRun
 /// # Safety
 /// - `stream` is 0 or a live CUDA stream of `device`'s primary context;
 /// - the caller is C++ (PyTorch) and can be unwound by `std::bad_alloc`:
-///   C, Rust and ctypes callers use [`tensor_arena_alloc`], which never
+///   C, Rust and ctypes callers use [`tensor_arena_cuda_try_alloc`], which never
 ///   throws.
 #[no_mangle]
-pub unsafe extern "C-unwind" fn alloc_fn(
+pub unsafe extern "C-unwind" fn tensor_arena_cuda_alloc(
     size: isize,
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
     // The caller's C++ runtime, found at the first call (memory is not
-    // short yet) and kept.
-    let thrower = *CALLER_CXX.get_or_init(tensor_arena::cxx::runtime_for_caller);
+    // short yet) and kept; a panic of the lookup is caught there.
+    let thrower =
+        *CALLER_CXX.get_or_init(|| runtime_contained(tensor_arena::cxx::runtime_for_caller));
     // SAFETY: the caller's promise about `stream`.
-    let p = unsafe { tensor_arena_alloc(size, device, stream) };
+    let p = unsafe { tensor_arena_cuda_try_alloc(size, device, stream) };
     if p.is_null() && size > 0 {
         if let Some(rt) = thrower {
             // SAFETY: this `extern "C-unwind"` function is called by C++
             // that can be unwound (the caller's promise), and nothing in
             // this frame has a destructor or holds a lock: the arena's
-            // mutex was released when `tensor_arena_alloc` returned.
+            // mutex was released when `tensor_arena_cuda_try_alloc` returned.
             unsafe { tensor_arena::cxx::throw_bad_alloc(rt) }
         }
     }
@@ -314,29 +407,31 @@ pub unsafe extern "C-unwind" fn alloc_fn(
 
 /// `size` bytes on `device` for work on `stream`, for callers that cannot
 /// catch a C++ exception (C, Rust, Python's ctypes): null for a zero size
-/// or on failure (the message in [`tensor_arena_last_error`]); never throws.
+/// or on failure (the message in [`tensor_arena_cuda_last_error`]); never throws.
 ///
 /// # Safety
 /// `stream` is 0 or a live CUDA stream of `device`'s primary context.
 #[no_mangle]
-pub unsafe extern "C" fn tensor_arena_alloc(
+pub unsafe extern "C" fn tensor_arena_cuda_try_alloc(
     size: isize,
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
     // SAFETY: the caller's promise about `stream`.
     let stream = unsafe { stream_of(stream) };
-    trampoline(core::ptr::null_mut(), || alloc(size, device, stream))
+    trampoline(core::ptr::null_mut(), || {
+        alloc(size, device, stream, Caller::Stream)
+    })
 }
 
 /// `CUDAPluggableAllocator`'s free function. A pointer this library did
-/// not hand out is ignored (the message in [`tensor_arena_last_error`]).
+/// not hand out is ignored (the message in [`tensor_arena_cuda_last_error`]).
 ///
 /// # Safety
 /// `stream` is 0 or a live CUDA stream of `device`'s primary context; work
 /// that uses the block after this call is queued on no stream.
 #[no_mangle]
-pub unsafe extern "C" fn free_fn(
+pub unsafe extern "C" fn tensor_arena_cuda_free(
     ptr: *mut c_void,
     _size: isize,
     device: c_int,
@@ -354,7 +449,7 @@ pub unsafe extern "C" fn free_fn(
 /// # Safety
 /// `driver` is null (keeps the default) or a NUL-terminated string.
 #[no_mangle]
-pub unsafe extern "C" fn tensor_arena_init(driver: *const c_char) -> c_int {
+pub unsafe extern "C" fn tensor_arena_cuda_init(driver: *const c_char) -> c_int {
     trampoline(-1, || {
         let name = if driver.is_null() {
             None
@@ -391,7 +486,7 @@ pub(crate) fn init(name: Option<&str>) -> Result<(), CudaError> {
 /// # Safety
 /// `key` is valid for reads of `key_len` bytes (or null with `key_len` 0).
 #[no_mangle]
-pub unsafe extern "C" fn tensor_arena_run_begin(
+pub unsafe extern "C" fn tensor_arena_cuda_run_begin(
     device: c_int,
     key: *const u8,
     key_len: usize,
@@ -413,7 +508,7 @@ pub unsafe extern "C" fn tensor_arena_run_begin(
 /// Closes the open run on `device` (a plan is learned for its key when no
 /// block of it is left live). Returns 0, or -1 when no run is open.
 #[no_mangle]
-pub extern "C" fn tensor_arena_run_end(device: c_int) -> c_int {
+pub extern "C" fn tensor_arena_cuda_run_end(device: c_int) -> c_int {
     trampoline(-1, || {
         code(with_arena(device, |a| a.end_run()), |_| 0) as c_int
     })
@@ -422,7 +517,7 @@ pub extern "C" fn tensor_arena_run_end(device: c_int) -> c_int {
 /// Gives `device`'s memory back down to the watermark; returns the bytes
 /// released, or -1.
 #[no_mangle]
-pub extern "C" fn tensor_arena_shrink(device: c_int) -> i64 {
+pub extern "C" fn tensor_arena_cuda_shrink(device: c_int) -> i64 {
     trampoline(-1, || {
         code(with_arena(device, |a| Ok(a.shrink())), |b| b as i64)
     })
@@ -431,7 +526,7 @@ pub extern "C" fn tensor_arena_shrink(device: c_int) -> i64 {
 /// Gives `device`'s memory back towards `bytes`; returns the bytes
 /// released, or -1.
 #[no_mangle]
-pub extern "C" fn tensor_arena_shrink_to(device: c_int, bytes: u64) -> i64 {
+pub extern "C" fn tensor_arena_cuda_shrink_to(device: c_int, bytes: u64) -> i64 {
     let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
     trampoline(-1, || {
         code(with_arena(device, |a| Ok(a.shrink_to(bytes))), |b| b as i64)
@@ -441,7 +536,7 @@ pub extern "C" fn tensor_arena_shrink_to(device: c_int, bytes: u64) -> i64 {
 /// Lowers `device`'s peaks (bytes live, bytes mapped) to what is held now,
 /// as `torch.cuda.reset_peak_memory_stats` does. Returns 0, or -1.
 #[no_mangle]
-pub extern "C" fn tensor_arena_reset_peaks(device: c_int) -> c_int {
+pub extern "C" fn tensor_arena_cuda_reset_peaks(device: c_int) -> c_int {
     trampoline(-1, || {
         let reset = with_arena(device, |a| {
             a.reset_peaks();
@@ -458,7 +553,7 @@ pub extern "C" fn tensor_arena_reset_peaks(device: c_int) -> c_int {
 /// # Safety
 /// `buf` is null or valid for writes of `cap` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn tensor_arena_stats_json(
+pub unsafe extern "C" fn tensor_arena_cuda_stats_json(
     device: c_int,
     buf: *mut c_char,
     cap: usize,
@@ -473,13 +568,13 @@ pub unsafe extern "C" fn tensor_arena_stats_json(
     })
 }
 
-/// Writes the last error message into `buf` as [`tensor_arena_stats_json`]
+/// Writes the last error message into `buf` as [`tensor_arena_cuda_stats_json`]
 /// does; returns its length (0: no error so far).
 ///
 /// # Safety
 /// `buf` is null or valid for writes of `cap` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn tensor_arena_last_error(buf: *mut c_char, cap: usize) -> isize {
+pub unsafe extern "C" fn tensor_arena_cuda_last_error(buf: *mut c_char, cap: usize) -> isize {
     trampoline(-1, || {
         let msg = LAST_ERROR.lock().clone();
         // SAFETY: `buf` is null or writable for `cap` bytes (caller).
@@ -507,6 +602,14 @@ mod tests {
             let e = parse_policy(bad).unwrap_err().to_string();
             assert!(e.contains("TENSOR_ARENA_CUDA_SHRINK"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_panicking_runtime_lookup_stays_inside() {
+        let found = runtime_contained(|| panic!("lookup failed"));
+        assert!(found.is_none(), "no runtime: null, not a throw");
+        let msg = LAST_ERROR.lock().clone();
+        assert!(msg.contains("panicked: lookup failed"), "{msg}");
     }
 
     #[test]

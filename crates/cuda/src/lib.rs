@@ -58,6 +58,15 @@ pub enum CudaError {
         /// The ordinal given.
         device: i32,
     },
+    /// ONNX Runtime's external allocator, with its compute stream unknown,
+    /// and a caller on a stream of its own (PyTorch's entries, the ctypes
+    /// layer) would share one device's arena: a block one frees could be
+    /// handed to the other with nothing ordering their kernels. Give ONNX
+    /// Runtime its stream first ([`ort_cuda::set_stream`]).
+    UnorderedSharing {
+        /// The device.
+        device: i32,
+    },
 }
 
 impl fmt::Display for CudaError {
@@ -83,6 +92,15 @@ impl fmt::Display for CudaError {
             Self::BadDevice { device } => {
                 write!(f, "device ordinal {device} is out of range 0..64")
             }
+            Self::UnorderedSharing { device } => write!(
+                f,
+                "device {device}'s arena would be shared by ONNX Runtime's external allocator, \
+                 whose compute stream is unknown, and a caller on its own stream (PyTorch): \
+                 a block one frees could reach the other with nothing ordering their kernels. \
+                 Give ONNX Runtime its stream before its first allocation \
+                 (ort_cuda::set_stream, tensor_arena_cuda_ort_set_stream, or stream= in \
+                 Python's ort_cuda_provider_options, which sets user_compute_stream)"
+            ),
         }
     }
 }

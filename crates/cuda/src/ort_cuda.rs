@@ -19,16 +19,30 @@
 //! This crate takes the first: plain C functions, one set per process, no
 //! struct whose layout moves between releases, and no arena of ONNX
 //! Runtime's between the session and ours. What it gives up: the functions
-//! carry no stream, so every block of them is treated as used on one
-//! stream (the arena reuses a freed block at once). That holds for a CUDA
-//! session, which queues its work on one compute stream and synchronises
-//! it at the end of each run; sessions that run **at the same time** on
-//! one device must share that stream (the provider's `user_compute_stream`)
-//! or the device. `empty_cache` is a shrink down to the watermark (the last
-//! runs' need plus what lives outside runs: the initializers).
+//! carry no stream. A CUDA session queues its kernels on one compute
+//! stream of its own, so every block of it is tagged with one stream and
+//! a freed block is reused at once by the session's next allocation,
+//! which its stream orders after the old work; sessions that run **at the
+//! same time** on one device must share that stream or the device.
+//!
+//! **Sharing the arena with PyTorch.** The arena of a device is the one
+//! PyTorch's entries use too; their blocks carry PyTorch's stream. A block
+//! ONNX Runtime frees mid-run, its kernels still queued, must not go to
+//! PyTorch's stream with nothing ordering the two. So:
+//! - with ONNX Runtime's stream given ([`set_stream`], before its first
+//!   allocation; [`provider_options`] then passes it as the provider's
+//!   `user_compute_stream`, so ONNX Runtime computes on it), its blocks are
+//!   tagged with that stream, and reuse across the two streams waits on an
+//!   event recorded at the free, as between any two streams;
+//! - without it, the two sharing one device's arena is refused with
+//!   [`CudaError::UnorderedSharing`]: whichever of them comes second gets
+//!   a null pointer and the message (PyTorch an exception).
+//!
+//! `empty_cache` is a shrink down to the watermark (the last runs' need
+//! plus what lives outside runs: the initializers).
 //!
 //! Runs are keyed as on the host: open one with [`begin_run`] (or the C
-//! ABI's `tensor_arena_run_begin`) around the session's run, with a key
+//! ABI's `tensor_arena_cuda_run_begin`) around the session's run, with a key
 //! from the input shapes (`tensor_arena_ort::RunKey`); a key seen before is
 //! served from its plan with no driver call.
 //!
@@ -36,9 +50,10 @@
 //! entries use too), so stats, shrink and runs work through either.
 
 use crate::driver::{DevicePtr, Stream};
-use crate::ffi::{code, set_error, trampoline, with_arena};
+use crate::ffi::{code, set_error, trampoline, with_arena, Caller};
 use crate::{CudaError, DeviceArena};
 use core::ffi::{c_int, c_void};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
 use tensor_arena::ArenaError;
 
@@ -46,6 +61,57 @@ use tensor_arena::ArenaError;
 static DEVICE: AtomicI32 = AtomicI32::new(0);
 /// Blocks handed to ONNX Runtime and not given back yet.
 static LIVE: AtomicI64 = AtomicI64::new(0);
+/// ONNX Runtime's compute stream, when given ([`set_stream`]).
+static STREAM: Mutex<Option<Stream>> = Mutex::new(None);
+
+/// The old Rust paths of the entry points (their symbols are
+/// `tensor_arena_cuda_ort_*` now), kept for code that names them.
+#[doc(hidden)]
+pub use self::{
+    tensor_arena_cuda_ort_alloc as tensor_arena_ort_cuda_alloc,
+    tensor_arena_cuda_ort_free as tensor_arena_ort_cuda_free,
+};
+
+/// The stream ONNX Runtime's blocks are tagged with, and who they are to
+/// the arena.
+fn ort_stream() -> (Stream, Caller) {
+    match *STREAM.lock() {
+        Some(s) => (s, Caller::Stream),
+        None => (Stream::DEFAULT, Caller::OrtUnknownStream),
+    }
+}
+
+/// Gives the external allocator ONNX Runtime's compute stream: its blocks
+/// are tagged with it from then on (see the module's docs), and
+/// [`provider_options`] passes it as `user_compute_stream`, so that ONNX
+/// Runtime computes on it. Call it before the session is made.
+///
+/// # Errors
+/// [`CudaError::Arena`] while ONNX Runtime holds blocks (they were tagged
+/// with another stream).
+pub fn set_stream(stream: Stream) -> Result<(), CudaError> {
+    let mut s = STREAM.lock();
+    if *s != Some(stream) && LIVE.load(Ordering::Acquire) > 0 {
+        return Err(CudaError::Arena(ArenaError::InvalidConfig(
+            "ONNX Runtime's stream cannot change while it holds blocks",
+        )));
+    }
+    *s = Some(stream);
+    Ok(())
+}
+
+/// Makes `arena` the C ABI's arena of `device` (the one PyTorch's entries
+/// and ONNX Runtime's external allocator use), before the device's first
+/// use: an arena over a driver of the caller's own, e.g. a
+/// [`SimDriver`](crate::SimDriver) whose clone the caller keeps to check
+/// the work queued on the blocks.
+///
+/// # Errors
+/// [`CudaError::BadDevice`]; [`CudaError::Arena`] when the device's arena
+/// exists already.
+pub fn set_device_arena(device: i32, arena: DeviceArena) -> Result<(), CudaError> {
+    crate::ffi::set_arena(device, arena)
+}
 
 /// The device ONNX Runtime's blocks come from now.
 pub fn device() -> i32 {
@@ -74,26 +140,31 @@ pub fn set_device(device: i32) -> Result<(), CudaError> {
 /// The CUDA execution provider's options that make it take its device
 /// memory from the arena of `device`: `device_id`, `gpu_external_alloc`,
 /// `gpu_external_free` and `gpu_external_empty_cache` (addresses in
-/// decimal, as ONNX Runtime parses them). Sets the external allocator's
-/// device ([`set_device`]).
+/// decimal, as ONNX Runtime parses them), and `user_compute_stream` when
+/// [`set_stream`] gave ONNX Runtime's stream. Sets the external
+/// allocator's device ([`set_device`]).
 ///
 /// # Errors
 /// As [`set_device`].
-pub fn provider_options(device: i32) -> Result<[(&'static str, String); 4], CudaError> {
+pub fn provider_options(device: i32) -> Result<Vec<(&'static str, String)>, CudaError> {
     set_device(device)?;
-    let alloc: extern "C" fn(usize) -> *mut c_void = tensor_arena_ort_cuda_alloc;
-    let free: unsafe extern "C" fn(*mut c_void) = tensor_arena_ort_cuda_free;
-    let empty: extern "C" fn() = tensor_arena_ort_cuda_empty_cache;
-    Ok([
+    let alloc: extern "C" fn(usize) -> *mut c_void = tensor_arena_cuda_ort_alloc;
+    let free: unsafe extern "C" fn(*mut c_void) = tensor_arena_cuda_ort_free;
+    let empty: extern "C" fn() = tensor_arena_cuda_ort_empty_cache;
+    let mut options = vec![
         ("device_id", device.to_string()),
         ("gpu_external_alloc", (alloc as usize).to_string()),
         ("gpu_external_free", (free as usize).to_string()),
         ("gpu_external_empty_cache", (empty as usize).to_string()),
-    ])
+    ];
+    if let Some(stream) = *STREAM.lock() {
+        options.push(("user_compute_stream", stream.raw().to_string()));
+    }
+    Ok(options)
 }
 
 /// Picks the driver of the C ABI's arenas, `"cuda"` or `"simulated"` (as
-/// `tensor_arena_init`), before the first allocation.
+/// `tensor_arena_cuda_init`), before the first allocation.
 ///
 /// # Errors
 /// [`CudaError::Arena`] for an unknown name, or when arenas exist already
@@ -103,7 +174,7 @@ pub fn init_driver(name: &str) -> Result<(), CudaError> {
 }
 
 /// Runs `f` on the arena of `device` (made on first use, with the driver
-/// the C ABI chose: see `tensor_arena_init`): stats, shrink, runs.
+/// the C ABI chose: see `tensor_arena_cuda_init`): stats, shrink, runs.
 ///
 /// # Errors
 /// [`CudaError::BadDevice`]; the arena's creation errors (no driver);
@@ -157,16 +228,17 @@ impl Drop for RunScope {
 /// `gpu_external_alloc`: `size` bytes of the external allocator's device
 /// ([`set_device`]). Null for a zero size or when the arena refuses (out of
 /// device memory, say): ONNX Runtime checks the pointer and fails the call
-/// with an error; the message is in `tensor_arena_last_error` and on
+/// with an error; the message is in `tensor_arena_cuda_last_error` and on
 /// stderr. Never throws, never unwinds.
 #[no_mangle]
-pub extern "C" fn tensor_arena_ort_cuda_alloc(size: usize) -> *mut c_void {
+pub extern "C" fn tensor_arena_cuda_ort_alloc(size: usize) -> *mut c_void {
     trampoline(core::ptr::null_mut(), || {
         let Ok(size) = isize::try_from(size) else {
             set_error(format!("allocation of {size} bytes is past isize::MAX"));
             return core::ptr::null_mut();
         };
-        let p = crate::ffi::alloc(size, device(), Stream::DEFAULT);
+        let (stream, caller) = ort_stream();
+        let p = crate::ffi::alloc(size, device(), stream, caller);
         if !p.is_null() {
             LIVE.fetch_add(1, Ordering::AcqRel);
         }
@@ -174,22 +246,23 @@ pub extern "C" fn tensor_arena_ort_cuda_alloc(size: usize) -> *mut c_void {
     })
 }
 
-/// `gpu_external_free`: gives back a block [`tensor_arena_ort_cuda_alloc`]
+/// `gpu_external_free`: gives back a block [`tensor_arena_cuda_ort_alloc`]
 /// handed out. Null is ignored; a pointer that is not a live block is
-/// ignored with a message in `tensor_arena_last_error`.
+/// ignored with a message in `tensor_arena_cuda_last_error`.
 ///
 /// # Safety
 /// No work queued after this call uses the block (ONNX Runtime frees a
 /// block once the kernels of its stream that use it are queued; they run
 /// before any later work of that stream).
 #[no_mangle]
-pub unsafe extern "C" fn tensor_arena_ort_cuda_free(ptr: *mut c_void) {
+pub unsafe extern "C" fn tensor_arena_cuda_ort_free(ptr: *mut c_void) {
     trampoline((), || {
         if ptr.is_null() {
             return;
         }
         let addr = DevicePtr(ptr as usize as u64);
-        match with_arena(device(), |a| a.free(addr, Stream::DEFAULT)) {
+        let (stream, _) = ort_stream();
+        match with_arena(device(), |a| a.free(addr, stream)) {
             Ok(()) => {
                 LIVE.fetch_sub(1, Ordering::AcqRel);
             }
@@ -202,7 +275,7 @@ pub unsafe extern "C" fn tensor_arena_ort_cuda_free(ptr: *mut c_void) {
 /// to the watermark (what the last runs needed plus what lives outside
 /// runs). A run that repeats after it makes no driver call.
 #[no_mangle]
-pub extern "C" fn tensor_arena_ort_cuda_empty_cache() {
+pub extern "C" fn tensor_arena_cuda_ort_empty_cache() {
     trampoline((), || {
         let _ = code(with_arena(device(), |a| Ok(a.shrink())), |b| b as i64);
     });
@@ -210,8 +283,23 @@ pub extern "C" fn tensor_arena_ort_cuda_empty_cache() {
 
 /// Sets the device the three functions above serve. Returns 0, or -1 (an
 /// ordinal out of range, or ONNX Runtime still holds blocks of another
-/// device) with the message in `tensor_arena_last_error`.
+/// device) with the message in `tensor_arena_cuda_last_error`.
 #[no_mangle]
-pub extern "C" fn tensor_arena_ort_cuda_set_device(device: c_int) -> c_int {
+pub extern "C" fn tensor_arena_cuda_ort_set_device(device: c_int) -> c_int {
     trampoline(-1, || code(set_device(device), |()| 0) as c_int)
+}
+
+/// Gives the external allocator ONNX Runtime's compute stream
+/// ([`set_stream`]): the stream passed to the provider as
+/// `user_compute_stream`. Returns 0, or -1 while ONNX Runtime holds blocks
+/// (the message in `tensor_arena_cuda_last_error`).
+///
+/// # Safety
+/// `stream` is 0 or a live CUDA stream of the external allocator's
+/// device, and stays live while blocks freed on it may be reused.
+#[no_mangle]
+pub unsafe extern "C" fn tensor_arena_cuda_ort_set_stream(stream: *mut c_void) -> c_int {
+    // SAFETY: the caller's promise about `stream`.
+    let stream = unsafe { Stream::from_raw(stream as usize as u64) };
+    trampoline(-1, || code(set_stream(stream), |()| 0) as c_int)
 }

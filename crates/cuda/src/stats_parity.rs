@@ -160,4 +160,61 @@ mod tests {
         assert!(j["tensor_arena.fragmentation"].is_number());
         a.free(y, s).unwrap();
     }
+
+    /// Every counter under its own key, each with a value no other has, so
+    /// that a field wired to the wrong counter (allocations to frees, ooms
+    /// to zero) or a key given the wrong field is caught.
+    #[test]
+    fn every_key_reads_its_own_counter() {
+        const MIB: usize = 1 << 20;
+        let sim = SimDriver::new(SimConfig {
+            memory: 8 * MIB,
+            ..SimConfig::default()
+        });
+        let mut a = DeviceArena::new(Arc::new(sim), DeviceConfig::default()).unwrap();
+        let s = Stream::DEFAULT;
+        // Three blocks made, one given back: 3 allocated, 1 freed, 2 live.
+        let x = a.alloc(MIB, s).unwrap();
+        let y = a.alloc(MIB, s).unwrap();
+        let z = a.alloc(MIB, s).unwrap();
+        a.free(y, s).unwrap();
+        // Two requests that would take the device past its 8 MiB: refused
+        // after the cache was given back, each counted once.
+        for _ in 0..2 {
+            let e = a.alloc(7 * MIB, s).unwrap_err();
+            assert!(matches!(e, crate::CudaError::DeviceMemory { .. }), "{e:?}");
+        }
+        let d = a.stats();
+        let t = TorchStats::of(&d);
+        assert_eq!(
+            t.allocations, 3,
+            "allocation.all.allocated counts blocks made"
+        );
+        assert_eq!(t.frees, 1, "allocation.all.freed counts blocks given back");
+        assert_eq!(t.allocations_current, 2);
+        assert_eq!(t.allocations - t.frees, t.allocations_current);
+        assert_eq!(t.ooms, 2, "num_ooms counts refused requests");
+        // The free span is exactly what the arena says, and non-zero.
+        assert!(d.arena.largest_free_block > 0);
+        assert_eq!(t.largest_free_block, d.arena.largest_free_block as u64);
+        assert!(t.largest_free_block <= t.free_bytes);
+        let j = t.to_json();
+        let keys: Vec<&str> = t.entries().iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys.len(), 14, "each key once");
+        for (key, want) in [
+            ("allocation.all.allocated", 3u64),
+            ("allocation.all.freed", 1),
+            ("allocation.all.current", 2),
+            ("num_ooms", 2),
+            ("tensor_arena.largest_free_block", t.largest_free_block),
+            ("tensor_arena.free_bytes", t.free_bytes),
+            ("num_device_alloc", t.device_allocs),
+            ("num_device_free", t.device_frees),
+            ("tensor_arena.driver_calls", t.driver_calls),
+        ] {
+            assert_eq!(j[key], want, "{key}");
+        }
+        a.free(x, s).unwrap();
+        a.free(z, s).unwrap();
+    }
 }

@@ -9,11 +9,11 @@ use core::ffi::{c_char, c_int, c_void};
 use tensor_arena_cuda::ort_cuda;
 
 extern "C" {
-    fn tensor_arena_init(driver: *const c_char) -> c_int;
-    fn tensor_arena_run_begin(device: c_int, key: *const u8, key_len: usize) -> c_int;
-    fn tensor_arena_run_end(device: c_int) -> c_int;
-    fn tensor_arena_last_error(buf: *mut c_char, cap: usize) -> isize;
-    fn tensor_arena_ort_cuda_set_device(device: c_int) -> c_int;
+    fn tensor_arena_cuda_init(driver: *const c_char) -> c_int;
+    fn tensor_arena_cuda_run_begin(device: c_int, key: *const u8, key_len: usize) -> c_int;
+    fn tensor_arena_cuda_run_end(device: c_int) -> c_int;
+    fn tensor_arena_cuda_last_error(buf: *mut c_char, cap: usize) -> isize;
+    fn tensor_arena_cuda_ort_set_device(device: c_int) -> c_int;
 }
 
 type AllocFn = extern "C" fn(usize) -> *mut c_void;
@@ -23,7 +23,7 @@ type EmptyFn = extern "C" fn();
 fn last_error() -> String {
     let mut buf = vec![0u8; 1024];
     // SAFETY: `buf` is writable for its length.
-    let n = unsafe { tensor_arena_last_error(buf.as_mut_ptr().cast(), buf.len()) };
+    let n = unsafe { tensor_arena_cuda_last_error(buf.as_mut_ptr().cast(), buf.len()) };
     String::from_utf8(buf[..n as usize].to_vec()).unwrap()
 }
 
@@ -74,7 +74,7 @@ fn session_run(alloc: AllocFn, free: FreeFn, batch: usize) {
 #[test]
 fn ort_cuda_external_allocator_contract() {
     // SAFETY: a NUL-terminated string.
-    assert_eq!(unsafe { tensor_arena_init(c"simulated".as_ptr()) }, 0);
+    assert_eq!(unsafe { tensor_arena_cuda_init(c"simulated".as_ptr()) }, 0);
     let (alloc, free, empty_cache) = entry_points(0);
 
     // Allocation and free; null and zero sizes.
@@ -116,10 +116,10 @@ fn ort_cuda_external_allocator_contract() {
 
     // The device cannot move while ONNX Runtime holds blocks.
     // SAFETY: no pointer arguments.
-    assert_eq!(unsafe { tensor_arena_ort_cuda_set_device(1) }, -1);
+    assert_eq!(unsafe { tensor_arena_cuda_ort_set_device(1) }, -1);
     assert!(last_error().contains("cannot change"), "{}", last_error());
     // SAFETY: as above.
-    assert_eq!(unsafe { tensor_arena_ort_cuda_set_device(99) }, -1);
+    assert_eq!(unsafe { tensor_arena_cuda_ort_set_device(99) }, -1);
     assert!(last_error().contains("99"), "{}", last_error());
 
     // Keyed runs (keys from input shapes, as tensor_arena_ort::RunKey
@@ -127,11 +127,12 @@ fn ort_cuda_external_allocator_contract() {
     // driver call.
     let keyed = |key: &str, batch: usize| {
         // SAFETY: `key` is readable for its length.
-        let r = unsafe { tensor_arena_run_begin(0, key.as_ptr(), key.len()) };
+        let r = unsafe { tensor_arena_cuda_run_begin(0, key.as_ptr(), key.len()) };
         assert_eq!(r, 0, "{}", last_error());
         session_run(alloc, free, batch);
         // SAFETY: no pointer arguments.
-        assert_eq!(unsafe { tensor_arena_run_end(0) }, 0, "{}", last_error());
+        let r = unsafe { tensor_arena_cuda_run_end(0) };
+        assert_eq!(r, 0, "{}", last_error());
     };
     keyed("input:[16,3,224,224]", 16);
     keyed("input:[1,3,224,224]", 1);
@@ -171,6 +172,6 @@ fn ort_cuda_external_allocator_contract() {
     free(weights);
     assert_eq!(stats().arena.in_use, 0);
     // SAFETY: no pointer arguments.
-    assert_eq!(unsafe { tensor_arena_ort_cuda_set_device(1) }, 0);
+    assert_eq!(unsafe { tensor_arena_cuda_ort_set_device(1) }, 0);
     assert_eq!(ort_cuda::device(), 1);
 }

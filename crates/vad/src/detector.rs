@@ -21,8 +21,9 @@ use tensor_arena::{ArenaError, TypedBlock};
 use tensor_session::{LoadMode, RunContext, Session, Weights, WeightsError};
 
 use crate::kernels::Sample;
-use crate::model::{Intermediate, LstmState, Model, ModelError, CONTEXT, ROW, TENSORS, WINDOW};
+use crate::model::{LstmState, Model, ModelError, TENSORS};
 use crate::scratch::Scratch;
+use crate::shapes::{Intermediate, CONTEXT, ROW, WINDOW};
 
 /// A run's context is a scratch: every intermediate tensor is a
 /// [`RunContext::alloc_slice`] of the session's arena (values unspecified:

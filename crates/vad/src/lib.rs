@@ -83,15 +83,17 @@ pub mod kernels;
 mod model;
 mod scratch;
 pub mod segments;
+mod shapes;
 pub mod wav;
 
 pub use detector::{key, load_weights, Detector, VadError};
 pub use kernels::Sample;
-pub use model::{
-    conv_specs, frame_rows, num_windows, Intermediate, LstmState, Model, ModelError, Stream,
-    CONTEXT, HIDDEN, ROW, SAMPLE_RATE, STFT_BINS, STFT_HOP, STFT_KERNEL, STFT_PAD, TENSORS, WINDOW,
-};
+pub use model::{frame_rows, num_windows, LstmState, Model, ModelError, Stream, TENSORS};
 pub use scratch::{
     peak_len, total_len, Event, HeapScratch, Scratch, ScratchTooSmall, SliceScratch, SCHEDULE,
 };
 pub use segments::{segments, Segment, SegmentConfig, Segmenter};
+pub use shapes::{
+    conv_specs, Intermediate, CONTEXT, HIDDEN, ROW, SAMPLE_RATE, STFT_BINS, STFT_HOP, STFT_KERNEL,
+    STFT_PAD, WINDOW,
+};

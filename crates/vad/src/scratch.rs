@@ -11,7 +11,7 @@ use std::convert::Infallible;
 use std::fmt;
 use std::ops::DerefMut;
 
-use crate::model::Intermediate;
+use crate::shapes::Intermediate;
 
 /// A source of `f32` buffers for intermediate tensors.
 ///

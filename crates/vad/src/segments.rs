@@ -25,7 +25,7 @@
 //! never applies) and the probabilities are those of full windows only
 //! (silero zero-pads a trailing partial window into one more window).
 
-use crate::model::{SAMPLE_RATE, WINDOW};
+use crate::shapes::{SAMPLE_RATE, WINDOW};
 
 /// The segmentation rule's parameters; [`Default`] gives silero's defaults.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -239,8 +239,9 @@ pub enum HugePages {
 /// Both take the bytes out of the arena's `committed` (and of a
 /// [`Budget`](crate::Budget)'s charge) at once; they differ in when the
 /// process's resident memory comes down and in what the next commit of the
-/// range costs. `BENCHMARKS.md` (issue 20, "Giving back lazily") has both
-/// on ONNX Runtime's alternating sequences.
+/// range costs. `BENCHMARKS.md`, "Alternating sizes", has both on ONNX
+/// Runtime's alternating sequences; `docs/decisions.md` says why `Now` is
+/// the default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GiveBack {
     /// At once: the range is mapped anew, `PROT_NONE`. Its pages and its

@@ -78,55 +78,57 @@ class Arena:
             raise FileNotFoundError(f"tensor-arena-cuda library not found: {self.path}")
         lib = ctypes.CDLL(self.path)
         c_int, c_size, c_ssize = ctypes.c_int, ctypes.c_size_t, ctypes.c_ssize_t
-        # `alloc_fn` throws std::bad_alloc where PyTorch's C++ runtime is
-        # loaded; from ctypes, `tensor_arena_alloc` (null on failure).
-        lib.tensor_arena_alloc.argtypes = [c_ssize, c_int, ctypes.c_void_p]
-        lib.tensor_arena_alloc.restype = ctypes.c_void_p
-        lib.free_fn.argtypes = [ctypes.c_void_p, c_ssize, c_int, ctypes.c_void_p]
-        lib.free_fn.restype = None
-        lib.tensor_arena_init.argtypes = [ctypes.c_char_p]
-        lib.tensor_arena_init.restype = c_int
-        lib.tensor_arena_run_begin.argtypes = [c_int, ctypes.c_char_p, c_size]
-        lib.tensor_arena_run_begin.restype = c_int
-        lib.tensor_arena_run_end.argtypes = [c_int]
-        lib.tensor_arena_run_end.restype = c_int
-        lib.tensor_arena_shrink.argtypes = [c_int]
-        lib.tensor_arena_shrink.restype = ctypes.c_int64
-        lib.tensor_arena_shrink_to.argtypes = [c_int, ctypes.c_uint64]
-        lib.tensor_arena_shrink_to.restype = ctypes.c_int64
-        lib.tensor_arena_reset_peaks.argtypes = [c_int]
-        lib.tensor_arena_reset_peaks.restype = c_int
-        lib.tensor_arena_stats_json.argtypes = [c_int, ctypes.c_char_p, c_size]
-        lib.tensor_arena_stats_json.restype = c_ssize
-        lib.tensor_arena_last_error.argtypes = [ctypes.c_char_p, c_size]
-        lib.tensor_arena_last_error.restype = c_ssize
-        lib.tensor_arena_ort_cuda_set_device.argtypes = [c_int]
-        lib.tensor_arena_ort_cuda_set_device.restype = c_int
+        # `tensor_arena_cuda_alloc` throws std::bad_alloc where PyTorch's C++ runtime is
+        # loaded; from ctypes, `tensor_arena_cuda_try_alloc` (null on failure).
+        lib.tensor_arena_cuda_try_alloc.argtypes = [c_ssize, c_int, ctypes.c_void_p]
+        lib.tensor_arena_cuda_try_alloc.restype = ctypes.c_void_p
+        lib.tensor_arena_cuda_free.argtypes = [ctypes.c_void_p, c_ssize, c_int, ctypes.c_void_p]
+        lib.tensor_arena_cuda_free.restype = None
+        lib.tensor_arena_cuda_init.argtypes = [ctypes.c_char_p]
+        lib.tensor_arena_cuda_init.restype = c_int
+        lib.tensor_arena_cuda_run_begin.argtypes = [c_int, ctypes.c_char_p, c_size]
+        lib.tensor_arena_cuda_run_begin.restype = c_int
+        lib.tensor_arena_cuda_run_end.argtypes = [c_int]
+        lib.tensor_arena_cuda_run_end.restype = c_int
+        lib.tensor_arena_cuda_shrink.argtypes = [c_int]
+        lib.tensor_arena_cuda_shrink.restype = ctypes.c_int64
+        lib.tensor_arena_cuda_shrink_to.argtypes = [c_int, ctypes.c_uint64]
+        lib.tensor_arena_cuda_shrink_to.restype = ctypes.c_int64
+        lib.tensor_arena_cuda_reset_peaks.argtypes = [c_int]
+        lib.tensor_arena_cuda_reset_peaks.restype = c_int
+        lib.tensor_arena_cuda_stats_json.argtypes = [c_int, ctypes.c_char_p, c_size]
+        lib.tensor_arena_cuda_stats_json.restype = c_ssize
+        lib.tensor_arena_cuda_last_error.argtypes = [ctypes.c_char_p, c_size]
+        lib.tensor_arena_cuda_last_error.restype = c_ssize
+        lib.tensor_arena_cuda_ort_set_device.argtypes = [c_int]
+        lib.tensor_arena_cuda_ort_set_device.restype = c_int
+        lib.tensor_arena_cuda_ort_set_stream.argtypes = [ctypes.c_void_p]
+        lib.tensor_arena_cuda_ort_set_stream.restype = c_int
         self.lib = lib
         self._torch_allocators = {}
         self._installed = False
         if driver is not None:
-            if lib.tensor_arena_init(driver.encode()) != 0:
+            if lib.tensor_arena_cuda_init(driver.encode()) != 0:
                 raise RuntimeError(self.last_error())
 
     # -- PyTorch ---------------------------------------------------------
 
-    def _pluggable(self, alloc="alloc_fn"):
+    def _pluggable(self, alloc="tensor_arena_cuda_alloc"):
         """PyTorch's handle on this library with ``alloc`` as its allocation
         function (made once per entry; PyTorch keeps the library loaded).
 
-        ``alloc_fn`` throws std::bad_alloc when it cannot serve a request:
+        ``tensor_arena_cuda_alloc`` throws std::bad_alloc when it cannot serve a request:
         the process's allocator needs that, because PyTorch uses its
         pointer unchecked. Under a MemPool, PyTorch's caching allocator
         calls the allocator for segments and checks the pointer (a null is
         cudaErrorMemoryAllocation: it gives its cached blocks back, retries,
         then raises torch.OutOfMemoryError), so ``pool()`` uses
-        ``tensor_arena_alloc``, which returns null instead of throwing."""
+        ``tensor_arena_cuda_try_alloc``, which returns null instead of throwing."""
         if alloc not in self._torch_allocators:
             import torch
 
             self._torch_allocators[alloc] = torch.cuda.memory.CUDAPluggableAllocator(
-                self.path, alloc, "free_fn"
+                self.path, alloc, "tensor_arena_cuda_free"
             )
         return self._torch_allocators[alloc]
 
@@ -161,7 +163,7 @@ class Arena:
                 "use tensor_arena_cuda.install() before CUDA is first used"
             )
         dev = self._device(device)
-        mempool = torch.cuda.MemPool(self._pluggable("tensor_arena_alloc").allocator())
+        mempool = torch.cuda.MemPool(self._pluggable("tensor_arena_cuda_try_alloc").allocator())
         if key is not None:
             self._run_begin(dev, key)
         try:
@@ -187,7 +189,7 @@ class Arena:
 
     def last_error(self):
         """The library's last error message ('' if none)."""
-        return self._string(lambda buf, cap: self.lib.tensor_arena_last_error(buf, cap))
+        return self._string(lambda buf, cap: self.lib.tensor_arena_cuda_last_error(buf, cap))
 
     def _string(self, call):
         cap = 4096
@@ -208,11 +210,11 @@ class Arena:
 
     def _run_begin(self, dev, key):
         key = self._key(key)
-        if self.lib.tensor_arena_run_begin(dev, key, len(key)) != 0:
+        if self.lib.tensor_arena_cuda_run_begin(dev, key, len(key)) != 0:
             raise RuntimeError(self.last_error())
 
     def _run_end(self, dev):
-        if self.lib.tensor_arena_run_end(dev) != 0:
+        if self.lib.tensor_arena_cuda_run_end(dev) != 0:
             raise RuntimeError(self.last_error())
 
     @contextlib.contextmanager
@@ -230,14 +232,14 @@ class Arena:
 
     def shrink(self, device=None):
         """Gives device memory back down to the watermark; returns bytes released."""
-        n = self.lib.tensor_arena_shrink(self._device(device))
+        n = self.lib.tensor_arena_cuda_shrink(self._device(device))
         if n < 0:
             raise RuntimeError(self.last_error())
         return n
 
     def shrink_to(self, nbytes, device=None):
         """Gives device memory back towards ``nbytes``; returns bytes released."""
-        n = self.lib.tensor_arena_shrink_to(self._device(device), int(nbytes))
+        n = self.lib.tensor_arena_cuda_shrink_to(self._device(device), int(nbytes))
         if n < 0:
             raise RuntimeError(self.last_error())
         return n
@@ -247,7 +249,7 @@ class Arena:
     def stats(self, device=None):
         """The arena's counters as a dict (see the crate's README)."""
         dev = self._device(device)
-        text = self._string(lambda buf, cap: self.lib.tensor_arena_stats_json(dev, buf, cap))
+        text = self._string(lambda buf, cap: self.lib.tensor_arena_cuda_stats_json(dev, buf, cap))
         return json.loads(text)
 
     def memory_stats(self, device=None):
@@ -276,12 +278,12 @@ class Arena:
 
     def reset_peak_memory_stats(self, device=None):
         """Lowers both peaks to what is held now."""
-        if self.lib.tensor_arena_reset_peaks(self._device(device)) != 0:
+        if self.lib.tensor_arena_cuda_reset_peaks(self._device(device)) != 0:
             raise RuntimeError(self.last_error())
 
     # -- ONNX Runtime ----------------------------------------------------
 
-    def ort_cuda_provider_options(self, device=0, **options):
+    def ort_cuda_provider_options(self, device=0, stream=None, **options):
         """Options for ONNX Runtime's ``CUDAExecutionProvider`` that make a
         session take its device memory from the arena of ``device``:
         ``device_id`` and ``gpu_external_alloc`` / ``_free`` /
@@ -293,9 +295,21 @@ class Arena:
             with arena.run(("model", x.shape), device=0):
                 out = sess.run(None, {"input": x})
 
+        ``stream`` (a ``cudaStream_t`` as an int, e.g.
+        ``torch.cuda.current_stream().cuda_stream``) is the stream ONNX
+        Runtime computes on (``user_compute_stream``); the arena tags ONNX
+        Runtime's blocks with it. It is needed when PyTorch takes memory
+        from the same arena (``install()``, ``pool()``): without it the
+        second of the two to allocate is refused with an error, since a
+        block one frees could reach the other with nothing ordering their
+        kernels.
+
         Needs onnxruntime-gpu. One device per process is served."""
-        if self.lib.tensor_arena_ort_cuda_set_device(int(device)) != 0:
+        if self.lib.tensor_arena_cuda_ort_set_device(int(device)) != 0:
             raise RuntimeError(self.last_error())
+        if stream is not None:
+            if self.lib.tensor_arena_cuda_ort_set_stream(int(stream)) != 0:
+                raise RuntimeError(self.last_error())
 
         def addr(fn):
             return str(ctypes.cast(fn, ctypes.c_void_p).value)
@@ -303,22 +317,24 @@ class Arena:
         opts = {str(k): str(v) for k, v in options.items()}
         opts.update(
             device_id=str(int(device)),
-            gpu_external_alloc=addr(self.lib.tensor_arena_ort_cuda_alloc),
-            gpu_external_free=addr(self.lib.tensor_arena_ort_cuda_free),
-            gpu_external_empty_cache=addr(self.lib.tensor_arena_ort_cuda_empty_cache),
+            gpu_external_alloc=addr(self.lib.tensor_arena_cuda_ort_alloc),
+            gpu_external_free=addr(self.lib.tensor_arena_cuda_ort_free),
+            gpu_external_empty_cache=addr(self.lib.tensor_arena_cuda_ort_empty_cache),
         )
+        if stream is not None:
+            opts["user_compute_stream"] = str(int(stream))
         return opts
 
     # -- raw blocks (ctypes callers) -------------------------------------
 
     def alloc(self, size, device=0, stream=0):
-        """A raw device allocation (PyTorch calls ``alloc_fn``, which throws
+        """A raw device allocation (PyTorch calls ``tensor_arena_cuda_alloc``, which throws
         std::bad_alloc on failure; this never throws); 0 on failure."""
-        return self.lib.tensor_arena_alloc(size, device, stream) or 0
+        return self.lib.tensor_arena_cuda_try_alloc(size, device, stream) or 0
 
     def free(self, ptr, size=0, device=0, stream=0):
         """Gives a raw allocation back."""
-        self.lib.free_fn(ptr, size, device, stream)
+        self.lib.tensor_arena_cuda_free(ptr, size, device, stream)
 
 
 _DEFAULT = None
@@ -330,7 +346,7 @@ def default_arena(driver=None):
     if _DEFAULT is None:
         _DEFAULT = Arena(driver=driver)
     elif driver is not None:
-        if _DEFAULT.lib.tensor_arena_init(driver.encode()) != 0:
+        if _DEFAULT.lib.tensor_arena_cuda_init(driver.encode()) != 0:
             raise RuntimeError(_DEFAULT.last_error())
     return _DEFAULT
 

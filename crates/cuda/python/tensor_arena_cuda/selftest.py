@@ -76,15 +76,50 @@ def main(path=None):
     arena.free(held, 3 * MIB, 0, 0)
     assert arena.max_memory_allocated(0) == 3 * MIB, "a free does not lower the peak"
 
+    # Counters that differ from one another, so that a key reading the
+    # wrong counter (blocks made as blocks freed, ooms as 0) is caught.
+    arena.shrink_to(0, 0)
+    before = arena.memory_stats(0)
+    made, freed = before["allocation.all.allocated"], before["allocation.all.freed"]
+    assert made == freed == 4 * len(sizes) + 1, before  # the four runs and `held`
+    blocks = [arena.alloc(MIB, 0, 0) for _ in range(3)]
+    arena.free(blocks[0], MIB, 0, 0)
+    m = arena.memory_stats(0)
+    assert m["allocation.all.allocated"] == made + 3, m
+    assert m["allocation.all.freed"] == freed + 1, m
+    assert m["allocation.all.current"] == 2, m
+    # Two blocks live at 1..3 MiB of 4 MiB mapped: 2 MiB free in two 1 MiB spans.
+    assert m["reserved_bytes.all.current"] == 4 * MIB, m
+    assert m["tensor_arena.free_bytes"] == 2 * MIB, m
+    assert m["tensor_arena.largest_free_block"] == MIB, m
+    assert abs(m["tensor_arena.fragmentation"] - 0.5) < 1e-9, m
+    # More than the simulated device's 1 GiB (inside the address range
+    # reserved): refused after the cache is given back, counted.
+    assert m["num_ooms"] == 0, m
+    for n in (1, 2):
+        assert arena.alloc(1536 * MIB, 0, 0) == 0
+        assert "device memory" in arena.last_error(), arena.last_error()
+        assert arena.memory_stats(0)["num_ooms"] == n
+    for p in blocks[1:]:
+        arena.free(p, MIB, 0, 0)
+
     # ONNX Runtime's CUDA provider options: the library's entry points,
     # called here through the addresses as ONNX Runtime calls them.
     import ctypes
 
     opts = arena.ort_cuda_provider_options(0, cudnn_conv_algo_search="DEFAULT")
     assert opts["device_id"] == "0" and opts["cudnn_conv_algo_search"] == "DEFAULT", opts
+    assert "user_compute_stream" not in opts, opts
     ort_alloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t)(int(opts["gpu_external_alloc"]))
     ort_free = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(int(opts["gpu_external_free"]))
     ort_empty = ctypes.CFUNCTYPE(None)(int(opts["gpu_external_empty_cache"]))
+    # This arena served blocks on streams (the calls above): ONNX Runtime
+    # with its stream unknown would share it unordered, and is refused.
+    assert not ort_alloc(5 * MIB)
+    assert "ONNX Runtime" in arena.last_error() and "stream" in arena.last_error(), arena.last_error()
+    # With its compute stream given, its blocks are tagged with it.
+    opts = arena.ort_cuda_provider_options(0, stream=0x5EED)
+    assert opts["user_compute_stream"] == str(0x5EED), opts
     p = ort_alloc(5 * MIB)
     assert p and arena.memory_allocated(0) == 5 * MIB, arena.last_error()
     ort_free(p)
@@ -108,8 +143,18 @@ def main(path=None):
     assert arena.alloc(-1) == 0 and "negative" in arena.last_error()
     arena.free(12345)
     assert "not a live block" in arena.last_error(), arena.last_error()
-    assert arena.shrink_to(0, 0) >= 0
+    kept = arena.alloc(MIB, 0, 0)
+    arena.free(arena.alloc(5 * MIB, 0, 0), 5 * MIB, 0, 0)
+    mapped = arena.memory_reserved(0)
+    assert mapped >= 6 * MIB, mapped
+    released = arena.shrink_to(0, 0)
+    assert released == mapped - 2 * MIB, (released, mapped)
+    assert arena.memory_reserved(0) == 2 * MIB, "the granule of the live block stays"
+    assert arena.shrink_to(0, 0) == 0, "nothing left to release"
+    arena.free(kept, MIB, 0, 0)
+    assert arena.shrink_to(0, 0) == 2 * MIB
     assert arena.stats(0)["arena"]["in_use"] == 0
+    assert arena.memory_reserved(0) == 0
     try:
         arena.stats(99)
         raise AssertionError("a device out of range must raise")

@@ -97,13 +97,13 @@ class _Cuda:
         class CUDAPluggableAllocator:
             def __init__(self, path, a, f):
                 lib = ctypes.CDLL(path)
-                # PyTorch (C++) calls `alloc_fn`, which may throw
+                # PyTorch (C++) calls `tensor_arena_cuda_alloc`, which may throw
                 # std::bad_alloc; ctypes cannot catch it: the C entry.
-                alloc_c = lib.tensor_arena_alloc
+                alloc_c = lib.tensor_arena_cuda_try_alloc
                 alloc_c.restype = ctypes.c_void_p
                 alloc_c.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-                lib.free_fn.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-                self.alloc, self.free = alloc_c, lib.free_fn
+                lib.tensor_arena_cuda_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+                self.alloc, self.free = alloc_c, lib.tensor_arena_cuda_free
             def allocator(self):
                 # The _cuda_CUDAAllocator MemPool takes.
                 class _Raw:
