@@ -328,9 +328,16 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             return None;
         }
         let mut hint = None;
+        // A prediction the run kept to (its blocks within their slots):
+        // the fit explains this shape already, so its plan is kept as the
+        // key's, with no search, and the shape joins the family without a
+        // refit (the next failed prediction refits with it). Learning then
+        // costs a predicted run nothing but bookkeeping.
+        let kept = source == PlanSource::Predicted && report.planned && !report.deviated;
         let plan = match (&lookup.plan, recording.is_empty()) {
             // Followed to the end, every block as predicted.
             (Some(plan), true) if report.planned && !report.deviated => Arc::clone(plan),
+            (Some(plan), false) if kept => Arc::clone(plan),
             // Searched from where the structure's last search ended, if
             // the family knows the structure (solved outside the lock).
             (_, false) => match self.shape(id, &recording.events) {
@@ -346,9 +353,15 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         self.insert(key.to_owned().into(), Arc::clone(&plan));
         let mut dims = Vec::new();
         key.dims(&mut dims);
+        // The run's own sizes where it kept them (smaller than predicted).
+        let seen = if kept && !recording.is_empty() {
+            recording
+        } else {
+            plan.recording()
+        };
         self.families
             .lock()
-            .observe(id, || key.family_name(), dims, plan.recording(), hint);
+            .observe(id, || key.family_name(), dims, seen, hint, !kept);
         Some(plan)
     }
 }

@@ -326,9 +326,12 @@ impl Families {
     }
 
     /// Adds what a run at `dims` did (a valid recording) to family `id`,
-    /// and fits its structure again; `hint` (where the search for the
-    /// run's plan ended, when no structure of the family could start it)
-    /// starts the structure's next search.
+    /// and, if `refit` (or the structure has no fit yet), fits its
+    /// structure again; `hint` (where the search for the run's plan ended,
+    /// when no structure of the family could start it) starts the
+    /// structure's next search. A run that kept to its prediction passes
+    /// `refit: false`: the fit explains it already, and the shape waits
+    /// for the next refit.
     pub(crate) fn observe(
         &mut self,
         id: u64,
@@ -336,6 +339,7 @@ impl Families {
         dims: Vec<u64>,
         rec: &Recording,
         hint: Option<Hint>,
+        refit: bool,
     ) {
         let now = self.tick();
         self.counts(id, name);
@@ -403,6 +407,9 @@ impl Families {
             sizes,
             lower_bound,
         });
+        if !refit && s.fit.is_some() {
+            return;
+        }
         let obs: Vec<Observation> = s.obs.iter().cloned().collect();
         let rounding = s.shape.aligns.iter().copied().min().unwrap_or(1);
         s.fit = (obs.len() >= 2).then(|| Arc::new(Fit::new(&obs, rounding)));
