@@ -329,11 +329,24 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         }
         let mut hint = None;
         // A prediction the run kept to (its blocks within their slots):
-        // the fit explains this shape already, so its plan is kept as the
-        // key's, with no search, and the shape joins the family without a
-        // refit (the next failed prediction refits with it). Learning then
-        // costs a predicted run nothing but bookkeeping.
+        // its plan is kept as the key's, with no search; and where it was
+        // tight, the fit explains this shape already, so the shape joins
+        // the family without a refit (the next failed or loose prediction
+        // refits with it). Learning then costs a well-predicted run
+        // nothing but bookkeeping.
         let kept = source == PlanSource::Predicted && report.planned && !report.deviated;
+        // Kept, and tight: the prediction's lower bound within 1/64 (and a
+        // granule) of the run's own. A loose one (a fit from too few
+        // shapes) refits with this shape, so that the next is tight.
+        let tight = kept
+            && lookup.plan.as_ref().is_some_and(|plan| {
+                let own = if recording.is_empty() {
+                    plan.lower_bound()
+                } else {
+                    super::solver::lower_bound(&recording.requests())
+                };
+                plan.lower_bound() <= own + own / 64 + plan.align()
+            });
         let plan = match (&lookup.plan, recording.is_empty()) {
             // Followed to the end, every block as predicted.
             (Some(plan), true) if report.planned && !report.deviated => Arc::clone(plan),
@@ -350,7 +363,13 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             },
             _ => return None,
         };
-        self.insert(key.to_owned().into(), Arc::clone(&plan));
+        // A plan is kept as its key's only if it needs no more than the
+        // run needed dynamically (its high-water mark, to a granule): a
+        // plan must never cost more than no plan.
+        let dynamic_need = report.high_water.saturating_add(plan.align());
+        if !matches!(source, PlanSource::Dynamic(_)) || plan.size() <= dynamic_need {
+            self.insert(key.to_owned().into(), Arc::clone(&plan));
+        }
         let mut dims = Vec::new();
         key.dims(&mut dims);
         // The run's own sizes where it kept them (smaller than predicted).
@@ -361,7 +380,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         };
         self.families
             .lock()
-            .observe(id, || key.family_name(), dims, seen, hint, !kept);
+            .observe(id, || key.family_name(), dims, seen, hint, !tight);
         Some(plan)
     }
 }

@@ -34,9 +34,9 @@
 //! recording teaches the family how sizes follow that dimension.
 //!
 //! A prediction is also bounded ([`Fit::bound`]): sizes in a tensor
-//! program do not grow as its input shrinks, so the largest run seen
-//! bounds the lower bound of every shape within the volume seen; past it,
-//! sizes grow at most as the highest degree the fit found. A predicted run
+//! program do not grow as its input shrinks, so a run seen at dimensions
+//! at least as large bounds the lower bound of a shape; past the shapes
+//! seen, sizes grow at most as the highest degree the fit found. A predicted run
 //! whose lower bound exceeds that (by more than an eighth, and a quantum a
 //! block for the slots' safe-side rounding) is a wrong fit, not a large
 //! input: its family refuses it (`DynamicReason::Unbounded`).
@@ -136,8 +136,6 @@ pub(crate) struct Fit {
     volume_max: f64,
     /// The shapes seen (for local models).
     obs: Vec<Observation>,
-    /// The largest lower bound among the shapes seen.
-    lower_bound_max: usize,
     /// The highest degree of a model in the varying dimensions (3 where a
     /// block has no model over every shape: a local one may have any).
     degree: i32,
@@ -272,24 +270,34 @@ impl Fit {
             varied,
             volume_max,
             obs: obs.to_vec(),
-            lower_bound_max: obs.iter().map(|o| o.lower_bound).max().unwrap_or(0),
             degree,
         }
     }
 
     /// The most a run at `dims` may need at once (its lower bound) for a
-    /// prediction to be used: the largest lower bound seen, scaled past
-    /// the volume seen by the fit's highest degree, plus an eighth and a
-    /// quantum a block (see the module docs).
+    /// prediction to be used. Sizes are sums of products of the input's
+    /// dimensions, so a run needs no more than a run seen at dimensions at
+    /// least as large, and past a shape seen it grows at most by the
+    /// product of the dimensions' growth to the fit's highest degree:
+    /// the least of `lower bound seen × growth^degree` over the shapes
+    /// seen, plus an eighth and a quantum a block (see the module docs).
     pub(crate) fn bound(&self, dims: &[u64]) -> usize {
-        let grown = if self.volume_max > 0.0 {
-            (volume(dims, &self.varied) / self.volume_max).max(1.0)
-        } else {
-            1.0
-        };
-        let scaled = self.lower_bound_max as f64 * grown.powi(self.degree);
+        let least = self
+            .obs
+            .iter()
+            .map(|o| {
+                let growth: f64 = dims
+                    .iter()
+                    .zip(&o.dims)
+                    .zip(&self.varied)
+                    .filter(|(_, &v)| v)
+                    .map(|((&now, &seen), _)| (now as f64 / seen.max(1) as f64).max(1.0))
+                    .product();
+                o.lower_bound as f64 * growth.powi(self.degree)
+            })
+            .fold(f64::INFINITY, f64::min);
         let slack = (self.quantum * self.models.len()) as f64;
-        let bound = scaled * 1.125 + slack;
+        let bound = least * 1.125 + slack;
         if bound >= usize::MAX as f64 {
             usize::MAX
         } else {
@@ -813,9 +821,10 @@ mod tests {
     fn the_bound_scales_the_largest_lower_bound_by_the_degree() {
         let s = |w: u64| (w * w * 64) as usize;
         let f = Fit::new(&[obs(&[10], &[s(10)]), obs(&[20], &[s(20)])], 64);
-        // Within the shapes seen: the largest lower bound, plus an eighth
-        // and a quantum.
+        // Within the shapes seen: the lower bound of the least larger
+        // one, plus an eighth and a quantum.
         assert_eq!(f.bound(&[15]), s(20) + s(20) / 8 + 64);
+        assert_eq!(f.bound(&[5]), s(10) + s(10) / 8 + 64);
         // Past them, squared (the fit is quadratic).
         assert_eq!(f.bound(&[40]), 4 * s(20) + s(20) / 2 + 64);
     }
