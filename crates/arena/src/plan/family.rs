@@ -22,7 +22,9 @@ pub enum DynamicReason {
     NewFamily,
     /// Its family has seen one shape: no fit yet.
     OneShape,
-    /// Its family's sizes do not follow any fit (a data-dependent size).
+    /// Its family's sizes do not follow any fit (a data-dependent size),
+    /// or its keys explain nothing (a shape at smaller dimensions needed
+    /// more than one at larger: a key made of request counters).
     Unfit,
     /// The key's dimensions are not the family's, or a predicted size is
     /// not a size.

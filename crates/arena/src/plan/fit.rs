@@ -33,6 +33,10 @@
 //! ([`NoPrediction::Unvaried`]). The run is served dynamically, and its
 //! recording teaches the family how sizes follow that dimension.
 //!
+//! Keys must explain the sizes: where a shape seen at dimensions at most
+//! another's needed more than it (a key made of request counters), nothing
+//! is predicted.
+//!
 //! A prediction is also bounded ([`Fit::bound`]): sizes in a tensor
 //! program do not grow as its input shrinks, so a run seen at dimensions
 //! at least as large bounds the lower bound of a shape; past the shapes
@@ -139,6 +143,11 @@ pub(crate) struct Fit {
     /// The highest degree of a model in the varying dimensions (3 where a
     /// block has no model over every shape: a local one may have any).
     degree: i32,
+    /// Whether the shapes seen needed more as their dimensions grew: no
+    /// shape at dimensions at most another's needed more than it (by more
+    /// than a sixteenth). A key that explains nothing (a request counter)
+    /// breaks this, and is not predicted.
+    monotone: bool,
 }
 
 /// How block `b`'s size follows the shapes `obs`: constant, else the
@@ -263,7 +272,14 @@ impl Fit {
             .max()
             .unwrap_or(1)
             .max(1);
+        let monotone = obs.iter().all(|a| {
+            obs.iter().all(|b| {
+                let within = a.dims.iter().zip(&b.dims).all(|(x, y)| x <= y);
+                !within || a.lower_bound <= b.lower_bound + b.lower_bound / 16 + quantum * blocks
+            })
+        });
         Fit {
+            monotone,
             models,
             quantum,
             base: first.dims.clone(),
@@ -349,8 +365,12 @@ impl Fit {
         None
     }
 
-    /// Blocks whose sizes no model explains.
+    /// Blocks whose sizes no model explains (every block, where the
+    /// shapes seen did not need more as their dimensions grew).
     pub(crate) fn unfit(&self) -> usize {
+        if !self.monotone {
+            return self.models.len();
+        }
         self.models.iter().filter(|m| m.is_none()).count()
     }
 
@@ -362,6 +382,9 @@ impl Fit {
     pub(crate) fn predict(&self, dims: &[u64]) -> Result<Vec<usize>, NoPrediction> {
         if dims.len() != self.base.len() {
             return Err(NoPrediction::Unpredictable);
+        }
+        if !self.monotone {
+            return Err(NoPrediction::Unfit);
         }
         // A dimension that never varied says nothing of how sizes follow
         // it (see the module docs).
@@ -818,14 +841,24 @@ mod tests {
     }
 
     #[test]
+    fn keys_that_explain_nothing_are_not_predicted() {
+        // Request counters: key 2 needed less than key 1.
+        let f = Fit::new(&[obs(&[1], &[64000]), obs(&[2], &[6400])], 64);
+        assert_eq!(f.predict(&[3]), Err(NoPrediction::Unfit));
+        assert_eq!(f.unfit(), 1);
+    }
+
+    #[test]
     fn the_bound_scales_the_largest_lower_bound_by_the_degree() {
         let s = |w: u64| (w * w * 64) as usize;
         let f = Fit::new(&[obs(&[10], &[s(10)]), obs(&[20], &[s(20)])], 64);
-        // Within the shapes seen: the lower bound of the least larger
-        // one, plus an eighth and a quantum.
-        assert_eq!(f.bound(&[15]), s(20) + s(20) / 8 + 64);
+        // Below every shape seen: the least larger one's lower bound, plus
+        // an eighth and a quantum.
         assert_eq!(f.bound(&[5]), s(10) + s(10) / 8 + 64);
-        // Past them, squared (the fit is quadratic).
+        // Between: the least of the larger shape's, and the smaller one's
+        // grown by the square of the ratio (the fit is quadratic).
+        assert_eq!(f.bound(&[15]), s(15) + s(15) / 8 + 64);
+        // Past them, squared.
         assert_eq!(f.bound(&[40]), 4 * s(20) + s(20) / 2 + 64);
     }
 }

@@ -606,6 +606,19 @@ impl Search {
     /// if it is still better: a walk that went on from a plateau can stay
     /// on it, and a fresh walk often leaves it.
     fn run(&mut self, problem: &Problem, start: Option<(Vec<u32>, Fit)>, round: u64) {
+        // Where an earlier search of the structure ended places this shape
+        // at its lower bound (a structure's shapes mostly pack alike): no
+        // other order can do better, so nothing else is tried. One
+        // placement instead of a search, for a plan predicted on the
+        // request's path.
+        if let Some((order, fit)) = &start {
+            let mut decoder = Decoder::new(problem, order.clone());
+            if let Some(top) = decoder.decode(problem, 0, *fit, problem.bound) {
+                self.keep(&decoder, top, *fit);
+                self.spent = decoder.work;
+                return;
+            }
+        }
         // Greedy by size first, kept whatever its size.
         let mut greedy = Decoder::new(problem, problem.order(OrderKey::Size));
         let top = greedy
