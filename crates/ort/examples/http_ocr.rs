@@ -464,14 +464,9 @@ fn parse(a: &[String]) -> Result<Args, Error> {
 async fn one(args: &Args, clients: usize) -> Result<String, Error> {
     use tokio::io::AsyncBufReadExt;
     let mut command = tokio::process::Command::new(std::env::current_exe()?);
-    if args.mem == Mem::Ort && std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // ONNX Runtime's defaults, glibc's included: this binary links
-        // tensor-arena-ort, whose `limit-system-heaps` would otherwise
-        // limit the server's heaps when it loads (glibc's own default is
-        // 8 arenas per core).
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        command.env("MALLOC_ARENA_MAX", (8 * cores).to_string());
-    }
+    // glibc's heaps are the environment's: `MALLOC_ARENA_MAX=1` in this
+    // process's environment reaches the server too (the README says when
+    // one heap pays).
     let mut child = command
         .arg("serve")
         .arg(&args.dir)

@@ -29,7 +29,7 @@ pub use cuda::{cuda_run, cuda_shrink, cuda_stats, CudaExt, CudaRun, DeviceStats,
 pub use decay::DEFAULT_DECAY;
 pub use error::OrtArenaError;
 pub use follow::Shrink;
-pub use heaps::{limit_system_heaps, DEFAULT_SYSTEM_HEAPS};
+pub use heaps::{limit_system_heaps, IDLE_RSS_SYSTEM_HEAPS};
 pub use key::{KeyInputs, RunKey};
 pub use ort;
 pub use pool::{Checkout, CheckoutFuture, PoolStats, WorkerPool};
