@@ -43,11 +43,18 @@ pub use session::{
 };
 pub use tensor_arena::memory::{GiveBack, PagesConfig};
 /// What a server needs of the arena crate without depending on it: one
-/// memory limit for every worker ([`Budget`], [`BudgetStats`]) and the
-/// arena's stats.
-pub use tensor_arena::{ArenaConfig, Budget, BudgetStats, Stats};
+/// memory limit for every worker ([`Budget`], [`BudgetStats`]), the
+/// arena's stats and configuration, and every type this crate's functions
+/// return or their results hold: a run's report and how it was served
+/// ([`RunReport`], [`PlanSource`], [`DynamicReason`], [`Deviation`]), a
+/// model's plans ([`PlanCache`], [`PlanStats`], [`FamilyStats`],
+/// [`FamilyCounts`]), errors ([`ArenaError`]) and traces ([`Trace`]).
+pub use tensor_arena::{
+    trace::Trace, ArenaConfig, ArenaError, Budget, BudgetStats, Deviation, DynamicReason,
+    FamilyCounts, FamilyStats, PlanCache, PlanSource, PlanStats, RunReport, Stats,
+};
 pub use tensors::{hash_outputs, make_input, make_input_in, InputSpec};
-pub use worker::{Plans, RunInfo, Worker, WorkerOptions};
+pub use worker::{worker_warning_limit, Plans, RunInfo, Worker, WorkerOptions};
 
 /// Counters of the registered allocator since the process started, over all
 /// threads and arenas.

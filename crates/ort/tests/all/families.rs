@@ -52,7 +52,7 @@ fn first_sights(
             // Counted as predicted, and as fallen back.
             PlanSource::Dynamic(tensor_arena::DynamicReason::Off)
         } else {
-            out.plan
+            out.plan.expect("served by the arena")
         });
     }
     let families = session.plans().families();
