@@ -13,6 +13,7 @@ mod error;
 mod follow;
 mod heaps;
 mod key;
+mod limit;
 mod pool;
 mod raw;
 mod runners;
@@ -31,6 +32,10 @@ pub use error::OrtArenaError;
 pub use follow::Shrink;
 pub use heaps::{limit_system_heaps, IDLE_RSS_SYSTEM_HEAPS};
 pub use key::{KeyInputs, RunKey};
+pub use limit::{
+    default_budget, default_memory_limit, set_default_memory_limit, LimitSource, MemoryLimit,
+    CGROUP_PERCENT, MEMORY_LIMIT_ENV, MEMTOTAL_PERCENT,
+};
 pub use ort;
 pub use pool::{Checkout, CheckoutFuture, PoolStats, WorkerPool};
 #[cfg(feature = "load-dynamic")]

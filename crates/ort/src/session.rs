@@ -187,7 +187,8 @@ pub struct ArenaOptions {
     /// Runtime's own default. Used by [`ArenaSession::open`] only.
     pub intra_threads: usize,
     /// A budget every worker's arena commits under (see
-    /// [`WorkerOptions::budget`]). Default: none.
+    /// [`WorkerOptions::budget`]). Default `None`: the process's default
+    /// budget ([`default_budget`](crate::default_budget)).
     pub budget: Option<Arc<tensor_arena::Budget>>,
 }
 

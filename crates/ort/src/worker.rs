@@ -114,7 +114,12 @@ pub struct WorkerOptions {
     /// [`RunInfo::out_of_memory`]); the worker stays usable. A worker that
     /// was running when memory ran short (it could give nothing then) gives
     /// back, at its run's end, what it holds for its other models: down to
-    /// that run's need ([`Budget::pressure`]). Default: none.
+    /// that run's need ([`Budget::pressure`]). Default `None`: the
+    /// process's default budget ([`default_budget`](crate::default_budget):
+    /// a share of the cgroup's limit or of the machine's memory, set by
+    /// `TENSOR_ARENA_MEMORY_LIMIT` or
+    /// [`set_default_memory_limit`](crate::set_default_memory_limit), or
+    /// none if turned off), shared by every worker made without a budget.
     pub budget: Option<Arc<Budget>>,
     /// Idle decay: when the worker has not run for this long, its cached
     /// memory goes back to the kernel (all of it, what was given back
@@ -230,6 +235,9 @@ pub struct Worker {
     pressure_seen: u64,
     /// Idle decay, if on.
     decay: Option<Arc<Decay>>,
+    /// The budget its commits are charged to: its options', else the
+    /// process's default, if any.
+    budget: Option<Arc<Budget>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -279,13 +287,18 @@ impl Worker {
     /// [`OrtArenaError::Arena`] if `options.arena` is invalid.
     pub fn new(options: WorkerOptions) -> Result<Self, OrtArenaError> {
         options.arena.validate()?;
-        let slot = Slot::new(options.arena, options.pages, options.budget.as_ref())?;
+        let budget = match &options.budget {
+            Some(b) => Some(Arc::clone(b)),
+            None => crate::limit::default_budget()?,
+        };
+        let slot = Slot::new(options.arena, options.pages, budget.as_ref())?;
         count_worker();
         Ok(Self {
             decay: options.decay.map(|idle| Decay::register(&slot, idle)),
             slot,
             follow: Follow::new(options.shrink),
-            pressure_seen: options.budget.as_ref().map_or(0, |b| b.pressure()),
+            pressure_seen: budget.as_ref().map_or(0, |b| b.pressure()),
+            budget,
             options,
             runs: 0,
             last: None,
@@ -374,7 +387,7 @@ impl Worker {
         // member's commit had to reclaim, or `relieve` was called) while
         // this worker was busy and could give nothing: give back what it
         // holds for its other models now, down to this run's need.
-        let target = match &self.options.budget {
+        let target = match &self.budget {
             Some(b) if b.pressure() != self.pressure_seen => {
                 self.pressure_seen = b.pressure();
                 Some(target.map_or(need, |t| t.min(need)))
