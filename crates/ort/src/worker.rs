@@ -26,7 +26,7 @@ use tensor_arena::{
 /// dynamically, and the key is planned again.
 pub struct Plans {
     id: u64,
-    cache: PlanCache<Box<[usize]>>,
+    cache: PlanCache<RunKey>,
 }
 
 static NEXT_PLANS: AtomicU64 = AtomicU64::new(1);
@@ -42,7 +42,7 @@ impl Plans {
     }
 
     /// The plan cache (hits, misses, plans held: [`PlanCache::stats`]).
-    pub fn cache(&self) -> &PlanCache<Box<[usize]>> {
+    pub fn cache(&self) -> &PlanCache<RunKey> {
         &self.cache
     }
 
@@ -327,7 +327,7 @@ impl Worker {
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
         let lookup = if self.options.plans {
-            plans.cache.lookup(key.as_slice())
+            plans.cache.lookup(key)
         } else {
             Lookup::none(DynamicReason::Off)
         };
@@ -367,10 +367,9 @@ impl Worker {
         let mut need = planned_size.unwrap_or(report.high_water);
         let mut learned = false;
         if self.options.plans && not_served.is_none() {
-            if let Some(plan) =
-                plans
-                    .cache
-                    .after_run(key.as_slice(), &lookup, &report, &recording, succeeded)
+            if let Some(plan) = plans
+                .cache
+                .after_run(key, &lookup, &report, &recording, succeeded)
             {
                 need = plan.size();
                 learned = true;

@@ -12,7 +12,7 @@ use tensor_arena_ort::{
 fn named(plans: &Plans, info: &RunInfo, worker: &mut Worker) -> (PlanStats, FamilyCounts) {
     let stats: PlanStats = plans.stats();
     let _families: Vec<FamilyStats> = plans.families();
-    let _cache: &PlanCache<Box<[usize]>> = plans.cache();
+    let _cache: &PlanCache<tensor_arena_ort::RunKey> = plans.cache();
     let _report: &RunReport = &info.report;
     let _deviation: Option<Deviation> = info.report.deviation;
     let _plan: Option<PlanSource> = info.plan;
