@@ -37,8 +37,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tensor_arena_ort::{
-    make_input, ort, InputSpec, Plans, RunKey, SessionBuilderExt, Shrink, Worker, WorkerOptions,
-    WorkerPool,
+    make_input, ort, InputSpec, Plans, RunInfo, RunKey, SessionBuilderExt, Shrink, Worker,
+    WorkerOptions, WorkerPool,
 };
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -211,18 +211,63 @@ impl App {
         } else {
             (&mut models.rec, &self.rec_plans, &self.rec_spec)
         };
+        if self.mem == Mem::Arena {
+            check_input_size(shape)?;
+        }
         let x = make_input(spec, shape, seed)?;
         let inputs = ort::inputs![x];
         match self.mem {
             Mem::Arena => {
                 let key = RunKey::of(&inputs); // tensor-arena: keyed by the input shapes
-                let out = worker.run(plans, &key, || session.run(inputs))?; // tensor-arena: wrapped
+                let out = match worker.run(plans, &key, || session.run(inputs)) {
+                    Ok(out) => out,
+                    // tensor-arena: over the memory limit, this run alone
+                    // fails; the worker and the session go on.
+                    Err(e) if worker.last_run().is_some_and(RunInfo::out_of_memory) => {
+                        return Err(OutOfMemory(e.to_string()).into())
+                    }
+                    Err(e) => return Err(e.into()),
+                };
                 worker.last_run().map_or(Ok(()), |r| r.check())?;
                 digest(&out)
             }
             Mem::Ort => digest(&session.run(inputs)?),
         }
     }
+}
+
+/// A request the process's memory limit cannot serve: answered with 507
+/// and the reason, and the server goes on.
+#[derive(Debug)]
+pub struct OutOfMemory(pub String);
+
+impl std::fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "out of memory: {}", self.0)
+    }
+}
+
+impl std::error::Error for OutOfMemory {}
+
+/// Refuses, before making it, an f32 input larger than the process's
+/// memory limit for its arenas (`tensor_arena_ort::default_memory_limit`):
+/// the input is the server's own memory, outside the arenas, and a run
+/// needs several times its input besides.
+fn check_input_size(shape: &[usize]) -> Result<(), Error> {
+    let bytes = shape
+        .iter()
+        .try_fold(4usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| OutOfMemory(format!("an input of shape {shape:?} overflows")))?;
+    if let Some(limit) = tensor_arena_ort::default_memory_limit()? {
+        if bytes > limit.bytes {
+            return Err(OutOfMemory(format!(
+                "the input alone is {bytes} bytes, over the memory limit of {} bytes ({:?})",
+                limit.bytes, limit.source
+            ))
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// FNV-1a over every output's shape and f32 bits.
@@ -250,6 +295,8 @@ fn digest(out: &SessionOutputs<'_>) -> Result<String, Error> {
 async fn handle(State(app): State<Arc<App>>, body: String) -> (StatusCode, String) {
     match app.infer(&body).await {
         Ok(answer) => (StatusCode::OK, answer),
+        // tensor-arena: a request too large for the memory limit
+        Err(e) if e.is::<OutOfMemory>() => (StatusCode::INSUFFICIENT_STORAGE, e.to_string()),
         Err(e) => (StatusCode::BAD_REQUEST, e.to_string()),
     }
 }
@@ -464,14 +511,9 @@ fn parse(a: &[String]) -> Result<Args, Error> {
 async fn one(args: &Args, clients: usize) -> Result<String, Error> {
     use tokio::io::AsyncBufReadExt;
     let mut command = tokio::process::Command::new(std::env::current_exe()?);
-    if args.mem == Mem::Ort && std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // ONNX Runtime's defaults, glibc's included: this binary links
-        // tensor-arena-ort, whose `limit-system-heaps` would otherwise
-        // limit the server's heaps when it loads (glibc's own default is
-        // 8 arenas per core).
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        command.env("MALLOC_ARENA_MAX", (8 * cores).to_string());
-    }
+    // glibc's heaps are the environment's: `MALLOC_ARENA_MAX=1` in this
+    // process's environment reaches the server too (the README says when
+    // one heap pays).
     let mut child = command
         .arg("serve")
         .arg(&args.dir)

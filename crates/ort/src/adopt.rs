@@ -22,10 +22,9 @@ static REGISTERED: AtomicBool = AtomicBool::new(false);
 /// (initializers at session creation, other code's runs) are served by the
 /// system allocator, counted in [`allocator_counters`](crate::allocator_counters).
 ///
-/// The first registration in a process also limits the C library's heaps
-/// for the small allocations ONNX Runtime keeps outside the arena, where
-/// nothing chose their number before (the `limit-system-heaps` feature
-/// does it when the program loads; see [`limit_system_heaps`](crate::limit_system_heaps)).
+/// Registering changes nothing process-wide: the C library's heaps stay
+/// as the program set them ([`limit_system_heaps`](crate::limit_system_heaps)
+/// says how to choose them).
 ///
 /// Whether `env` already has the allocator is asked of `env` itself (ONNX
 /// Runtime's `GetSharedAllocator`), not of a list of addresses seen: an
@@ -42,7 +41,6 @@ pub fn register(env: &ort::environment::Environment) -> Result<(), OrtArenaError
 
 /// [`register`] on a raw environment, live for the call.
 pub(crate) fn register_ptr(env: *mut ort::sys::OrtEnv) -> Result<(), OrtArenaError> {
-    crate::heaps::default_system_heaps();
     let _one = REGISTERING.lock();
     if crate::raw::registered_on(env).map_err(OrtArenaError::Ort)? {
         return Ok(());

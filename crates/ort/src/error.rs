@@ -109,6 +109,10 @@ pub enum OrtArenaError {
     /// workers, a run's thread that could not be started, or a run that
     /// panicked (its message).
     Pool(String),
+    /// The process's default memory limit could not be read or set: a
+    /// `TENSOR_ARENA_MEMORY_LIMIT` that is no size, or a limit set after
+    /// the first worker was made ([`crate::set_default_memory_limit`]).
+    MemoryLimit(String),
 }
 
 impl fmt::Display for OrtArenaError {
@@ -167,6 +171,7 @@ impl fmt::Display for OrtArenaError {
             Self::Device(e) => write!(f, "device arena: {e}"),
             Self::NotServed(why) => write!(f, "run not served by the worker's arena: {why}"),
             Self::Pool(why) => write!(f, "worker pool: {why}"),
+            Self::MemoryLimit(why) => write!(f, "default memory limit: {why}"),
         }
     }
 }

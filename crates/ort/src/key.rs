@@ -5,6 +5,8 @@
 use ort::session::{SessionInputValue, SessionInputs};
 use ort::value::{DynValue, ValueType};
 use std::borrow::Cow;
+use std::hash::{Hash, Hasher};
+use tensor_arena::KeyDims;
 
 /// The key of a run: the rank and dimensions of each input, in the order
 /// given. Runs of one model with equal keys allocate the same tensors in the
@@ -76,6 +78,61 @@ fn push_value(key: &mut Vec<usize>, v: &DynValue) {
     }
 }
 
+/// How the model's plans group keys into families: as a key of numbers
+/// (every rank and dimension is a dimension, ranks are fitted as the
+/// constants they are, and the family is the key's length), named by the
+/// inputs its first key describes: `1 input: 4-d` for one 1x3xHxW image
+/// (whose key holds five numbers: the rank, then four dimensions).
+impl KeyDims for RunKey {
+    fn family(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        // As `[usize]`'s family (the key's length), so that a lookup by
+        // the key's slice finds the same family.
+        ("dims", self.0.len()).hash(&mut h);
+        h.finish()
+    }
+
+    fn dims(&self, out: &mut Vec<u64>) {
+        out.extend(self.0.iter().map(|&d| d as u64));
+    }
+
+    fn family_name(&self) -> String {
+        describe(&self.0)
+    }
+}
+
+/// The key's numbers: plans are found by them too
+/// (`plans.cache().get(&[4usize, 1, 3, 48, 100][..])`). `RunKey`'s `Hash`
+/// and `Eq` are its `Vec`'s, which are its slice's.
+impl std::borrow::Borrow<[usize]> for RunKey {
+    fn borrow(&self) -> &[usize] {
+        &self.0
+    }
+}
+
+/// `N inputs: R-d, R-d` for a key of tensors' shapes; a key that is not
+/// one (a value that is no tensor) is `N numbers`.
+fn describe(key: &[usize]) -> String {
+    let mut ranks = Vec::new();
+    let mut rest = key;
+    while let Some((&rank, tail)) = rest.split_first() {
+        if rank == usize::MAX || rank > tail.len() {
+            return format!("{} numbers", key.len());
+        }
+        ranks.push(format!("{rank}-d"));
+        rest = &tail[rank..];
+    }
+    let n = ranks.len();
+    if n == 0 {
+        return "no inputs".into();
+    }
+    format!(
+        "{n} input{}: {}",
+        if n == 1 { "" } else { "s" },
+        ranks.join(", ")
+    )
+}
+
 /// Inputs of a run whose shapes make a [`RunKey`]: what `ort::inputs!`
 /// builds (an array of values, or a vector of named values),
 /// `SessionInputs`, and slices of values.
@@ -127,6 +184,26 @@ impl KeyInputs for [(&str, &DynValue)] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_family_is_named_by_its_inputs_ranks() {
+        // One 4-d input: five numbers in the key, one input of rank 4.
+        let image = RunKey::from_shapes([[1i64, 3, 48, 320]]);
+        assert_eq!(image.family_name(), "1 input: 4-d");
+        let two = RunKey::from_shapes([vec![2i64, 3], vec![7, 1]]);
+        assert_eq!(two.family_name(), "2 inputs: 2-d, 2-d");
+        assert_eq!(
+            RunKey::from_raw(vec![usize::MAX]).family_name(),
+            "1 numbers"
+        );
+        assert_eq!(RunKey::from_raw(vec![3, 1]).family_name(), "2 numbers");
+        assert_eq!(RunKey::default().family_name(), "no inputs");
+        // Families are as before: by the key's length, as the slice's.
+        let other = RunKey::from_shapes([[1i64, 3, 48, 100]]);
+        assert_eq!(image.family(), other.family());
+        assert_eq!(image.family(), image.as_slice().family());
+        assert_ne!(image.family(), two.family());
+    }
 
     #[test]
     fn rank_separates_shapes_with_the_same_numbers() {

@@ -13,6 +13,7 @@ mod error;
 mod follow;
 mod heaps;
 mod key;
+mod limit;
 mod pool;
 mod raw;
 mod runners;
@@ -29,8 +30,12 @@ pub use cuda::{cuda_run, cuda_shrink, cuda_stats, CudaExt, CudaRun, DeviceStats,
 pub use decay::DEFAULT_DECAY;
 pub use error::OrtArenaError;
 pub use follow::Shrink;
-pub use heaps::{limit_system_heaps, DEFAULT_SYSTEM_HEAPS};
+pub use heaps::{limit_system_heaps, IDLE_RSS_SYSTEM_HEAPS};
 pub use key::{KeyInputs, RunKey};
+pub use limit::{
+    default_budget, default_memory_limit, set_default_memory_limit, LimitSource, MemoryLimit,
+    CGROUP_PERCENT, MEMORY_LIMIT_ENV, MEMTOTAL_PERCENT,
+};
 pub use ort;
 pub use pool::{Checkout, CheckoutFuture, PoolStats, WorkerPool};
 #[cfg(feature = "load-dynamic")]
@@ -43,11 +48,18 @@ pub use session::{
 };
 pub use tensor_arena::memory::{GiveBack, PagesConfig};
 /// What a server needs of the arena crate without depending on it: one
-/// memory limit for every worker ([`Budget`], [`BudgetStats`]) and the
-/// arena's stats.
-pub use tensor_arena::{ArenaConfig, Budget, BudgetStats, Stats};
+/// memory limit for every worker ([`Budget`], [`BudgetStats`]), the
+/// arena's stats and configuration, and every type this crate's functions
+/// return or their results hold: a run's report and how it was served
+/// ([`RunReport`], [`PlanSource`], [`DynamicReason`], [`Deviation`]), a
+/// model's plans ([`PlanCache`], [`PlanStats`], [`FamilyStats`],
+/// [`FamilyCounts`]), errors ([`ArenaError`]) and traces ([`Trace`]).
+pub use tensor_arena::{
+    trace::Trace, ArenaConfig, ArenaError, Budget, BudgetStats, Deviation, DynamicReason,
+    FamilyCounts, FamilyStats, PlanCache, PlanSource, PlanStats, RunReport, Stats,
+};
 pub use tensors::{hash_outputs, make_input, make_input_in, InputSpec};
-pub use worker::{Plans, RunInfo, Worker, WorkerOptions};
+pub use worker::{worker_warning_limit, Plans, RunInfo, Worker, WorkerOptions};
 
 /// Counters of the registered allocator since the process started, over all
 /// threads and arenas.

@@ -7,12 +7,19 @@
 //! | [`WorkerPool::checkout`]  | waits (blocking) for an idle worker, takes it      |
 //! | [`WorkerPool::checkout_async`] | the same as a future: the task waits, no thread does |
 //! | [`WorkerPool::run_async`] | checks out asynchronously, runs on one of the pool's run threads, returns the result as a future |
-//! | dropping a [`Checkout`]   | the worker (and its state) goes back; one waiter wakes |
+//! | dropping a [`Checkout`]   | the worker (and its state) goes straight to the oldest waiter, or back to the idle list if none waits |
+//!
+//! Checkout is first come, first served: a returned worker is handed to
+//! the checkout that has waited longest (blocking or asynchronous alike),
+//! never left for whoever asks next, so a task that gives its worker back
+//! and asks again at once queues behind the waiters. Hence the invariant:
+//! a worker is idle only while nobody waits.
 
 use crate::runners::Runners;
 use crate::worker::{Worker, WorkerOptions};
 use crate::OrtArenaError;
 use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -64,15 +71,77 @@ struct Inner<S> {
 
 struct State<S> {
     /// Idle workers with their states (last in, first out: the worker that
-    /// ran last has the warmest cache).
+    /// ran last has the warmest cache). Never non-empty while `waiting`
+    /// is: a returned worker goes to the oldest waiter first.
     idle: Vec<(Worker, S)>,
-    /// Asynchronous checkouts waiting, by id (one entry per future).
-    waiting: Vec<(u64, Waker)>,
+    /// Checkouts waiting, oldest first, by id: an asynchronous one with its
+    /// waker, a blocking one with `None` (it waits on `returned`).
+    waiting: VecDeque<(u64, Option<Waker>)>,
+    /// Workers handed to a waiter that has not taken them yet, by its id
+    /// (at most one each; at most the pool's size in all).
+    handed: Vec<(u64, (Worker, S))>,
     next_waiter: u64,
     /// Checkouts handed out, ever.
     checkouts: u64,
     /// Checkouts that had to wait.
     waits: u64,
+}
+
+impl<S> State<S> {
+    /// Gives a worker back: to the oldest waiter (returned: whom to wake
+    /// if it is asynchronous, and whether it was a blocking one), else to
+    /// the idle list.
+    fn give_back(&mut self, parts: (Worker, S)) -> Handoff {
+        match self.waiting.pop_front() {
+            Some((id, waker)) => {
+                self.handed.push((id, parts));
+                match waker {
+                    Some(w) => Handoff::Async(w),
+                    None => Handoff::Blocking,
+                }
+            }
+            None => {
+                self.idle.push(parts);
+                Handoff::Idle
+            }
+        }
+    }
+
+    /// The worker handed to waiter `id`, if any.
+    fn take_handed(&mut self, id: u64) -> Option<(Worker, S)> {
+        let at = self.handed.iter().position(|(i, _)| *i == id)?;
+        Some(self.handed.swap_remove(at).1)
+    }
+
+    /// A new waiter's id, queued last.
+    fn enqueue(&mut self, waker: Option<Waker>) -> u64 {
+        self.next_waiter += 1;
+        self.waits += 1;
+        self.waiting.push_back((self.next_waiter, waker));
+        self.next_waiter
+    }
+}
+
+/// Whom a returned worker went to.
+enum Handoff {
+    Idle,
+    Blocking,
+    Async(Waker),
+}
+
+impl Handoff {
+    /// Wakes the waiter the worker went to (after the state's lock is
+    /// released).
+    fn wake<S>(self, inner: &Inner<S>) {
+        match self {
+            Handoff::Idle => {}
+            // Every blocking waiter checks whether the worker is its own.
+            Handoff::Blocking => {
+                inner.returned.notify_all();
+            }
+            Handoff::Async(w) => w.wake(),
+        }
+    }
 }
 
 /// Counters of a [`WorkerPool`].
@@ -125,7 +194,8 @@ impl<S> WorkerPool<S> {
                 size,
                 state: Mutex::new(State {
                     idle,
-                    waiting: Vec::new(),
+                    waiting: VecDeque::new(),
+                    handed: Vec::new(),
                     next_waiter: 0,
                     checkouts: 0,
                     waits: 0,
@@ -152,36 +222,37 @@ impl<S> WorkerPool<S> {
         }
     }
 
-    fn take(&self, st: &mut State<S>) -> Option<Checkout<S>> {
-        let (worker, state) = st.idle.pop()?;
+    fn checkout_of(&self, st: &mut State<S>, parts: (Worker, S)) -> Checkout<S> {
         st.checkouts += 1;
-        Some(Checkout {
+        Checkout {
             pool: Arc::clone(&self.inner),
-            parts: Some((worker, state)),
-        })
+            parts: Some(parts),
+        }
     }
 
-    /// An idle worker, if there is one now.
+    /// An idle worker, if there is one now (none while checkouts wait: they
+    /// come first).
     pub fn try_checkout(&self) -> Option<Checkout<S>> {
         let mut st = self.inner.state.lock();
-        self.take(&mut st)
+        let parts = st.idle.pop()?;
+        Some(self.checkout_of(&mut st, parts))
     }
 
-    /// An idle worker, waiting (blocking this thread) until one is given
-    /// back. For threads that may block: tokio's `spawn_blocking`, rayon,
-    /// a thread pool. An async task uses [`WorkerPool::checkout_async`].
+    /// An idle worker, waiting (blocking this thread) until one is handed
+    /// to it: first come, first served with every other checkout. For
+    /// threads that may block: tokio's `spawn_blocking`, rayon, a thread
+    /// pool. An async task uses [`WorkerPool::checkout_async`].
     pub fn checkout(&self) -> Checkout<S> {
         let mut st = self.inner.state.lock();
-        let mut waited = false;
+        if let Some(parts) = st.idle.pop() {
+            return self.checkout_of(&mut st, parts);
+        }
+        let id = st.enqueue(None);
         loop {
-            if let Some(c) = self.take(&mut st) {
-                if waited {
-                    st.waits += 1;
-                }
-                return c;
-            }
-            waited = true;
             self.inner.returned.wait(&mut st);
+            if let Some(parts) = st.take_handed(id) {
+                return self.checkout_of(&mut st, parts);
+            }
         }
     }
 
@@ -283,15 +354,8 @@ impl<S> Drop for Checkout<S> {
         let Some(parts) = self.parts.take() else {
             return;
         };
-        let wake = {
-            let mut st = self.pool.state.lock();
-            st.idle.push(parts);
-            (!st.waiting.is_empty()).then(|| st.waiting.remove(0).1)
-        };
-        self.pool.returned.notify_one();
-        if let Some(w) = wake {
-            w.wake();
-        }
+        let handoff = self.pool.state.lock().give_back(parts);
+        handoff.wake(&self.pool);
     }
 }
 
@@ -316,39 +380,38 @@ impl<S> Future for CheckoutFuture<S> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Checkout<S>> {
         let this = &mut *self;
         let mut st = this.pool.inner.state.lock();
-        if let Some(c) = this.pool.take(&mut st) {
-            if let Some(id) = this.id.take() {
-                st.waiting.retain(|(i, _)| *i != id);
-                st.waits += 1;
+        let Some(id) = this.id else {
+            if let Some(parts) = st.idle.pop() {
+                return Poll::Ready(this.pool.checkout_of(&mut st, parts));
             }
-            return Poll::Ready(c);
+            this.id = Some(st.enqueue(Some(cx.waker().clone())));
+            return Poll::Pending;
+        };
+        if let Some(parts) = st.take_handed(id) {
+            this.id = None;
+            return Poll::Ready(this.pool.checkout_of(&mut st, parts));
         }
-        let id = *this.id.get_or_insert_with(|| {
-            st.next_waiter += 1;
-            st.next_waiter
-        });
-        match st.waiting.iter_mut().find(|(i, _)| *i == id) {
-            Some((_, w)) => w.clone_from(cx.waker()),
-            None => st.waiting.push((id, cx.waker().clone())),
+        if let Some((_, Some(w))) = st.waiting.iter_mut().find(|(i, _)| *i == id) {
+            w.clone_from(cx.waker());
         }
         Poll::Pending
     }
 }
 
 impl<S> Drop for CheckoutFuture<S> {
-    /// A future dropped while waiting may have been woken for a worker it
-    /// will not take: the wake passes to the next waiter.
+    /// A future dropped while waiting leaves the queue; a worker already
+    /// handed to it goes on to the next waiter.
     fn drop(&mut self) {
         let Some(id) = self.id else {
             return;
         };
-        let wake = {
+        let handoff = {
             let mut st = self.pool.inner.state.lock();
             st.waiting.retain(|(i, _)| *i != id);
-            (!st.idle.is_empty() && !st.waiting.is_empty()).then(|| st.waiting[0].1.clone())
+            st.take_handed(id).map(|parts| st.give_back(parts))
         };
-        if let Some(w) = wake {
-            w.wake();
+        if let Some(h) = handoff {
+            h.wake(&self.pool.inner);
         }
     }
 }
@@ -467,6 +530,103 @@ mod tests {
         drop(a);
         assert!(f2.0.load(std::sync::atomic::Ordering::SeqCst));
         assert!(b.as_mut().poll(&mut Context::from_waker(&w2)).is_ready());
+    }
+
+    #[test]
+    fn a_returned_worker_goes_to_the_oldest_waiter_blocking_or_async() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let pool = WorkerPool::new(1, WorkerOptions::default()).unwrap();
+        let held = pool.checkout();
+        let (fa, wa) = flag();
+        let mut a = Box::pin(pool.checkout_async());
+        assert!(a.as_mut().poll(&mut Context::from_waker(&wa)).is_pending());
+        // A blocking checkout queues second.
+        let got_blocking = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let t = {
+            let (pool, got) = (pool.clone(), got_blocking.clone());
+            std::thread::spawn(move || {
+                let c = pool.checkout();
+                got.store(true, SeqCst);
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                drop(c);
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while pool.stats().waits < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the blocking one never queued"
+            );
+            std::thread::yield_now();
+        }
+        let (fb, wb) = flag();
+        let mut b = Box::pin(pool.checkout_async());
+        assert!(b.as_mut().poll(&mut Context::from_waker(&wb)).is_pending());
+        // The holder gives its worker back and asks again at once: it
+        // queues behind the three, and the worker is `a`'s.
+        drop(held);
+        let (fd, wd) = flag();
+        let mut again = Box::pin(pool.checkout_async());
+        assert!(again
+            .as_mut()
+            .poll(&mut Context::from_waker(&wd))
+            .is_pending());
+        assert!(pool.try_checkout().is_none(), "no jumping the queue");
+        assert!(fa.0.load(SeqCst));
+        let ca = match a.as_mut().poll(&mut Context::from_waker(&wa)) {
+            Poll::Ready(c) => c,
+            Poll::Pending => panic!("the oldest waiter did not get the worker"),
+        };
+        assert!(!got_blocking.load(SeqCst));
+        drop(ca); // to the blocking one, second in line
+        t.join().unwrap();
+        assert!(got_blocking.load(SeqCst));
+        assert!(
+            fb.0.load(SeqCst) && !fd.0.load(SeqCst),
+            "then `b`, not the latecomer"
+        );
+        assert!(b.as_mut().poll(&mut Context::from_waker(&wb)).is_ready());
+        assert!(fd.0.load(SeqCst));
+        assert!(again
+            .as_mut()
+            .poll(&mut Context::from_waker(&wd))
+            .is_ready());
+        assert_eq!(pool.stats().waits, 4);
+    }
+
+    #[test]
+    fn under_contention_no_checkout_is_overtaken_by_later_askers() {
+        use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+        // Each thread holds its worker briefly, gives it back and asks
+        // again at once. `grants` counts checkouts handed out: a checkout
+        // that asked when it read `asked` and got the grant numbered `got`
+        // waited behind `got - asked` others. First come, first served,
+        // those are at most the other threads (each at most once ahead of
+        // it), give or take a thread preempted between reading the count
+        // and joining the queue.
+        let threads = 8;
+        let pool = WorkerPool::new(2, WorkerOptions::default()).unwrap();
+        let grants = AtomicU64::new(0);
+        let worst = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    for _ in 0..40 {
+                        let asked = grants.load(SeqCst);
+                        let c = pool.checkout();
+                        let got = grants.fetch_add(1, SeqCst);
+                        worst.fetch_max(got - asked, SeqCst);
+                        std::thread::sleep(std::time::Duration::from_micros(200));
+                        drop(c);
+                    }
+                });
+            }
+        });
+        let worst = worst.load(SeqCst);
+        assert!(
+            worst <= 2 * threads,
+            "a checkout waited behind {worst} later grants"
+        );
     }
 
     #[test]

@@ -580,7 +580,58 @@ mod tests {
             // Once each: here, in this test's own list.
             assert_eq!(n, 1, "raw.rs claims {claim:?} again");
         }
-        assert_eq!(ALLOC_FN as usize, tensor_arena_alloc as *const () as usize);
+    }
+
+    /// The registered table called as ONNX Runtime (C) calls it: its
+    /// entries as plain C function pointers. `Alloc` serves the entered
+    /// worker's arena and counts the call, `Free` gives the block back, and
+    /// a request nothing can serve is null (throwing off: the caller is
+    /// Rust) and counted as failed.
+    #[test]
+    fn the_table_called_through_the_c_signature_serves_the_entered_arena() {
+        type CAlloc = unsafe extern "C" fn(*mut ort::sys::OrtAllocator, usize) -> *mut c_void;
+        type CFree = unsafe extern "C" fn(*mut ort::sys::OrtAllocator, *mut c_void);
+        let this = ALLOCATOR.0.get();
+        // SAFETY: the static is only read here (nothing writes it).
+        let table = unsafe { *this };
+        assert_eq!(table.version, ort::sys::ORT_API_VERSION);
+        let (alloc, free) = (table.Alloc.expect("Alloc"), table.Free.expect("Free"));
+        // SAFETY: the C prototypes of `OrtAllocator::Alloc` and `Free`;
+        // "system" is "C" on the targets ONNX Runtime ships for.
+        let alloc = unsafe { std::mem::transmute::<AllocFnC, CAlloc>(alloc) };
+        // SAFETY: as above.
+        let free = unsafe {
+            std::mem::transmute::<
+                unsafe extern "system" fn(*mut ort::sys::OrtAllocator, *mut c_void),
+                CFree,
+            >(free)
+        };
+        let slot = Slot::new(ArenaConfig::default(), Default::default(), None).unwrap();
+        let mut core = slot.lock();
+        core.begin_run(None, false);
+        let calls = ALLOC_CALLS.load(Ordering::Relaxed);
+        let p = {
+            let _in = slot::enter(&slot, &mut core);
+            // SAFETY: as ONNX Runtime calls it.
+            unsafe { alloc(this, 4000) }
+        };
+        assert!(!p.is_null() && p as usize % ALIGN == 0);
+        touch(p, 4000);
+        assert!(ALLOC_CALLS.load(Ordering::Relaxed) > calls);
+        let st = core.arena_stats();
+        assert_eq!(st.live_blocks, 1, "served by the entered arena: {st:?}");
+        assert!(st.in_use >= 4000 + HEADER, "{st:?}");
+        {
+            let _in = slot::enter(&slot, &mut core);
+            // SAFETY: `p` came from `alloc` and is freed once.
+            unsafe { free(this, p) };
+        }
+        assert_eq!(core.arena_stats().live_blocks, 0);
+        return_null_on_failure();
+        let failed = thread_failed_allocs();
+        // SAFETY: as ONNX Runtime calls it.
+        assert!(unsafe { alloc(this, usize::MAX) }.is_null());
+        assert_eq!(thread_failed_allocs(), failed + 1);
     }
 
     #[test]

@@ -127,6 +127,7 @@ mod tests {
     fn runners_are_kept_and_reused() {
         let runners = Runners::default();
         let (tx, rx) = mpsc::channel();
+        let mut threads = Vec::new();
         for i in 0..5 {
             let tx = tx.clone();
             runners
@@ -134,7 +135,9 @@ mod tests {
                     tx.send((i, std::thread::current().id())).unwrap();
                 }))
                 .unwrap();
-            rx.recv().unwrap();
+            let (ran, thread) = rx.recv().unwrap();
+            assert_eq!(ran, i);
+            threads.push(thread);
             // Wait for the runner to be back.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
             while runners.idle() == 0 {
@@ -142,7 +145,12 @@ mod tests {
                 std::thread::yield_now();
             }
         }
-        assert_eq!(runners.idle(), 1, "one thread served the five runs");
+        assert_eq!(runners.idle(), 1, "one thread is kept");
+        assert!(
+            threads.iter().all(|t| *t == threads[0]),
+            "one thread served the five runs: {threads:?}"
+        );
+        assert_ne!(threads[0], std::thread::current().id(), "not the caller's");
         // A panicking job does not take its thread.
         runners.run(Box::new(|| panic!("boom"))).unwrap();
         let (tx2, rx2) = mpsc::channel();
@@ -162,9 +170,15 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        // A new run starts a new one.
+        // A new run starts a new one (thread ids are never reused).
         let (tx3, rx3) = mpsc::channel();
-        runners.run(Box::new(move || tx3.send(8).unwrap())).unwrap();
-        assert_eq!(rx3.recv().unwrap(), 8);
+        runners
+            .run(Box::new(move || {
+                tx3.send((8, std::thread::current().id())).unwrap();
+            }))
+            .unwrap();
+        let (ran, thread) = rx3.recv().unwrap();
+        assert_eq!(ran, 8);
+        assert_ne!(thread, threads[0], "the ended thread ran the new run");
     }
 }

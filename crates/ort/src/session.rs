@@ -187,7 +187,8 @@ pub struct ArenaOptions {
     /// Runtime's own default. Used by [`ArenaSession::open`] only.
     pub intra_threads: usize,
     /// A budget every worker's arena commits under (see
-    /// [`WorkerOptions::budget`]). Default: none.
+    /// [`WorkerOptions::budget`]). Default `None`: the process's default
+    /// budget ([`default_budget`](crate::default_budget)).
     pub budget: Option<Arc<tensor_arena::Budget>>,
 }
 
@@ -380,10 +381,11 @@ pub struct RunOutput {
     pub refused_allocs: u64,
     /// The shape key of the run (rank and dimensions of each input).
     pub key: Vec<usize>,
-    /// How the run was planned: its key's own plan, a plan predicted from
-    /// the model's earlier shapes, or none (and why); whether it kept to
-    /// it is in `report`.
-    pub plan: tensor_arena::PlanSource,
+    /// How the arena served the run, as [`RunInfo::plan`](crate::RunInfo::plan)
+    /// says: its key's own plan, a plan predicted from the model's earlier
+    /// shapes, dynamically (and why), or `None` if the arena did not serve
+    /// it; whether a planned run kept to its plan is in `report`.
+    pub plan: Option<tensor_arena::PlanSource>,
 }
 
 impl RunOutput {

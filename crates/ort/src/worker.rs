@@ -7,7 +7,7 @@ use crate::key::RunKey;
 use crate::served::{NotServed, Watch};
 use crate::slot::{self, Slot};
 use crate::OrtArenaError;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tensor_arena::memory::PagesConfig;
@@ -26,7 +26,7 @@ use tensor_arena::{
 /// dynamically, and the key is planned again.
 pub struct Plans {
     id: u64,
-    cache: PlanCache<Box<[usize]>>,
+    cache: PlanCache<RunKey>,
 }
 
 static NEXT_PLANS: AtomicU64 = AtomicU64::new(1);
@@ -42,7 +42,7 @@ impl Plans {
     }
 
     /// The plan cache (hits, misses, plans held: [`PlanCache::stats`]).
-    pub fn cache(&self) -> &PlanCache<Box<[usize]>> {
+    pub fn cache(&self) -> &PlanCache<RunKey> {
         &self.cache
     }
 
@@ -87,8 +87,17 @@ pub struct WorkerOptions {
     pub arena: ArenaConfig,
     /// Whether runs are planned by their keys (default: yes).
     pub plans: bool,
-    /// When cached memory is given back (default:
-    /// [`Shrink::FollowInput`] after 1 run).
+    /// When cached memory is given back after a run (default
+    /// [`Shrink::default`]: [`Shrink::Window`] of 1 s; idle decay, below,
+    /// gives the rest back when traffic stops).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tensor_arena_ort::{Shrink, WorkerOptions};
+    /// let window = Shrink::Window { time: Duration::from_secs(1) };
+    /// assert_eq!(WorkerOptions::default().shrink, window);
+    /// assert_eq!(Shrink::default(), window);
+    /// ```
     pub shrink: Shrink,
     /// The memory layer's settings: address space per arena, huge pages,
     /// and how memory given back goes to the kernel
@@ -105,7 +114,12 @@ pub struct WorkerOptions {
     /// [`RunInfo::out_of_memory`]); the worker stays usable. A worker that
     /// was running when memory ran short (it could give nothing then) gives
     /// back, at its run's end, what it holds for its other models: down to
-    /// that run's need ([`Budget::pressure`]). Default: none.
+    /// that run's need ([`Budget::pressure`]). Default `None`: the
+    /// process's default budget ([`default_budget`](crate::default_budget):
+    /// a share of the cgroup's limit or of the machine's memory, set by
+    /// `TENSOR_ARENA_MEMORY_LIMIT` or
+    /// [`set_default_memory_limit`](crate::set_default_memory_limit), or
+    /// none if turned off), shared by every worker made without a budget.
     pub budget: Option<Arc<Budget>>,
     /// Idle decay: when the worker has not run for this long, its cached
     /// memory goes back to the kernel (all of it, what was given back
@@ -149,10 +163,17 @@ pub struct RunInfo {
     pub succeeded: bool,
     /// Whether this run taught its key a plan.
     pub learned: bool,
-    /// How the run was planned: its key's own plan, a plan predicted from
-    /// the model's earlier shapes, or none (and why). Whether it kept to
-    /// its plan is in `report` (`deviated`, `deviation`).
-    pub plan: PlanSource,
+    /// How the arena served the run: from its key's own plan
+    /// (`Some(PlanSource::Exact)`), from a plan predicted from the model's
+    /// earlier shapes (`Some(PlanSource::Predicted)`), or dynamically
+    /// (`Some(PlanSource::Dynamic(why))`). `None` when the arena did not
+    /// serve the run at all ([`RunInfo::not_served`]): such a run is
+    /// neither planned nor dynamic (`report.planned` and `report.deviated`
+    /// are false, and the model's plans learn and count nothing from it).
+    /// Whether
+    /// a planned run kept to its plan is in `report` (`deviated`,
+    /// `deviation`).
+    pub plan: Option<PlanSource>,
     /// Bytes given back after the run by the shrink policy.
     pub released: usize,
     /// The run's key.
@@ -181,7 +202,17 @@ impl RunInfo {
     }
 }
 
-/// One thread's arena for ONNX Runtime. While [`Worker::run`] calls the
+/// One thread's arena for ONNX Runtime: keep one per thread of a pool whose
+/// threads are fixed, or check one out of a [`WorkerPool`](crate::WorkerPool)
+/// per request. **Not in a `thread_local!` on an elastic executor** (tokio's
+/// `spawn_blocking`, rayon's global pool, any pool that grows threads
+/// under load): every thread it grows makes an arena of its own (65 arenas,
+/// 280 to 349 MiB peak, measured on the HTTP example), where a pool's
+/// arenas follow the server's chosen concurrency. When a process holds
+/// more workers than [`worker_warning_limit`](crate::worker_warning_limit)
+/// (4 per core, at least 16), one line on stderr says so, once.
+///
+/// While [`Worker::run`] calls the
 /// closure, every tensor ONNX Runtime allocates on this thread through the
 /// registered allocator (see [`register`](crate::register) and
 /// [`SessionBuilderExt`](crate::SessionBuilderExt)) is a block of this
@@ -204,6 +235,9 @@ pub struct Worker {
     pressure_seen: u64,
     /// Idle decay, if on.
     decay: Option<Arc<Decay>>,
+    /// The budget its commits are charged to: its options', else the
+    /// process's default, if any.
+    budget: Option<Arc<Budget>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -216,6 +250,35 @@ impl std::fmt::Debug for Worker {
     }
 }
 
+/// Workers alive in the process.
+static WORKERS: AtomicUsize = AtomicUsize::new(0);
+/// Whether the process was told it holds too many workers.
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+/// The number of workers alive at once past which the process is told,
+/// once, on stderr, that it holds many arenas (a [`Worker`] per thread of
+/// an elastic executor, typically): 4 per core the process may use, at
+/// least 16. A server with a fixed pool or a [`WorkerPool`](crate::WorkerPool)
+/// sized to its concurrency stays under it.
+pub fn worker_warning_limit() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (4 * cores).max(16)
+}
+
+/// Counts a new worker; says once when there are too many.
+fn count_worker() {
+    let alive = WORKERS.fetch_add(1, Ordering::Relaxed) + 1;
+    let limit = worker_warning_limit();
+    if alive > limit && !WARNED.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "tensor-arena-ort: {alive} workers (arenas) alive, over {limit} (4 per core): \
+             a Worker per thread of an elastic executor (thread_local!, spawn_blocking, \
+             rayon) makes an arena per thread; check workers out of a bounded WorkerPool \
+             instead (said once)"
+        );
+    }
+}
+
 impl Worker {
     /// A worker with an empty arena (nothing is reserved until its first
     /// run).
@@ -224,12 +287,18 @@ impl Worker {
     /// [`OrtArenaError::Arena`] if `options.arena` is invalid.
     pub fn new(options: WorkerOptions) -> Result<Self, OrtArenaError> {
         options.arena.validate()?;
-        let slot = Slot::new(options.arena, options.pages, options.budget.as_ref())?;
+        let budget = match &options.budget {
+            Some(b) => Some(Arc::clone(b)),
+            None => crate::limit::default_budget()?,
+        };
+        let slot = Slot::new(options.arena, options.pages, budget.as_ref())?;
+        count_worker();
         Ok(Self {
             decay: options.decay.map(|idle| Decay::register(&slot, idle)),
             slot,
             follow: Follow::new(options.shrink),
-            pressure_seen: options.budget.as_ref().map_or(0, |b| b.pressure()),
+            pressure_seen: budget.as_ref().map_or(0, |b| b.pressure()),
+            budget,
             options,
             runs: 0,
             last: None,
@@ -258,7 +327,7 @@ impl Worker {
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
         let lookup = if self.options.plans {
-            plans.cache.lookup(key.as_slice())
+            plans.cache.lookup(key)
         } else {
             Lookup::none(DynamicReason::Off)
         };
@@ -280,15 +349,27 @@ impl Worker {
         let failed_allocs = crate::raw::thread_failed_allocs() - failed_before;
         let (report, recording) = core.finish_run().unwrap_or_default();
         let succeeded = result.is_ok();
+        let not_served = watch.finish::<T>(calls.0 - calls_before.0);
+        // A run the arena did not serve (ONNX Runtime allocated elsewhere)
+        // is neither planned nor dynamic: the plan it opened served
+        // nothing, and it teaches the model's plans nothing.
+        let report = match not_served {
+            Some(_) => RunReport {
+                planned: false,
+                deviated: false,
+                deviation: None,
+                ..report
+            },
+            None => report,
+        };
         // What this model needs for this key: its plan's block, or what the
         // run reached.
         let mut need = planned_size.unwrap_or(report.high_water);
         let mut learned = false;
-        if self.options.plans {
-            if let Some(plan) =
-                plans
-                    .cache
-                    .after_run(key.as_slice(), &lookup, &report, &recording, succeeded)
+        if self.options.plans && not_served.is_none() {
+            if let Some(plan) = plans
+                .cache
+                .after_run(key, &lookup, &report, &recording, succeeded)
             {
                 need = plan.size();
                 learned = true;
@@ -305,7 +386,7 @@ impl Worker {
         // member's commit had to reclaim, or `relieve` was called) while
         // this worker was busy and could give nothing: give back what it
         // holds for its other models now, down to this run's need.
-        let target = match &self.options.budget {
+        let target = match &self.budget {
             Some(b) if b.pressure() != self.pressure_seen => {
                 self.pressure_seen = b.pressure();
                 Some(target.map_or(need, |t| t.min(need)))
@@ -322,15 +403,16 @@ impl Worker {
         if let Some(d) = &self.decay {
             d.used();
         }
+        let plan = not_served.is_none().then_some(lookup.source);
         self.last = Some(RunInfo {
-            not_served: watch.finish::<T>(calls.0 - calls_before.0),
+            not_served,
             report,
             alloc_calls: calls.0 - calls_before.0,
             refused_allocs: calls.1 - calls_before.1,
             failed_allocs,
             succeeded,
             learned,
-            plan: lookup.source,
+            plan,
             released,
             key: key.clone(),
         });
@@ -412,6 +494,7 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        WORKERS.fetch_sub(1, Ordering::Relaxed);
         self.slot.retire();
     }
 }
@@ -445,6 +528,18 @@ mod tests {
         assert_eq!(err, Err("no"));
         assert!(!w.last_run().unwrap().succeeded);
         assert_eq!(w.runs(), 2);
+    }
+
+    #[test]
+    fn too_many_workers_are_reported_once() {
+        let limit = worker_warning_limit();
+        assert!(limit >= 16);
+        let many: Vec<Worker> = (0..=limit)
+            .map(|_| Worker::new(WorkerOptions::default()).unwrap())
+            .collect();
+        assert!(WORKERS.load(Ordering::Relaxed) > limit);
+        assert!(WARNED.load(Ordering::Relaxed), "more than the limit alive");
+        drop(many);
     }
 
     #[test]

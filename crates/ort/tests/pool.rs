@@ -177,7 +177,7 @@ async fn an_awaited_run_is_served_by_the_arena() {
             2 => PlanSource::Predicted,
             _ => PlanSource::Exact,
         };
-        assert_eq!(info.plan, expected_plan, "width {w}");
+        assert_eq!(info.plan, Some(expected_plan), "width {w}");
         assert_eq!(info.report.planned, i >= 2, "width {w}");
     }
     // A run that panics is an error, and the worker goes back.
@@ -200,19 +200,27 @@ async fn run_async_through_a_worker_is_reported_never_silent() {
     let mut worker = Worker::new(WorkerOptions::default()).unwrap();
     let plans = Plans::default();
     let options = RunOptions::new().unwrap();
+    // A synchronous run first: the key has its plan.
     let inputs = ort::inputs![tensor(WIDTHS[0], WIDTHS[0] as u32)];
     let key = RunKey::of(&inputs);
+    drop(worker.run(&plans, &key, || session.run(inputs)).unwrap());
+    assert_eq!(plans.stats().plans, 1);
+    let inputs = ort::inputs![tensor(WIDTHS[0], WIDTHS[0] as u32)];
     let before = allocator_counters();
     let fut = worker
         .run(&plans, &key, || session.run_async(inputs, &options))
         .unwrap();
     let info = worker.last_run().unwrap().clone();
     assert_eq!(info.not_served, Some(NotServed::AsyncRun), "{info:?}");
+    // Its key had a plan, but nothing was served from it: neither planned
+    // nor dynamic.
+    assert_eq!(info.plan, None, "{info:?}");
+    assert!(!info.report.planned && !info.report.deviated, "{info:?}");
     let err = info.check().unwrap_err();
     assert!(err.to_string().contains("run_async"), "{err}");
     assert_eq!(
         plans.stats().plans,
-        0,
+        1,
         "nothing learned from a run it did not see"
     );
     // The future itself still works: ONNX Runtime ran it, on the system

@@ -392,7 +392,10 @@ fn one_run(
             step.nanos = t.elapsed().as_nanos() as u64;
             step.hash = out.hash().map_err(|e| e.to_string())?;
             step.peak_in_use = out.report.peak_in_use;
-            step.plan = Some(crate::strategies::served_as(out.plan, &out.report));
+            step.plan = Some(out.plan.map_or_else(
+                || "not served".into(),
+                |p| crate::strategies::served_as(p, &out.report),
+            ));
             drop(out);
             let after = w.stats();
             step.reserved = after.reserved;

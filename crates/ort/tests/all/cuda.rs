@@ -1,7 +1,11 @@
 //! ONNX Runtime's CUDA memory from the Rust side, with the device arena's
 //! simulated driver (the tests' ONNX Runtime is the CPU build, so no CUDA
-//! session runs here: `tools/gpu-check/ort_cuda_check.py` does that on a
-//! GPU).
+//! session runs here). On a GPU, `tools/gpu-check/identical_check.py
+//! --parts ort` (run by `tools/gpu-check/issue36.sh`; needs
+//! `onnxruntime-gpu` and `--onnx MODEL`) runs a CUDA session with the same
+//! external-allocator entry points (`gpu_external_alloc`, `_free`,
+//! `_empty_cache`) from Python; no script runs this crate's `CudaExt` on a
+//! GPU.
 
 use ort::ep::CUDA;
 use tensor_arena_ort::{cuda_run, cuda_shrink, cuda_stats, CudaExt, OrtArenaError, RunKey};

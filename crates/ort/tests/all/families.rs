@@ -52,11 +52,14 @@ fn first_sights(
             // Counted as predicted, and as fallen back.
             PlanSource::Dynamic(tensor_arena::DynamicReason::Off)
         } else {
-            out.plan
+            out.plan.expect("served by the arena")
         });
     }
     let families = session.plans().families();
     assert_eq!(families.len(), 1, "one model, one family: {families:?}");
+    // Named by its inputs (these models take one 4-d image), not by the
+    // key's length (five numbers).
+    assert_eq!(families[0].name, "1 input: 4-d", "{families:?}");
     (families[0].counts, served)
 }
 

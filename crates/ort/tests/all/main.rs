@@ -6,6 +6,7 @@ mod budget;
 mod common;
 mod cuda;
 mod errors;
+mod exports;
 mod families;
 mod outputs;
 mod plans;
