@@ -6,6 +6,13 @@
 //! itself is never learned, so every lookup predicts), is timed beside the
 //! lookup of a key learned exactly. Compare with the run's own time in
 //! ONNX Runtime (`tensor-arena ort`, BENCHMARKS.md).
+//!
+//! `lookup-to-learned` times what a predicted run costs its thread besides
+//! serving: the lookup (predict and solve) and `after_run` (learning), for
+//! a run that kept to its prediction; `fell-back-to-learned` the same for a
+//! run that left it (its own plan solved, the family refitted): the worst
+//! case. Each iteration starts from a cache that learned the first three
+//! runs (made outside the timing).
 
 use benches::{Op, Trace, ALIGN};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -65,6 +72,44 @@ fn families(c: &mut Criterion) {
             &next.label,
             |b, key| b.iter(|| cache.lookup(black_box(key.as_str()))),
         );
+        let warm = || {
+            let cache: PlanCache<String> = PlanCache::new(64);
+            for run in &trace.runs[..3] {
+                let lookup = cache.lookup(run.label.as_str());
+                cache.after_run(
+                    run.label.as_str(),
+                    &lookup,
+                    &RunReport::default(),
+                    &recording(run),
+                    true,
+                );
+            }
+            cache
+        };
+        let own = recording(next);
+        for (id, deviated) in [("lookup-to-learned", false), ("fell-back-to-learned", true)] {
+            let report = RunReport {
+                planned: true,
+                deviated,
+                deviation: deviated.then_some(tensor_arena::Deviation::Larger),
+                ..RunReport::default()
+            };
+            group.bench_with_input(
+                BenchmarkId::new(id, format!("{name} ({blocks} blocks)")),
+                &next.label,
+                |b, key| {
+                    b.iter_batched(
+                        warm,
+                        |cache| {
+                            let lookup = cache.lookup(black_box(key.as_str()));
+                            cache.after_run(key.as_str(), &lookup, &report, &own, true);
+                            cache
+                        },
+                        criterion::BatchSize::LargeInput,
+                    )
+                },
+            );
+        }
         let seen = &trace.runs[0].label;
         group.bench_with_input(
             BenchmarkId::new("exact", format!("{name} ({blocks} blocks)")),

@@ -31,7 +31,7 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 /// The decay default: memory a worker has not used for 2 s goes back
-/// (`BENCHMARKS.md`, issue 35, says why).
+/// (`BENCHMARKS.md`, "Servers", says why; `docs/decisions.md`).
 pub const DEFAULT_DECAY: Duration = Duration::from_secs(2);
 
 /// One worker's decay state, shared by the worker and the decay thread.

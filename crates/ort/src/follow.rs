@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 /// after a small image det's share comes down. The next larger run commits
 /// again, in place (huge pages where the system gives them), and pays for
 /// the kernel zeroing the pages it gets back: about 0.2-0.3 ms per 2 MiB
-/// measured (`BENCHMARKS.md`, issue 20), 1-4% of PP-OCR rec's large run
+/// measured (`BENCHMARKS.md`, "ONNX Runtime"), 1-4% of PP-OCR rec's large run
 /// and up to a third of a 1280x1280 PP-OCR det run when sizes strictly
 /// alternate. Where that latency matters, give memory back lazily
 /// ([`WorkerOptions::pages`](crate::WorkerOptions::pages) with
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 /// Or hold more: the default, [`Shrink::Window`] of 1 s, holds the largest
 /// need of the last second, so sizes that alternate at a server's rate
 /// keep their memory (a 1280x1280 det run after a 320x320 one: 0.974x
-/// ONNX Runtime's arena's time, `BENCHMARKS.md`, issue 35), and idle decay
+/// ONNX Runtime's arena's time, `BENCHMARKS.md`, "Servers"), and idle decay
 /// ([`WorkerOptions::decay`](crate::WorkerOptions::decay)) gives it all
 /// back when traffic stops.
 ///
@@ -68,7 +68,7 @@ impl Default for Shrink {
     /// faults when a large run follows a small one), memory follows the
     /// input down 1 s after the large inputs stop, and all of it goes back
     /// when traffic stops. Chosen from the measurements in
-    /// `BENCHMARKS.md` (issue 35); the previous default,
+    /// `BENCHMARKS.md` ("Servers"; `docs/decisions.md`); the previous default,
     /// `FollowInput { runs: 1 }`, stays available.
     fn default() -> Self {
         Shrink::Window {

@@ -9,7 +9,7 @@
 //! arenas, and idle decay's `malloc_trim` cannot return a page that holds
 //! one: on the HTTP example at 16 and 64 clients, 22 MiB of three thread
 //! arenas stayed resident when the server went idle (`BENCHMARKS.md`,
-//! "Servers as they are"). Fewer arenas keep them together, and the trim
+//! "Servers"). Fewer arenas keep them together, and the trim
 //! can then return the rest.
 //!
 //! But one heap is one lock for every thread's `malloc` and `free`: a
@@ -27,7 +27,7 @@
 use std::num::NonZeroUsize;
 
 /// The heap count measured for an idle server's RSS on the HTTP example:
-/// one, the main heap (`BENCHMARKS.md`, "Servers as they are": RSS 15 s
+/// one, the main heap (`BENCHMARKS.md`, "Servers": RSS 15 s
 /// after the last request at 16 and 64 clients, glibc's default 124 and
 /// 111 MiB, two heaps 90 to 100 MiB, one heap 80 MiB). Nothing applies it
 /// unless the program passes it to [`limit_system_heaps`] (or sets

@@ -125,7 +125,7 @@ pub struct WorkerOptions {
     /// memory goes back to the kernel (all of it, what was given back
     /// lazily included; live outputs keep their blocks), with no call from
     /// the server: a thread of the process does it, never waiting for a
-    /// busy worker (`BENCHMARKS.md`, issue 35, says how). The next run
+    /// busy worker (`BENCHMARKS.md`, "Servers", says how). The next run
     /// commits again. `None`: memory stays until the shrink policy or
     /// [`Worker::shrink`] gives it back. Default
     /// [`DEFAULT_DECAY`](crate::DEFAULT_DECAY) (2 s).

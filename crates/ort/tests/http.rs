@@ -4,7 +4,7 @@
 //! without it (ONNX Runtime's defaults); nothing fails, the answers (hashes
 //! of every output's bits) are identical, and every run was served by the
 //! arena (the server refuses a run that was not). The full measurement is
-//! `http_ocr bench` (`BENCHMARKS.md`, issue 35).
+//! `http_ocr bench` (`BENCHMARKS.md`, "Servers").
 
 #[allow(dead_code)]
 #[path = "all/common.rs"]
