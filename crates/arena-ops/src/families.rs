@@ -41,18 +41,24 @@ impl Size {
     }
 }
 
-/// Runs one fuzz input through a family (see the module docs).
+/// What one fuzz input of a family did: `None` where its bytes made no
+/// valid run structure (nothing ran); else its runs, by how they were
+/// served.
+pub type FamilyRuns = Option<tensor_arena::FamilyCounts>;
+
+/// Runs one fuzz input through a family (see the module docs); returns
+/// what its runs were served as.
 ///
 /// # Panics
 /// When a check fails: overlapping live blocks, a fill pattern overwritten,
 /// bytes in use after a run's blocks are dropped, memory not returned, or
 /// a run counted twice or not at all.
-pub(crate) fn families(u: &mut Unstructured<'_>) {
+pub(crate) fn families(u: &mut Unstructured<'_>) -> FamilyRuns {
     let Ok(structure) = recording(u) else {
-        return;
+        return None;
     };
     if structure.validate().is_err() || structure.is_empty() {
-        return;
+        return None;
     }
     let sizes: Vec<Size> = (0..structure.len())
         .map(|_| Size {
@@ -63,7 +69,7 @@ pub(crate) fn families(u: &mut Unstructured<'_>) {
         .collect();
     let counting = Counting::new();
     let mut runs = 0u64;
-    {
+    let counts = {
         let config = ArenaConfig {
             max_reserved: 64 << 20,
             ..ArenaConfig::default()
@@ -136,7 +142,10 @@ pub(crate) fn families(u: &mut Unstructured<'_>) {
             }
             assert_eq!(arena.stats().in_use, 0, "bytes in use after a run");
         }
-        assert_eq!(cache.stats().runs.runs(), runs, "every run counted once");
-    }
+        let counts = cache.stats().runs;
+        assert_eq!(counts.runs(), runs, "every run counted once");
+        counts
+    };
     assert_eq!(counting.outstanding(), 0, "memory not returned after drop");
+    Some(counts)
 }

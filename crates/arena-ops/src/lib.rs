@@ -47,6 +47,7 @@ mod slots;
 mod weights;
 
 pub use counting::Counting;
+pub use families::FamilyRuns;
 pub use faulty::{Faulty, Ledger};
 pub use model::{config, run, run_budget, BudgetReport};
 pub use op::{
@@ -55,7 +56,7 @@ pub use op::{
     MAX_REQUEST, MAX_SESSIONS, MAX_SHARED_OPS,
 };
 pub use pages::run_pages;
-pub use plans::plans;
+pub use plans::{plans, plans_reported};
 pub use weights::weights_load;
 
 /// What the `arena_ops` fuzz target runs: [`decode`], then [`run`] (the

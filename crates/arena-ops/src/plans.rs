@@ -36,12 +36,16 @@ use tensor_arena::{
 /// block or away from its offset, a fill pattern overwritten, or memory not
 /// returned after the arena drops.
 pub fn plans(data: &[u8]) {
-    let Some((&mode, rest)) = data.split_first() else {
-        return;
-    };
+    plans_reported(data);
+}
+
+/// [`plans`], returning what a plan family input's runs were served as
+/// (`None` for other inputs, and for a family input whose bytes make no
+/// valid run structure): for checking that a corpus reaches families.
+pub fn plans_reported(data: &[u8]) -> crate::families::FamilyRuns {
+    let (&mode, rest) = data.split_first()?;
     if mode % 8 == 7 {
-        crate::families::families(&mut Unstructured::new(rest));
-        return;
+        return crate::families::families(&mut Unstructured::new(rest));
     }
     if mode % 2 == 0 {
         if let Ok(plan) = serde_json::from_slice::<Plan>(rest) {
@@ -56,11 +60,11 @@ pub fn plans(data: &[u8]) {
                 drive(&plan, &mut Unstructured::new(rest));
             }
         }
-        return;
+        return None;
     }
     let mut u = Unstructured::new(rest);
     let Ok(rec) = recording(&mut u) else {
-        return;
+        return None;
     };
     match Plan::from_recording(&rec) {
         Ok(plan) => {
@@ -79,6 +83,7 @@ pub fn plans(data: &[u8]) {
         }
         Err(_) => assert!(rec.validate().is_err(), "refused a valid recording"),
     }
+    None
 }
 
 /// A plan that was accepted must pass its own check again.

@@ -71,3 +71,33 @@ fn show_input() {
         println!("{step:4}: {op:?}");
     }
 }
+
+/// The plan family seeds make valid run structures (their runs are driven,
+/// not stopped at validation), and their families serve runs on predicted
+/// plans: the corpus reaches the predicted path.
+#[test]
+fn family_seeds_reach_predicted_serving() {
+    let seeds: Vec<_> = corpus("plans")
+        .into_iter()
+        .filter(|(p, _)| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("family-seed"))
+        })
+        .collect();
+    assert!(seeds.len() >= 4, "family seeds: {}", seeds.len());
+    let mut predicted = 0;
+    let mut kept = 0;
+    for (path, bytes) in &seeds {
+        let counts = tensor_arena_ops::plans_reported(bytes)
+            .unwrap_or_else(|| panic!("{}: no valid run structure", path.display()));
+        assert!(counts.runs() >= 4, "{}: {counts:?}", path.display());
+        println!("{}: {counts:?}", path.display());
+        predicted += counts.predicted;
+        kept += counts.predicted - counts.fell_back();
+    }
+    assert!(
+        predicted > 0 && kept > 0,
+        "no seed served a run on a predicted plan"
+    );
+}

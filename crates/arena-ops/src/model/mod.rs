@@ -128,7 +128,12 @@ fn expect(len: usize, align: usize, reserved: usize) -> Expect {
 /// deviation, even one that is then refused.
 fn unchanged(mut after: Stats, before: &Stats) -> Stats {
     if after.deviations == before.deviations + 1 {
+        // The request left its run's plan: counted, and the plan's block
+        // dissolved into the pool (its unused part is free memory now),
+        // before the request was refused. Nothing live or reserved moved.
         after.deviations = before.deviations;
+        after.free_bytes = before.free_bytes;
+        after.largest_free_block = before.largest_free_block;
     }
     after
 }

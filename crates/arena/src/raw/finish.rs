@@ -292,9 +292,22 @@ impl<M: Memory> RawArena<M> {
     /// debug builds) where it was allocated. Planned blocks are counted in
     /// [`Stats::live_blocks`] but not listed: they carry no tag.
     pub fn live_blocks(&self) -> Vec<LiveBlock> {
+        // Planned blocks of dissolved plan blocks are spans of the pool
+        // now, but planned all the same: not listed either.
+        let planned: std::collections::HashSet<usize> = self
+            .plan_blocks
+            .iter()
+            .flatten()
+            .filter(|pb| pb.dissolved)
+            .flat_map(|pb| pb.served.iter().zip(&pb.spans))
+            .filter(|(&size, _)| size > 0)
+            .filter_map(|(_, &span)| self.span_address(span))
+            .map(|(addr, _)| M::address(addr))
+            .collect();
         self.pool
             .live()
             .filter(|(_, _, tag)| tag.rec != PLAN_BLOCK)
+            .filter(|(addr, _, _)| addr.is_none_or(|a| !planned.contains(&M::address(a))))
             .map(|(addr, size, tag)| LiveBlock {
                 addr: addr.map_or(0, M::address),
                 len: tag.len,
