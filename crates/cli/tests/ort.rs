@@ -419,3 +419,47 @@ fn planned_lazy_follows_the_input_down_with_the_same_outputs() {
     assert!(given(&lazy[1]) > 0 && given(&lazy[1]) <= reserved(&lazy[0]) - reserved(&lazy[1]));
     assert!(now.iter().all(|r| given(r) == 0));
 }
+
+/// PP-OCRv4 rec at ten widths in a random order (from `random.Random(7)`,
+/// 200 to 1600, batch 2: a width larger than any seen comes fourth, so a
+/// prediction is left there): planned serving, predictions and a run that
+/// leaves its plan included, grows the process no more than the dynamic
+/// arena does (peak RSS over the RSS with the session made, each strategy
+/// in its own child process; within two 2 MiB granules: the arena's commit
+/// step, and the plans' own bookkeeping), with outputs bitwise equal.
+#[test]
+fn planned_rec_at_random_widths_peaks_no_higher_than_the_arena() {
+    let rec = asset("ppocr_rec.onnx");
+    let widths = [863, 508, 1008, 1533, 298, 348, 1297, 392, 948, 1393];
+    let inputs: Vec<String> = widths.iter().map(|w| format!("2x3x48x{w}")).collect();
+    let mut args = vec![
+        "--model",
+        rec.as_str(),
+        "--strategies",
+        "arena,planned",
+        "--inputs",
+    ];
+    args.extend(inputs.iter().map(String::as_str));
+    let doc = json(&args);
+    assert_eq!(doc["outputs_identical"].as_bool(), Some(true));
+    let growth = |s: &Value| {
+        s["process_peak_rss_bytes"].as_u64().unwrap() as i64
+            - s["session_rss_bytes"].as_u64().unwrap() as i64
+    };
+    let strategies = doc["strategies"].as_array().unwrap();
+    let (arena, planned) = (growth(&strategies[0]), growth(&strategies[1]));
+    let plans: Vec<&str> = strategies[1]["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["plan"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        plans.iter().filter(|p| p.starts_with("predicted")).count() >= 5,
+        "{plans:?}"
+    );
+    assert!(
+        planned <= arena + (4 << 20),
+        "planned grew {planned} bytes, the arena {arena}: {plans:?}"
+    );
+}

@@ -366,8 +366,13 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         // A plan is kept as its key's only if it needs no more than the
         // run needed dynamically (its high-water mark, to a granule): a
         // plan must never cost more than no plan.
+        // (A report with no high-water mark, of a run that placed nothing
+        // or made up by a caller that serves runs itself, vetoes nothing.)
         let dynamic_need = report.high_water.saturating_add(plan.align());
-        if !matches!(source, PlanSource::Dynamic(_)) || plan.size() <= dynamic_need {
+        if !matches!(source, PlanSource::Dynamic(_))
+            || report.high_water == 0
+            || plan.size() <= dynamic_need
+        {
             self.insert(key.to_owned().into(), Arc::clone(&plan));
         }
         let mut dims = Vec::new();
