@@ -343,7 +343,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
                 let own = if recording.is_empty() {
                     plan.lower_bound()
                 } else {
-                    super::solver::lower_bound(&recording.requests())
+                    recording.peak_live()
                 };
                 plan.lower_bound() <= own + own / 64 + plan.align()
             });

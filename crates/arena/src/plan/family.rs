@@ -215,7 +215,7 @@ impl Prediction {
     pub(crate) fn plan(&self, dims: &[u64]) -> Result<Plan, DynamicReason> {
         let rec = self.recording(dims)?;
         let bound = self.fit.bound(dims);
-        if super::solver::lower_bound(&rec.requests()) > bound {
+        if rec.peak_live() > bound {
             return Err(DynamicReason::Unbounded);
         }
         self.shape.plan(&rec).ok_or(DynamicReason::Unpredictable)
@@ -403,7 +403,7 @@ impl Families {
         if s.obs.len() >= MAX_SHAPES {
             s.obs.pop_front();
         }
-        let lower_bound = super::solver::lower_bound(&rec.requests());
+        let lower_bound = rec.peak_live();
         s.obs.push_back(Observation {
             dims,
             sizes,

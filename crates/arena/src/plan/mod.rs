@@ -186,13 +186,13 @@ impl Plan {
             offsets: solution.offsets,
             size: solution.size,
             align: max_align(recording),
-            lower_bound: solver::lower_bound(&requests),
+            lower_bound: recording.peak_live(),
             tape: Vec::new(),
             whole: TapeTotals::default(),
         };
         // The solver's output is checked like any other plan's: a solver
         // bug becomes an error here, not overlapping blocks later.
-        plan.validate()?;
+        plan.validate_layout(&requests)?;
         plan.compile();
         Ok((plan, hint))
     }
@@ -353,12 +353,17 @@ impl Plan {
     /// [`PlanError`] naming the first problem found.
     pub fn validate(&self) -> Result<(), PlanError> {
         self.recording.validate()?;
-        let requests = self.recording.requests();
+        self.validate_layout(&self.recording.requests())
+    }
+
+    /// [`Plan::validate`] but for its recording, already validated, whose
+    /// requests are `requests`.
+    fn validate_layout(&self, requests: &[solver::Request]) -> Result<(), PlanError> {
         let solution = solver::Solution {
             offsets: self.offsets.clone(),
             size: self.size,
         };
-        solver::validate(&requests, &solution).map_err(PlanError::new)?;
+        solver::validate(requests, &solution).map_err(PlanError::new)?;
         if self.size > MAX_BLOCK {
             return Err(PlanError::new(format!(
                 "size {} is over the largest block ({MAX_BLOCK})",
@@ -373,7 +378,9 @@ impl Plan {
                 self.align
             )));
         }
-        let lower_bound = solver::lower_bound(&requests);
+        // The events are in time order: one pass (equal to
+        // `solver::lower_bound` of the requests; tested).
+        let lower_bound = self.recording.peak_live();
         if self.lower_bound != lower_bound {
             return Err(PlanError::new(format!(
                 "lower_bound {} but the recording's is {lower_bound}",

@@ -55,6 +55,29 @@ impl Recording {
         self.events.clear();
     }
 
+    /// The most bytes of its blocks live at once (the lower bound of any
+    /// plan of it), in one pass over the events: they are in time order.
+    /// Equal to [`solver::lower_bound`] of [`Recording::requests`] for a
+    /// valid recording (saturating, like it; an event that names no block
+    /// counts nothing).
+    pub fn peak_live(&self) -> usize {
+        let (mut live, mut peak) = (0usize, 0usize);
+        for ev in &self.events {
+            match *ev {
+                PlanEvent::Alloc(i) => {
+                    let size = self.blocks.get(i as usize).map_or(0, |b| b.0);
+                    live = live.saturating_add(size);
+                    peak = peak.max(live);
+                }
+                PlanEvent::Free(i) => {
+                    let size = self.blocks.get(i as usize).map_or(0, |b| b.0);
+                    live = live.saturating_sub(size);
+                }
+            }
+        }
+        peak
+    }
+
     /// Number of blocks.
     pub fn len(&self) -> usize {
         self.blocks.len()

@@ -206,6 +206,19 @@ fn arb_recording() -> impl Strategy<Value = Recording> {
 }
 
 proptest! {
+    /// A valid recording's peak of live bytes, read off its events in one
+    /// pass, is the solver's lower bound of its requests (plans and
+    /// predictions use the one pass).
+    #[test]
+    fn peak_live_is_the_solvers_lower_bound(rec in arb_recording()) {
+        if rec.validate().is_ok() {
+            prop_assert_eq!(
+                rec.peak_live(),
+                tensor_arena::plan::solver::lower_bound(&rec.requests())
+            );
+        }
+    }
+
     /// Whatever the recording, a plan made from it never puts two live
     /// blocks on the same bytes, and a run that follows it gets blocks that
     /// keep their contents.

@@ -2,10 +2,12 @@
 //! [`greedy_by_size`](super::greedy_by_size): the problem's items and
 //! conflicts, greedy decoding of a placement order, and the local search.
 
+use super::conflicts::{Conflicts, Lifetimes};
 use super::min_table::MinTable;
 use super::{align_up, clamp, is_active, stacked, Request, Solution};
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Greedy by size: requests sorted by size, largest first (ties: earlier
 /// start first, then lower index), each placed at the lowest aligned offset
@@ -47,6 +49,9 @@ pub fn plan(requests: &[Request]) -> Solution {
 pub(crate) struct Hint {
     order: Vec<u32>,
     fit: Fit,
+    /// The structure's lifetimes and their conflicts, shared by its plans
+    /// at every shape (used when a plan's requests live as these do).
+    lifetimes: Arc<Lifetimes>,
     /// Searches so far: each draws other random moves, so that the next
     /// goes on where the last one stopped rather than repeating it.
     round: u64,
@@ -59,7 +64,7 @@ pub(crate) struct Hint {
 /// than greedy by size. Returns the solution and the order to start the
 /// next search of the structure from.
 pub(crate) fn plan_hinted(requests: &[Request], hint: Option<&Hint>) -> (Solution, Option<Hint>) {
-    let Some(problem) = Problem::new(requests) else {
+    let Some(problem) = Problem::new_with(requests, hint.map(|h| &h.lifetimes)) else {
         return (stacked(requests), None);
     };
     let (start, round) = match hint.and_then(|h| Some((problem.items_in(&h.order)?, h))) {
@@ -81,6 +86,7 @@ pub(crate) fn plan_hinted(requests: &[Request], hint: Option<&Hint>) -> (Solutio
             .collect(),
         fit: search.best_fit,
         round,
+        lifetimes: Arc::clone(&problem.lifetimes),
     };
     (problem.solution(requests, &search.best_offset), Some(hint))
 }
@@ -103,29 +109,13 @@ impl Item {
     }
 }
 
-/// Conflict lists with at most this many entries (two per conflicting
-/// pair) may be built up front; beyond it, or when the lists would be
-/// nearly complete, placement scans the placed items instead.
-const MAX_LIST_ENTRIES: usize = 1 << 23;
-
-/// How the placement finds the already placed items that conflict with an
-/// item.
-#[derive(Debug)]
-enum Conflicts {
-    /// `targets[first[i]..first[i + 1]]` are the conflicts of item `i`.
-    Lists {
-        first: Vec<usize>,
-        targets: Vec<u32>,
-    },
-    /// Most pairs conflict: scan all placed items in offset order.
-    Dense,
-}
-
 /// The planning problem: the active requests and their conflicts.
 #[derive(Debug)]
 struct Problem {
     items: Vec<Item>,
-    conflicts: Conflicts,
+    /// The items' lifetimes and conflicts (perhaps shared with other
+    /// shapes of the structure).
+    lifetimes: Arc<Lifetimes>,
     /// Footprint of the inactive requests (all placed at offset 0).
     idle: usize,
     /// The lower bound over the active items.
@@ -135,6 +125,12 @@ struct Problem {
 impl Problem {
     /// `None` when there are too many requests to index with `u32`.
     fn new(requests: &[Request]) -> Option<Problem> {
+        Self::new_with(requests, None)
+    }
+
+    /// [`Problem::new`], reusing `known` lifetimes where the active
+    /// requests live as they say.
+    fn new_with(requests: &[Request], known: Option<&Arc<Lifetimes>>) -> Option<Problem> {
         u32::try_from(requests.len()).ok()?;
         let mut items = Vec::new();
         let mut idle = 0;
@@ -153,11 +149,15 @@ impl Problem {
                 idle = idle.max(r.size);
             }
         }
-        let conflicts = Conflicts::new(&items);
+        let spans = || items.iter().map(|it| (it.request, it.start, it.end));
+        let lifetimes = match known {
+            Some(known) if known.matches(spans()) => Arc::clone(known),
+            _ => Arc::new(Lifetimes::new(spans().collect())),
+        };
         let bound = aligned_bound(&items).max(idle);
         Some(Problem {
             items,
-            conflicts,
+            lifetimes,
             idle,
             bound,
         })
@@ -317,69 +317,6 @@ enum OrderKey {
     Breadth,
 }
 
-impl Conflicts {
-    fn new(items: &[Item]) -> Conflicts {
-        let mut by_start: Vec<u32> = (0..items.len() as u32).collect();
-        by_start.sort_unstable_by_key(|&i| (items[i as usize].start, i));
-        let entries = count_conflicts(items, &by_start).saturating_mul(2);
-        let n = items.len();
-        // Gathering and sorting a long list costs more than one scan of
-        // every placed item (about n * n / 2 steps per placement).
-        if entries > MAX_LIST_ENTRIES || entries.saturating_mul(4) > n.saturating_mul(n) / 2 {
-            return Conflicts::Dense;
-        }
-        let mut degree = vec![0usize; n];
-        sweep_pairs(items, &by_start, |i, j| {
-            degree[i as usize] += 1;
-            degree[j as usize] += 1;
-        });
-        let mut first = Vec::with_capacity(n + 1);
-        let mut total = 0;
-        first.push(0);
-        for d in &degree {
-            total += d;
-            first.push(total);
-        }
-        let mut fill = first.clone();
-        let mut targets = vec![0u32; total];
-        sweep_pairs(items, &by_start, |i, j| {
-            targets[fill[i as usize]] = j;
-            fill[i as usize] += 1;
-            targets[fill[j as usize]] = i;
-            fill[j as usize] += 1;
-        });
-        Conflicts::Lists { first, targets }
-    }
-}
-
-/// The number of conflicting pairs, in O(n log n).
-fn count_conflicts(items: &[Item], by_start: &[u32]) -> usize {
-    let mut ends: Vec<usize> = items.iter().map(|it| it.end).collect();
-    ends.sort_unstable();
-    by_start
-        .iter()
-        .enumerate()
-        .map(|(before, &i)| {
-            // Items starting before `i` that ended by its start end before it.
-            let ended = ends.partition_point(|&e| e <= items[i as usize].start);
-            before - ended.min(before)
-        })
-        .fold(0usize, usize::saturating_add)
-}
-
-/// Calls `f(i, j)` once for every conflicting pair.
-fn sweep_pairs(items: &[Item], by_start: &[u32], mut f: impl FnMut(u32, u32)) {
-    let mut live: Vec<u32> = Vec::new();
-    for &i in by_start {
-        let start = items[i as usize].start;
-        live.retain(|&j| items[j as usize].end > start);
-        for &j in &live {
-            f(i, j);
-        }
-        live.push(i);
-    }
-}
-
 /// Where a buffer goes among the gaps between the conflicting buffers
 /// already placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -440,7 +377,7 @@ impl Decoder {
     /// Places `order[from..]`; `None` (leaving the placement partial) as
     /// soon as the footprint exceeds `limit`.
     fn decode(&mut self, problem: &Problem, from: usize, fit: Fit, limit: usize) -> Option<usize> {
-        if let Conflicts::Dense = problem.conflicts {
+        if let Conflicts::Dense = *problem.lifetimes.conflicts {
             self.by_offset.clear();
             self.by_offset.extend_from_slice(&self.order[..from]);
             let offset = &self.offset;
@@ -450,7 +387,7 @@ impl Decoder {
         for k in from..self.order.len() {
             let i = self.order[k];
             let item = &problem.items[i as usize];
-            let at = match &problem.conflicts {
+            let at = match &*problem.lifetimes.conflicts {
                 Conflicts::Lists { first, targets } => {
                     let list = &targets[first[i as usize]..first[i as usize + 1]];
                     self.place_listed(&problem.items, list, i, k as u32, fit)
