@@ -62,8 +62,8 @@ fn after_runs_below_follows_the_short_files() {
     for &l in &SHORT {
         let r = run(&mut s, &audio, l);
         println!(
-            "L = {l}: high water {} B, reserved after {} B, backing calls {}, planned {}",
-            r.high_water, r.reserved, r.backing_allocs, r.planned
+            "L = {l}: high water {} B, reserved after {} B, backing calls {}, planned {}, deviated {:?}",
+            r.high_water, r.reserved, r.backing_allocs, r.planned, r.deviation
         );
         reports.push((l, r));
     }
@@ -104,16 +104,28 @@ fn after_runs_below_follows_the_short_files() {
             );
         }
     }
-    // The lengths repeat: most runs kept to a plan.
-    let kept = reports
-        .iter()
-        .filter(|r| r.1.planned && !r.1.deviated)
-        .count();
-    assert!(
-        kept >= SHORT.len() - 3,
-        "{kept} of {} runs on a plan",
-        SHORT.len()
-    );
+    // A run that left its plan is served inside the plan's block: it
+    // reaches the block, not the block and the dynamic run's need side by
+    // side. The one here (L = 5 predicted from lengths 120 and 3, past the
+    // cap of a chunked buffer) had a plan over-sized from that fit: 70,976
+    // bytes against the dynamic run's 51,584 (1.38x). Bounded at 1.5x of
+    // the same run served dynamically (the first run of a fresh session).
+    for (l, r) in reports.iter().filter(|r| r.1.deviated) {
+        let mut fresh = session(ShrinkPolicy::AfterRunsBelow { runs: 3 });
+        let dynamic = run(&mut fresh, &audio, *l);
+        assert!(!dynamic.planned);
+        assert!(
+            r.high_water as f64 <= dynamic.high_water as f64 * 1.5,
+            "L = {l}: {} over the dynamic run's {}",
+            r.high_water,
+            dynamic.high_water
+        );
+    }
+    // Once three short lengths have been seen, every run keeps to a plan:
+    // its key's own, or one predicted from the lengths seen.
+    for (i, (l, r)) in reports.iter().enumerate().skip(3) {
+        assert!(r.planned && !r.deviated, "run {i}, L = {l}: {r:?}");
+    }
 }
 
 #[test]
