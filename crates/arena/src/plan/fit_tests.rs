@@ -1,0 +1,180 @@
+//! The fits of [`super::fit`]: sizes seen at a few shapes, predicted at
+//! others.
+
+use super::*;
+
+fn obs(dims: &[u64], sizes: &[usize]) -> Observation {
+    Observation {
+        dims: dims.to_vec(),
+        sizes: sizes.to_vec(),
+        lower_bound: sizes.iter().sum(),
+    }
+}
+
+fn round(x: u64, q: u64) -> usize {
+    (x.div_ceil(q) * q) as usize
+}
+
+#[test]
+fn constants_and_batch_scaling_from_two_shapes() {
+    // DenseNet-like: batch 16 and 1; one constant block.
+    let f = Fit::new(
+        &[
+            obs(&[16, 3, 224, 224], &[16 * 802816, 4096]),
+            obs(&[1, 3, 224, 224], &[802816, 4096]),
+        ],
+        64,
+    );
+    assert_eq!(f.unfit(), 0);
+    assert_eq!(f.predict(&[4, 3, 224, 224]).unwrap(), [4 * 802816, 4096]);
+    // Past the largest batch seen, the constant stays (it would have
+    // spread over more than a quantum had it scaled).
+    assert_eq!(f.predict(&[32, 3, 224, 224]).unwrap()[1], 4096);
+}
+
+#[test]
+fn a_small_block_that_rounding_kept_constant_scales_past_the_shapes_seen() {
+    // 8 bytes a batch item: 64 bytes at batches 6 and 3, 256 at 32.
+    let f = Fit::new(&[obs(&[6, 3], &[64]), obs(&[3, 3], &[64])], 64);
+    assert_eq!(
+        f.predict(&[32, 3]).unwrap(),
+        [(32usize * 64).div_ceil(6).next_multiple_of(64)]
+    );
+    assert!(f.predict(&[32, 3]).unwrap()[0] >= 256);
+    assert_eq!(f.predict(&[1, 3]).unwrap(), [64]);
+}
+
+#[test]
+fn height_times_width_beats_squares_from_square_shapes() {
+    let s = |h: u64, w: u64| round(96 * h * w, 64);
+    let f = Fit::new(
+        &[
+            obs(&[1, 3, 1280, 1280], &[s(1280, 1280)]),
+            obs(&[1, 3, 320, 320], &[s(320, 320)]),
+        ],
+        64,
+    );
+    assert_eq!(f.predict(&[1, 3, 736, 992]).unwrap(), [s(736, 992)]);
+}
+
+#[test]
+fn strided_widths_are_told_apart_and_rounding_is_tolerated() {
+    // ceil(w / 4) after two stride-2 layers, times batch, 4-byte floats
+    // with 64 channels; rounded to 64 bytes.
+    let s = |b: u64, w: u64| round(b * 64 * 6 * 4 * w.div_ceil(4), 64);
+    let f = Fit::new(
+        &[
+            obs(&[4, 6, 3, 48, 320], &[s(6, 320)]),
+            obs(&[4, 6, 3, 48, 481], &[s(6, 481)]),
+            obs(&[4, 3, 3, 48, 1185], &[s(3, 1185)]),
+        ],
+        64,
+    );
+    for (b, w) in [(1, 100), (2, 777), (6, 1401), (4, 333), (1, 2400)] {
+        let got = f.predict(&[4, b, 3, 48, w]).unwrap()[0];
+        assert!(got >= s(b, w), "{b}x{w}: {got} < {}", s(b, w));
+        assert!(got <= s(b, w) + 64, "{b}x{w}: {got} > {}", s(b, w));
+    }
+}
+
+#[test]
+fn attention_is_batch_times_width_squared() {
+    let s = |b: u64, w: u64| (b * w * w * 4) as usize;
+    let f = Fit::new(
+        &[obs(&[6, 80], &[s(6, 80)]), obs(&[3, 120], &[s(3, 120)])],
+        64,
+    );
+    assert_eq!(f.predict(&[2, 200]).unwrap(), [s(2, 200)]);
+}
+
+#[test]
+fn affine_sizes_need_a_third_shape_to_be_exact() {
+    let s = |w: u64| (4096 + 256 * w) as usize;
+    let f = Fit::new(
+        &[
+            obs(&[10], &[s(10)]),
+            obs(&[20], &[s(20)]),
+            obs(&[40], &[s(40)]),
+        ],
+        64,
+    );
+    assert_eq!(f.predict(&[30]).unwrap(), [s(30)]);
+}
+
+#[test]
+fn a_capped_size_is_predicted_from_the_nearest_shapes() {
+    // A chunked buffer: 6176 bytes a window up to 10 windows.
+    let s = |l: u64| (96 + 6176 * l.min(10)) as usize;
+    let f = Fit::new(
+        &[
+            obs(&[120], &[s(120)]),
+            obs(&[3], &[s(3)]),
+            obs(&[5], &[s(5)]),
+        ],
+        64,
+    );
+    assert_eq!(f.unfit(), 1);
+    // Nearest to 4: 3, 5 and 120, which no model explains.
+    assert_eq!(f.predict(&[4]), Err(NoPrediction::Unfit));
+    let f = Fit::new(
+        &[
+            obs(&[120], &[s(120)]),
+            obs(&[3], &[s(3)]),
+            obs(&[5], &[s(5)]),
+            obs(&[2], &[s(2)]),
+        ],
+        64,
+    );
+    assert_eq!(f.unfit(), 1);
+    assert_eq!(f.predict(&[4]).unwrap(), [s(4)]);
+}
+
+#[test]
+fn a_data_dependent_size_has_no_model() {
+    let f = Fit::new(
+        &[obs(&[10], &[640]), obs(&[20], &[64]), obs(&[40], &[6400])],
+        64,
+    );
+    assert_eq!(f.unfit(), 1);
+    assert_eq!(f.predict(&[30]), Err(NoPrediction::Unfit));
+}
+
+#[test]
+fn a_dimension_not_seen_varying_is_not_predicted() {
+    // Batch 6 at two widths, then batch 3 or 12: how sizes follow the
+    // batch is unknown.
+    let s = |b: u64, w: u64| (b * w * 64) as usize;
+    let f = Fit::new(
+        &[
+            obs(&[6, 320], &[s(6, 320), 1024]),
+            obs(&[6, 480], &[s(6, 480), 1024]),
+        ],
+        64,
+    );
+    assert_eq!(f.predict(&[6, 400]).unwrap(), [s(6, 400), 1024]);
+    assert_eq!(f.predict(&[3, 400]), Err(NoPrediction::Unvaried));
+    assert_eq!(f.predict(&[12, 400]), Err(NoPrediction::Unvaried));
+    assert_eq!(f.predict(&[12]), Err(NoPrediction::Unpredictable));
+}
+
+#[test]
+fn keys_that_explain_nothing_are_not_predicted() {
+    // Request counters: key 2 needed less than key 1.
+    let f = Fit::new(&[obs(&[1], &[64000]), obs(&[2], &[6400])], 64);
+    assert_eq!(f.predict(&[3]), Err(NoPrediction::Unfit));
+    assert_eq!(f.unfit(), 1);
+}
+
+#[test]
+fn the_bound_scales_the_largest_lower_bound_by_the_degree() {
+    let s = |w: u64| (w * w * 64) as usize;
+    let f = Fit::new(&[obs(&[10], &[s(10)]), obs(&[20], &[s(20)])], 64);
+    // Below every shape seen: the least larger one's lower bound, plus
+    // an eighth and a quantum.
+    assert_eq!(f.bound(&[5]), s(10) + s(10) / 8 + 64);
+    // Between: the least of the larger shape's, and the smaller one's
+    // grown by the square of the ratio (the fit is quadratic).
+    assert_eq!(f.bound(&[15]), s(15) + s(15) / 8 + 64);
+    // Past them, squared.
+    assert_eq!(f.bound(&[40]), 4 * s(20) + s(20) / 2 + 64);
+}
