@@ -333,7 +333,7 @@ impl Families {
     /// when no structure of the family could start it) starts the
     /// structure's next search. A run that kept to its prediction passes
     /// `refit: false`: the fit explains it already, and the shape waits
-    /// for the next refit.
+    /// for the next refit, unless it widens the range of shapes seen.
     pub(crate) fn observe(
         &mut self,
         id: u64,
@@ -409,7 +409,23 @@ impl Families {
             sizes,
             lower_bound,
         });
-        if !refit && s.fit.is_some() {
+        // A shape past the range seen so far (by the product of its
+        // dimensions) widens what the fit knows: it refits even when its
+        // prediction held, so that later extrapolations start from it. A
+        // stream's range widens a few times, so this costs a few refits.
+        let volume = |d: &[u64]| d.iter().map(|&x| x as f64).product::<f64>();
+        let here = volume(&s.obs.back().expect("just pushed").dims);
+        let widens = s
+            .obs
+            .iter()
+            .rev()
+            .skip(1)
+            .map(|o| volume(&o.dims))
+            .fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            });
+        let widens = here < widens.0 || here > widens.1;
+        if !refit && !widens && s.fit.is_some() {
             return;
         }
         let obs: Vec<Observation> = s.obs.iter().cloned().collect();
