@@ -3,7 +3,7 @@
 //! In: a C-contiguous, aligned array of native byte order becomes an
 //! `OrtValue` over the array's own memory (no copy); the array is kept
 //! alive by the caller for the run. Anything else (a list, a scalar, a
-//! strided view) goes through `numpy.ascontiguousarray` first, as
+//! strided view) goes through `numpy.asarray(x, order="C")` first, as
 //! onnxruntime copies such inputs too.
 //!
 //! Out: each output tensor is copied into a new NumPy-owned array
@@ -103,7 +103,7 @@ fn dtype_label(descr: &Bound<'_, PyArrayDescr>) -> String {
     }
 }
 
-static ASCONTIGUOUS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static ASARRAY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// One input, ready for ONNX Runtime: its value over the array's memory and
 /// the array that owns that memory (kept alive by the caller).
@@ -138,10 +138,12 @@ pub fn input<'py>(
     let array = match ready {
         Some(a) => a.clone(),
         None => {
-            let f = ASCONTIGUOUS.get_or_try_init(py, || -> PyResult<_> {
-                Ok(py.import("numpy")?.getattr("ascontiguousarray")?.unbind())
+            let f = ASARRAY.get_or_try_init(py, || -> PyResult<_> {
+                Ok(py.import("numpy")?.getattr("asarray")?.unbind())
             })?;
-            let a = f.bind(py).call1((obj,)).map_err(|e| {
+            let kwargs = pyo3::types::PyDict::new(py);
+            kwargs.set_item("order", "C")?;
+            let a = f.bind(py).call((obj,), Some(&kwargs)).map_err(|e| {
                 InvalidArgument::new_err(format!("input {name:?}: not an array ({e})"))
             })?;
             let a = a

@@ -10,38 +10,43 @@ use pyo3::prelude::*;
 use tensor_arena_ort::OrtArenaError;
 
 create_exception!(
-    _native,
+    tensor_arena.onnxruntime,
     Error,
     PyRuntimeError,
     "Base of tensor_arena.onnxruntime's errors."
 );
 create_exception!(
-    _native,
+    tensor_arena.onnxruntime,
     InvalidArgument,
     Error,
     "An input or output the model does not have, a missing input, a wrong dtype or shape, a bad option."
 );
-create_exception!(_native, NoSuchFile, Error, "The model file does not exist.");
 create_exception!(
-    _native,
+    tensor_arena.onnxruntime,
+    NoSuchFile,
+    Error,
+    "The model file does not exist."
+);
+create_exception!(
+    tensor_arena.onnxruntime,
     InvalidProtobuf,
     Error,
     "ONNX Runtime could not load the model: corrupt, truncated or not an ONNX model."
 );
 create_exception!(
-    _native,
+    tensor_arena.onnxruntime,
     Fail,
     Error,
     "ONNX Runtime failed (session creation or a run), for another reason."
 );
 create_exception!(
-    _native,
+    tensor_arena.onnxruntime,
     OutOfMemory,
     Error,
     "A run was refused memory (a process Budget, or the system): the run failed, the session goes on."
 );
 create_exception!(
-    _native,
+    tensor_arena.onnxruntime,
     LibraryError,
     PyImportError,
     "No usable ONNX Runtime library: missing, not ONNX Runtime, or too old."
