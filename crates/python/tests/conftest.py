@@ -33,3 +33,15 @@ def same(a, b) -> None:
         assert x.dtype == y.dtype, (x.dtype, y.dtype)
         assert x.shape == y.shape, (x.shape, y.shape)
         assert x.tobytes() == y.tobytes()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A skipped or xfailed test fails the run: every test here must run
+    (CI runs this suite with its assets and packages in place)."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    for kind in ("skipped", "xfailed", "xpassed"):
+        if reporter.stats.get(kind):
+            reporter.write_line(f"python tests: {len(reporter.stats[kind])} test(s) {kind}: failing the run")
+            session.exitstatus = 1
