@@ -2,9 +2,11 @@
 //!
 //! In: a C-contiguous, aligned array of native byte order becomes an
 //! `OrtValue` over the array's own memory (no copy); the array is kept
-//! alive by the caller for the run. Anything else (a list, a scalar, a
-//! strided view) goes through `numpy.asarray(x, order="C")` first, as
-//! onnxruntime copies such inputs too.
+//! alive by the caller for the run. A strided or unaligned array goes
+//! through `numpy.asarray(x, order="C")` first (a copy, as onnxruntime
+//! makes), and a list or a scalar becomes an array of the input's type
+//! (as onnxruntime converts it); an array of another dtype is an error,
+//! as in onnxruntime.
 //!
 //! Out: each output tensor is copied into a new NumPy-owned array
 //! ([`OutputMode::Copy`], the default), or returned as an array over the
@@ -143,6 +145,13 @@ pub fn input<'py>(
             })?;
             let kwargs = pyo3::types::PyDict::new(py);
             kwargs.set_item("order", "C")?;
+            // A list or a scalar becomes an array of the input's type (as
+            // onnxruntime converts it); an array keeps its own dtype.
+            if obj.cast::<PyUntypedArray>().is_err() {
+                if let Some(dtype) = expected.and_then(numpy_name) {
+                    kwargs.set_item("dtype", dtype)?;
+                }
+            }
             let a = f.bind(py).call((obj,), Some(&kwargs)).map_err(|e| {
                 InvalidArgument::new_err(format!("input {name:?}: not an array ({e})"))
             })?;

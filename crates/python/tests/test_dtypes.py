@@ -86,3 +86,15 @@ def test_non_native_byte_order_is_converted():
     x = np.arange(5, dtype=">i4")
     (y, _, _) = ta.InferenceSession(m).run(None, {"X": x})
     assert y.dtype == np.int32 and y.tolist() == list(range(5))
+
+
+def test_lists_take_the_input_type():
+    # onnxruntime converts a list to the input's type (magika feeds lists
+    # of ints to an int32 input); an array of another dtype is an error.
+    m = model(TensorProto.INT32, 2)
+    ref = ort.InferenceSession(m)
+    sess = ta.InferenceSession(m)
+    feed = {"X": [[1, 2, 3], [4, 5, 6]]}
+    same(ref.run(None, feed), sess.run(None, feed))
+    with pytest.raises(ta.InvalidArgument):
+        sess.run(None, {"X": np.zeros((2, 3), np.int64)})
