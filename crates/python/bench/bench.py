@@ -10,7 +10,9 @@ configuration per process (run.sh runs them all). Prints one JSON line.
 
 Modes: `ort` is onnxruntime with its defaults (CPU arena on), `ort-arena-off`
 the same with `enable_cpu_mem_arena = False`, `ta` tensor_arena.onnxruntime
-(through patch() where a library makes the sessions). Memory: peak RSS of
+(through patch() where a library makes the sessions) with its defaults, and
+`ta-` with options: `-view` (outputs as views), `-wN` (a pool of N workers),
+`-nothp` (no transparent huge pages). Memory: peak RSS of
 the process (getrusage), RSS now (/proc/self/status).
 """
 
@@ -37,6 +39,13 @@ def peak_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def cpu_s():
+    """CPU seconds of the process so far (user + system): on a shared
+    machine, the cost that other processes' load does not change."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def rss_mib():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
@@ -44,12 +53,27 @@ def rss_mib():
     return 0.0
 
 
+def configure_ta(mode):
+    """`ta` with options: `-view` (outputs as views), `-wN` (N workers),
+    `-nothp` (no transparent huge pages), `-copy` (the default)."""
+    from tensor_arena import onnxruntime as ta
+    kw = {}
+    for part in mode.split("-")[1:]:
+        if part == "view":
+            kw["outputs"] = "view"
+        elif part == "nothp":
+            kw["huge_pages"] = False
+        elif part.startswith("w"):
+            kw["workers"] = int(part[1:])
+    if kw:
+        ta.configure(**kw)
+
+
 def session_class(mode):
     """The class and options maker of a mode."""
     if mode.startswith("ta"):
+        configure_ta(mode)
         from tensor_arena import onnxruntime as ta
-        if mode == "ta-view":
-            ta.configure(outputs="view")
         return ta.InferenceSession
     import onnxruntime as ort
     return ort.InferenceSession
@@ -67,6 +91,7 @@ def set_ort_arena(mode):
     (rapidocr turns it off itself; `ort` turns it back on)."""
     import onnxruntime as ort
     if mode.startswith("ta"):
+        configure_ta(mode)
         from tensor_arena import onnxruntime as ta
         return ta.patch()
     original = ort.SessionOptions
@@ -237,8 +262,9 @@ def main():
     p.add_argument("--idle", type=float, default=15.0)
     p.add_argument("--keep", choices=["drop", "all"], default="drop")
     args = p.parse_args()
+    c0 = cpu_s()
     r = globals()[args.what](args)
-    r = dict(what=args.what, mode=args.mode, **r)
+    r = dict(what=args.what, mode=args.mode, cpu_s=round(cpu_s() - c0, 2), **r)
     print(json.dumps(r), flush=True)
 
 

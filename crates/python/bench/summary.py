@@ -15,9 +15,9 @@ for r in rows:
 
 FIELDS = {
     "overhead": ["median_us", "p90_us", "peak_mib"],
-    "magika": ["time_s", "peak_mib", "digest"],
-    "threads": ["rps", "time_s", "peak_mib", "digest"],
-    "ocr": ["time_s", "peak_mib", "sessions_mib", "idle_mib", "digest"],
+    "magika": ["time_s", "cpu_s", "peak_mib", "digest"],
+    "threads": ["rps", "time_s", "cpu_s", "peak_mib", "digest"],
+    "ocr": ["time_s", "cpu_s", "peak_mib", "sessions_mib", "idle_mib", "digest"],
     "outputs": ["time_s", "peak_mib", "end_mib", "kept_mib"],
 }
 for what, fields in FIELDS.items():
@@ -26,11 +26,14 @@ for what, fields in FIELDS.items():
         continue
     print(f"\n{what}")
     base = {}
-    for k in sorted(keys, key=lambda k: (k[2], ["ort", "ort-arena-off", "ta", "ta-copy", "ta-view"].index(k[1]))):
+    order = ["ort", "ort-arena-off", "ta", "ta-copy", "ta-view"]
+    for k in sorted(keys, key=lambda k: (k[2], order.index(k[1]) if k[1] in order else 99, k[1])):
         rs = by[k]
         cells = []
         for f in fields:
-            vals = [r[f] for r in rs]
+            vals = [r[f] for r in rs if f in r]
+            if not vals:
+                continue
             if isinstance(vals[0], str):
                 cells.append(f"{f}={'/'.join(sorted(set(vals)))}")
                 continue

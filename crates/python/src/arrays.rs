@@ -371,14 +371,14 @@ pub fn output<'py>(
             return Err(PyErr::fetch(py));
         }
     } else if nbytes > 0 {
+        // SAFETY: `raw` is the live array just made (`array` holds it).
+        let dst = unsafe { (*raw.cast::<npyffi::PyArrayObject>()).fields.data };
         // SAFETY: 1. `data` is the tensor's buffer of `nbytes` bytes (its
-        // element type and shape say so), alive while `value` is; 2. the
-        // new array's buffer is `nbytes` bytes NumPy just allocated; 3.
-        // they are distinct allocations.
-        unsafe {
-            let dst = (*raw.cast::<npyffi::PyArrayObject>()).fields.data;
-            std::ptr::copy_nonoverlapping(data.cast::<u8>(), dst.cast::<u8>(), nbytes);
-        }
+        // element type and shape say so), alive while `value` is; 2. `dst`
+        // is the new array's buffer of `nbytes` bytes NumPy just allocated
+        // (C-contiguous, this dtype and shape); 3. they are distinct
+        // allocations.
+        unsafe { std::ptr::copy_nonoverlapping(data.cast::<u8>(), dst.cast::<u8>(), nbytes) };
         drop(value);
     }
     Ok(array)

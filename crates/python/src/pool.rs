@@ -169,15 +169,19 @@ impl Budget {
 /// gives everything back (`0` or `False`: never); `shrink`: `"window"`
 /// (crates/ort's default: the largest need of the last second),
 /// `"follow"` (the last run's need), `"keep_largest"` or `"never"`;
-/// `outputs`: `"copy"` (default) or `"view"`.
+/// `outputs`: `"copy"` (default) or `"view"`; `huge_pages`: whether
+/// arenas use transparent huge pages where the system offers them
+/// (default `True`; `False`: 4 KiB pages).
 #[pyfunction]
-#[pyo3(signature = (*, workers = None, budget = None, decay = None, shrink = None, outputs = None))]
+#[pyo3(signature = (*, workers = None, budget = None, decay = None, shrink = None, outputs = None,
+    huge_pages = None))]
 fn configure(
     workers: Option<usize>,
     budget: Option<Bound<'_, PyAny>>,
     decay: Option<Bound<'_, PyAny>>,
     shrink: Option<&str>,
     outputs: Option<&str>,
+    huge_pages: Option<bool>,
 ) -> PyResult<()> {
     let mut config = with_state(|st| st.config.clone());
     if let Some(n) = workers {
@@ -232,6 +236,13 @@ fn configure(
             }
         };
     }
+    if let Some(on) = huge_pages {
+        config.options.pages.huge_pages = if on {
+            tensor_arena::memory::HugePages::Auto
+        } else {
+            tensor_arena::memory::HugePages::Never
+        };
+    }
     let pool = WorkerPool::new(config.workers, config.options.clone())
         .map_err(crate::errors::from_arena)?;
     with_state(|st| {
@@ -257,6 +268,10 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         _ => "never",
     };
     d.set_item("shrink", shrink)?;
+    d.set_item(
+        "huge_pages",
+        c.options.pages.huge_pages != tensor_arena::memory::HugePages::Never,
+    )?;
     d.set_item(
         "outputs",
         if c.outputs == OutputMode::View {

@@ -77,3 +77,21 @@ def test_stats_plans_and_shrink(assets):
     ta.reset_peak_stats()
     assert ta.stats()["reserved_peak"] == ta.stats()["reserved_current"]
     assert sess.plan_stats()["plans"] >= 1
+
+
+def test_configure_round_trips(assets):
+    before = ta.config()
+    try:
+        ta.configure(workers=3, decay=0.5, shrink="follow", huge_pages=False, budget=ta.Budget(1 << 30))
+        c = ta.config()
+        assert (c["workers"], c["decay"], c["shrink"], c["huge_pages"]) == (3, 0.5, "follow", False)
+        assert c["budget"].limit == 1 << 30
+        sess = ta.InferenceSession(str(assets / "ppocr_cls.onnx"))
+        x = np.zeros((1, 3, 48, 192), np.float32)
+        ref = ort.InferenceSession(str(assets / "ppocr_cls.onnx"))
+        same(ref.run(None, {"x": x}), sess.run(None, {"x": x}))
+        ta.configure(decay=False, budget=False)
+        assert ta.config()["decay"] is None and ta.config()["budget"] is None
+    finally:
+        ta.configure(workers=before["workers"], decay=before["decay"] or False, shrink=before["shrink"],
+                     huge_pages=before["huge_pages"], budget=False)

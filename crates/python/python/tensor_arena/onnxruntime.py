@@ -76,7 +76,15 @@ def load(path: Optional[str] = None) -> str:
 def library() -> Optional[tuple]:
     """(path, version) of the library loaded, or None before the first
     session."""
-    return _native.loaded()
+    got = _native.loaded()
+    if got is None:
+        return None
+    path, version = got
+    if version == "unknown" and ".so." in os.path.basename(path):
+        # The PyPI build's info string names no release branch; its file
+        # name carries the version (libonnxruntime.so.1.31.1).
+        version = os.path.basename(path).split(".so.", 1)[1]
+    return path, version
 
 
 def get_available_providers() -> List[str]:
