@@ -6,6 +6,7 @@ configuration per process (run.sh runs them all). Prints one JSON line.
     python bench.py magika   --mode {ort,ort-arena-off,ta} [--files 300]
     python bench.py threads  --mode {ort,ort-arena-off,ta} [--threads 16]
     python bench.py overhead --mode {ort,ort-arena-off,ta} [--runs 1000]
+    python bench.py paired   --mode ta [--runs 2000]   (both in one process, alternating)
     python bench.py outputs  --mode {ort,ta-copy,ta-view} --keep {drop,all}
 
 Modes: `ort` is onnxruntime with its defaults (CPU arena on), `ort-arena-off`
@@ -63,6 +64,8 @@ def configure_ta(mode):
             kw["outputs"] = "view"
         elif part == "nothp":
             kw["huge_pages"] = False
+        elif part == "thp":
+            kw["huge_pages"] = True
         elif part.startswith("w"):
             kw["workers"] = int(part[1:])
     if kw:
@@ -232,6 +235,33 @@ def overhead(args):
                 p90_us=round(sorted(times)[len(times) * 9 // 10] / 1000, 1), peak_mib=round(peak_mib(), 1))
 
 
+def paired(args):
+    """Per-run overhead with the machine's load cancelled: onnxruntime's
+    session and the mode's in one process, runs alternating, each side's
+    median."""
+    import onnxruntime as ort
+    cls = session_class(args.mode)
+    path = str(ASSETS / "ppocr_cls.onnx")
+    a = ort.InferenceSession(path)
+    b = cls(path)
+    feed = {"x": np.random.default_rng(0).standard_normal((1, 3, 48, 192)).astype(np.float32)}
+    for _ in range(100):
+        a.run(None, feed)
+        b.run(None, feed)
+    ta_, tb = [], []
+    for _ in range(args.runs):
+        t0 = time.perf_counter_ns()
+        a.run(None, feed)
+        t1 = time.perf_counter_ns()
+        b.run(None, feed)
+        t2 = time.perf_counter_ns()
+        ta_.append(t1 - t0)
+        tb.append(t2 - t1)
+    ma, mb = statistics.median(ta_), statistics.median(tb)
+    return dict(runs=args.runs, ort_median_us=round(ma / 1000, 1), median_us=round(mb / 1000, 1),
+                ratio=round(mb / ma, 3))
+
+
 def outputs(args):
     cls = session_class(args.mode)
     sess = cls(str(ASSETS / "ppocr_det.onnx"))
@@ -252,7 +282,7 @@ def outputs(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["ocr", "magika", "threads", "overhead", "outputs"])
+    p.add_argument("what", choices=["ocr", "magika", "threads", "overhead", "paired", "outputs"])
     p.add_argument("--mode", required=True)
     p.add_argument("--images", type=int, default=64)
     p.add_argument("--files", type=int, default=300)

@@ -15,6 +15,7 @@ out="${2:-../../../target/python-bench.jsonl}"
 run() { "$py" bench.py "$@" | tail -n 1 | tee -a "$out"; }
 for r in $(seq "$rounds"); do
   for m in ort ort-arena-off ta; do run overhead --mode "$m" --runs 1000; done
+  run paired --mode ta --runs 2000
   for m in ort ort-arena-off ta; do run magika --mode "$m" --files 300; done
   for m in ort ort-arena-off ta; do run threads --mode "$m" --threads 16 --requests 96; done
   for m in ort ort-arena-off ta; do run ocr --mode "$m" --images 64 --idle 15; done

@@ -19,6 +19,7 @@ FIELDS = {
     "threads": ["rps", "time_s", "cpu_s", "peak_mib", "digest"],
     "ocr": ["time_s", "cpu_s", "peak_mib", "sessions_mib", "idle_mib", "digest"],
     "outputs": ["time_s", "peak_mib", "end_mib", "kept_mib"],
+    "paired": ["ort_median_us", "median_us", "ratio"],
 }
 for what, fields in FIELDS.items():
     keys = [k for k in by if k[0] == what]

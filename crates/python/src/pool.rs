@@ -56,7 +56,18 @@ fn with_state<T>(f: impl FnOnce(&mut State) -> T) -> T {
     let st = st.get_or_insert_with(|| State {
         config: Config {
             workers: default_workers(),
-            options: WorkerOptions::default(),
+            options: WorkerOptions {
+                // 4 KiB pages by default: with transparent huge pages, a
+                // large first run paid the kernel's compaction at first
+                // touch (magika: 1.41x onnxruntime's time with them, 0.94x
+                // without; PP-OCR the same time either way; BENCHMARKS.md,
+                // "Python: tensor_arena.onnxruntime").
+                pages: tensor_arena::memory::PagesConfig {
+                    huge_pages: tensor_arena::memory::HugePages::Never,
+                    ..tensor_arena::memory::PagesConfig::default()
+                },
+                ..WorkerOptions::default()
+            },
             outputs: OutputMode::Copy,
         },
         pool: None,
@@ -171,7 +182,7 @@ impl Budget {
 /// `"follow"` (the last run's need), `"keep_largest"` or `"never"`;
 /// `outputs`: `"copy"` (default) or `"view"`; `huge_pages`: whether
 /// arenas use transparent huge pages where the system offers them
-/// (default `True`; `False`: 4 KiB pages).
+/// (default `False`: 4 KiB pages).
 #[pyfunction]
 #[pyo3(signature = (*, workers = None, budget = None, decay = None, shrink = None, outputs = None,
     huge_pages = None))]
