@@ -48,7 +48,10 @@ fn default_workers() -> usize {
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .filter(|&n: &usize| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        // Two per CPU: a pool of one per CPU left a core idle while Python
+        // threads made inputs and copied outputs between runs (16 threads
+        // on 2 CPUs: BENCHMARKS.md, "Python: tensor_arena.onnxruntime").
+        .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 fn with_state<T>(f: impl FnOnce(&mut State) -> T) -> T {
@@ -56,18 +59,7 @@ fn with_state<T>(f: impl FnOnce(&mut State) -> T) -> T {
     let st = st.get_or_insert_with(|| State {
         config: Config {
             workers: default_workers(),
-            options: WorkerOptions {
-                // 4 KiB pages by default: with transparent huge pages, a
-                // large first run paid the kernel's compaction at first
-                // touch (magika: 1.41x onnxruntime's time with them, 0.94x
-                // without; PP-OCR the same time either way; BENCHMARKS.md,
-                // "Python: tensor_arena.onnxruntime").
-                pages: tensor_arena::memory::PagesConfig {
-                    huge_pages: tensor_arena::memory::HugePages::Never,
-                    ..tensor_arena::memory::PagesConfig::default()
-                },
-                ..WorkerOptions::default()
-            },
+            options: WorkerOptions::default(),
             outputs: OutputMode::Copy,
         },
         pool: None,
@@ -175,14 +167,15 @@ impl Budget {
 
 /// Sets up the process's pool for the runs that start after the call;
 /// arguments left `None` keep their current value. `workers`: arenas at
-/// most (default: the CPUs, or `TENSOR_ARENA_WORKERS`); `budget`: a
+/// most (default: two per CPU, or `TENSOR_ARENA_WORKERS`); `budget`: a
 /// [`Budget`], or `False` for none; `decay`: seconds idle before a worker
 /// gives everything back (`0` or `False`: never); `shrink`: `"window"`
 /// (crates/ort's default: the largest need of the last second),
 /// `"follow"` (the last run's need), `"keep_largest"` or `"never"`;
 /// `outputs`: `"copy"` (default) or `"view"`; `huge_pages`: whether
 /// arenas use transparent huge pages where the system offers them
-/// (default `False`: 4 KiB pages).
+/// (default `True`, crates/ort's; `False`: 4 KiB pages, cheaper for a
+/// process whose first run is very large: BENCHMARKS.md).
 #[pyfunction]
 #[pyo3(signature = (*, workers = None, budget = None, decay = None, shrink = None, outputs = None,
     huge_pages = None))]
