@@ -2,7 +2,7 @@
 //! distribution (PyO3, stable ABI). The Python package
 //! (`python/tensor_arena`) is the public face; this module gives it
 //!
-//! - [`load`]: ONNX Runtime's shared library (the one the user's
+//! - `load`: ONNX Runtime's shared library (the one the user's
 //!   `onnxruntime` wheel ships), loaded once per process through
 //!   `tensor_arena_ort::Runtime`, with tensor-arena registered as its CPU
 //!   allocator;
