@@ -1,0 +1,59 @@
+//! `tensor_arena._native`: the Rust side of the `tensor-arena` Python
+//! distribution (PyO3, stable ABI). The Python package
+//! (`python/tensor_arena`) is the public face; this module gives it
+//!
+//! - `load`: ONNX Runtime's shared library (the one the user's
+//!   `onnxruntime` wheel ships), loaded once per process through
+//!   `tensor_arena_ort::Runtime`, with tensor-arena registered as its CPU
+//!   allocator;
+//! - [`session::Session`]: one model, run from any number of Python threads
+//!   with the GIL released, each run on a worker checked out of the
+//!   process's bounded pool ([`pool`]);
+//! - the pool's settings, its stats under crates/cuda's names, shrink and a
+//!   process budget.
+//!
+//! Every error is a Python exception of this module ([`errors`]); no panic
+//! crosses into Python (PyO3 turns one into `PanicException`, and inputs are
+//! checked before they reach ONNX Runtime).
+#![deny(missing_docs)]
+
+pub mod arrays;
+pub mod errors;
+pub mod pool;
+pub mod session;
+
+use pyo3::prelude::*;
+
+/// Loads ONNX Runtime's shared library from `path` (once per process) and
+/// registers tensor-arena as its CPU allocator; returns the library's
+/// version. Loading the same file again returns at once.
+///
+/// # Errors
+/// `LibraryError` when the file is missing, is not a usable ONNX Runtime
+/// (not a shared library, no C API, older than crates/ort accepts), or
+/// another file was loaded before in this process.
+#[pyfunction]
+fn load(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
+    let rt = py
+        .detach(|| tensor_arena_ort::Runtime::load(&path))
+        .map_err(errors::library)?;
+    let _ = session::LOADED.set(rt);
+    Ok(rt.version().to_string())
+}
+
+/// The library loaded by [`load`] (its path and version), or `None`.
+#[pyfunction]
+fn loaded() -> Option<(String, String)> {
+    session::runtime().map(|rt| (rt.path().display().to_string(), rt.version().to_string()))
+}
+
+/// The module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(loaded, m)?)?;
+    errors::add(m)?;
+    pool::add(m)?;
+    m.add_class::<session::Session>()?;
+    Ok(())
+}

@@ -1,0 +1,369 @@
+//! The process's workers: one bounded `WorkerPool` shared by every session,
+//! so that however many Python threads call `run`, at most `workers`
+//! arenas exist, and one worker running several models (an OCR pipeline's
+//! det, cls and rec) holds the largest one's need, not the sum.
+//!
+//! | call | what it does |
+//! |---|---|
+//! | `configure(...)` | the pool's size, budget, idle decay, shrink policy, output mode; a new pool for the runs that start after it (runs in flight finish on the old one, whose workers then go) |
+//! | `stats()` | the arenas' counters under crates/cuda's (PyTorch's) names |
+//! | `reset_peak_stats()` | peaks start again from the current figures |
+//! | `shrink(everything)` | idle workers give cached memory back |
+
+use crate::arrays::OutputMode;
+use crate::errors::InvalidArgument;
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::sync::Arc;
+use std::time::Duration;
+use tensor_arena::Budget as ArenaBudget;
+use tensor_arena_ort::{Checkout, RunInfo, Shrink, Worker, WorkerOptions, WorkerPool};
+
+/// The pool's settings.
+#[derive(Clone, Debug)]
+struct Config {
+    workers: usize,
+    options: WorkerOptions,
+    outputs: OutputMode,
+}
+
+/// The pool and what is counted across its runs.
+struct State {
+    config: Config,
+    pool: Option<WorkerPool>,
+    /// Most bytes live in all arenas at once, as seen by runs (a run's own
+    /// peak plus what the other arenas held), since the last reset.
+    allocated_peak: usize,
+    /// Most bytes committed by all arenas at once, likewise.
+    reserved_peak: usize,
+    /// Runs refused memory.
+    ooms: u64,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+fn default_workers() -> usize {
+    std::env::var("TENSOR_ARENA_WORKERS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n: &usize| n > 0)
+        // Two per CPU: a pool of one per CPU left a core idle while Python
+        // threads made inputs and copied outputs between runs (16 threads
+        // on 2 CPUs: BENCHMARKS.md, "Python: tensor_arena.onnxruntime").
+        .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+fn with_state<T>(f: impl FnOnce(&mut State) -> T) -> T {
+    let mut st = STATE.lock();
+    let st = st.get_or_insert_with(|| State {
+        config: Config {
+            workers: default_workers(),
+            options: WorkerOptions::default(),
+            outputs: OutputMode::Copy,
+        },
+        pool: None,
+        allocated_peak: 0,
+        reserved_peak: 0,
+        ooms: 0,
+    });
+    f(st)
+}
+
+/// The pool (made on first use) and the output mode.
+pub(crate) fn pool() -> PyResult<(WorkerPool, OutputMode)> {
+    with_state(|st| {
+        if st.pool.is_none() {
+            let pool = WorkerPool::new(st.config.workers, st.config.options.clone())
+                .map_err(crate::errors::from_arena)?;
+            st.pool = Some(pool);
+        }
+        Ok((st.pool.clone().expect("just made"), st.config.outputs))
+    })
+}
+
+/// Counts a finished run: the process's peaks from the run's report and
+/// the arenas' totals, and whether it ran out of memory.
+pub(crate) fn after_run(worker: &Worker, info: &RunInfo) {
+    let (_, total) = tensor_arena_ort::arenas();
+    let own = worker.stats();
+    let others_in_use = total.in_use.saturating_sub(own.in_use);
+    let others_reserved = total.reserved.saturating_sub(own.reserved);
+    let run_reserved = info.report.reserved + info.report.released;
+    with_state(|st| {
+        st.allocated_peak = st
+            .allocated_peak
+            .max(others_in_use + info.report.peak_in_use)
+            .max(total.in_use);
+        st.reserved_peak = st
+            .reserved_peak
+            .max(others_reserved + run_reserved)
+            .max(total.reserved);
+        if info.out_of_memory() {
+            st.ooms += 1;
+        }
+    });
+}
+
+/// A process memory budget: every worker's arena commits under it, idle
+/// workers give cached memory back when a commit would pass the limit, and
+/// a run it still refuses fails with `OutOfMemory` (the session goes on).
+/// Takes effect through `configure(budget=...)`.
+#[pyclass(frozen, module = "tensor_arena._native")]
+pub struct Budget {
+    inner: Arc<ArenaBudget>,
+}
+
+#[pymethods]
+impl Budget {
+    /// A budget of `limit` bytes; a commit over it waits up to `wait`
+    /// seconds for busy workers to give memory back (0: no wait).
+    #[new]
+    #[pyo3(signature = (limit, wait = 0.0))]
+    fn new(limit: usize, wait: f64) -> PyResult<Self> {
+        if !(wait.is_finite() && wait >= 0.0) {
+            return Err(InvalidArgument::new_err(format!(
+                "wait must be a number of seconds >= 0, not {wait}"
+            )));
+        }
+        let inner = if wait > 0.0 {
+            ArenaBudget::with_wait(limit, Duration::from_secs_f64(wait))
+        } else {
+            ArenaBudget::new(limit)
+        };
+        Ok(Self { inner })
+    }
+
+    /// The limit in bytes.
+    #[getter]
+    fn limit(&self) -> usize {
+        self.inner.limit()
+    }
+
+    /// The budget's counters: limit, committed, peak_committed, reclaimed,
+    /// reclaims, refusals, waited, members.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        d.set_item("limit", s.limit)?;
+        d.set_item("committed", s.committed)?;
+        d.set_item("peak_committed", s.peak_committed)?;
+        d.set_item("reclaimed", s.reclaimed)?;
+        d.set_item("reclaims", s.reclaims)?;
+        d.set_item("refusals", s.refusals)?;
+        d.set_item("waited", s.waited)?;
+        d.set_item("members", s.members)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        let s = self.inner.stats();
+        format!(
+            "Budget(limit={}, committed={}, members={})",
+            s.limit, s.committed, s.members
+        )
+    }
+}
+
+/// Sets up the process's pool for the runs that start after the call;
+/// arguments left `None` keep their current value. `workers`: arenas at
+/// most (default: two per CPU, or `TENSOR_ARENA_WORKERS`); `budget`: a
+/// [`Budget`], or `False` for none; `decay`: seconds idle before a worker
+/// gives everything back (`0` or `False`: never); `shrink`: `"window"`
+/// (crates/ort's default: the largest need of the last second),
+/// `"follow"` (the last run's need), `"keep_largest"` or `"never"`;
+/// `outputs`: `"copy"` (default) or `"view"`; `huge_pages`: whether
+/// arenas use transparent huge pages where the system offers them
+/// (default `True`, crates/ort's; `False`: 4 KiB pages, cheaper for a
+/// process whose first run is very large: BENCHMARKS.md).
+#[pyfunction]
+#[pyo3(signature = (*, workers = None, budget = None, decay = None, shrink = None, outputs = None,
+    huge_pages = None))]
+fn configure(
+    workers: Option<usize>,
+    budget: Option<Bound<'_, PyAny>>,
+    decay: Option<Bound<'_, PyAny>>,
+    shrink: Option<&str>,
+    outputs: Option<&str>,
+    huge_pages: Option<bool>,
+) -> PyResult<()> {
+    let mut config = with_state(|st| st.config.clone());
+    if let Some(n) = workers {
+        if n == 0 {
+            return Err(InvalidArgument::new_err("workers must be at least 1"));
+        }
+        config.workers = n;
+    }
+    if let Some(b) = budget {
+        if let Ok(b) = b.cast::<Budget>() {
+            config.options.budget = Some(b.get().inner.clone());
+        } else if b.is_none() || !b.is_truthy()? {
+            config.options.budget = None;
+        } else {
+            return Err(InvalidArgument::new_err("budget must be a Budget or False"));
+        }
+    }
+    if let Some(d) = decay {
+        config.options.decay = if d.is_none() || !d.is_truthy()? {
+            None
+        } else {
+            let secs: f64 = d.extract()?;
+            if !(secs.is_finite() && secs > 0.0) {
+                return Err(InvalidArgument::new_err(format!(
+                    "decay must be seconds > 0, 0 or False, not {secs}"
+                )));
+            }
+            Some(Duration::from_secs_f64(secs))
+        };
+    }
+    if let Some(s) = shrink {
+        config.options.shrink = match s {
+            "window" => Shrink::default(),
+            "follow" => Shrink::FollowInput { runs: 1 },
+            "keep_largest" => Shrink::KeepLargest,
+            "never" => Shrink::Never,
+            _ => {
+                return Err(InvalidArgument::new_err(format!(
+                    "shrink must be 'window', 'follow', 'keep_largest' or 'never', not {s:?}"
+                )))
+            }
+        };
+    }
+    if let Some(o) = outputs {
+        config.outputs = match o {
+            "copy" => OutputMode::Copy,
+            "view" => OutputMode::View,
+            _ => {
+                return Err(InvalidArgument::new_err(format!(
+                    "outputs must be 'copy' or 'view', not {o:?}"
+                )))
+            }
+        };
+    }
+    if let Some(on) = huge_pages {
+        config.options.pages.huge_pages = if on {
+            tensor_arena::memory::HugePages::Auto
+        } else {
+            tensor_arena::memory::HugePages::Never
+        };
+    }
+    let pool = WorkerPool::new(config.workers, config.options.clone())
+        .map_err(crate::errors::from_arena)?;
+    with_state(|st| {
+        st.config = config;
+        st.pool = Some(pool);
+    });
+    Ok(())
+}
+
+/// The current settings, as a dict.
+#[pyfunction]
+fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let c = with_state(|st| st.config.clone());
+    let d = PyDict::new(py);
+    d.set_item("workers", c.workers)?;
+    let budget = c.options.budget.map(|inner| Budget { inner });
+    d.set_item("budget", budget)?;
+    d.set_item("decay", c.options.decay.map(|t| t.as_secs_f64()))?;
+    let shrink = match c.options.shrink {
+        Shrink::FollowInput { .. } => "follow",
+        Shrink::Window { .. } => "window",
+        Shrink::KeepLargest => "keep_largest",
+        _ => "never",
+    };
+    d.set_item("shrink", shrink)?;
+    d.set_item(
+        "huge_pages",
+        c.options.pages.huge_pages != tensor_arena::memory::HugePages::Never,
+    )?;
+    d.set_item(
+        "outputs",
+        if c.outputs == OutputMode::View {
+            "view"
+        } else {
+            "copy"
+        },
+    )?;
+    Ok(d)
+}
+
+/// The arenas' counters, named as crates/cuda's `TorchStats` (PyTorch's
+/// `memory_stats()`) names them: `allocated_current`, `allocated_peak`,
+/// `reserved_current`, `reserved_peak`, `allocations_current`,
+/// `allocations`, `frees`, `ooms`, `free_bytes`, `largest_free_block`;
+/// and the pool's: `arenas` (alive), `workers` (the pool's size),
+/// `checkouts`, `waits`, `runs`, `planned_runs`, `system_allocs` (tensors
+/// ONNX Runtime allocated outside a run: session creation).
+#[pyfunction]
+fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let (n, s) = tensor_arena_ort::arenas();
+    let (apeak, rpeak, ooms, pool, workers) = with_state(|st| {
+        (
+            st.allocated_peak,
+            st.reserved_peak,
+            st.ooms,
+            st.pool.as_ref().map(WorkerPool::stats),
+            st.config.workers,
+        )
+    });
+    let counters = tensor_arena_ort::allocator_counters();
+    let d = PyDict::new(py);
+    d.set_item("allocated_current", s.in_use)?;
+    d.set_item("allocated_peak", apeak.max(s.in_use))?;
+    d.set_item("reserved_current", s.reserved)?;
+    d.set_item("reserved_peak", rpeak.max(s.reserved))?;
+    d.set_item("allocations_current", s.live_blocks)?;
+    d.set_item("allocations", s.allocs)?;
+    d.set_item("frees", s.frees)?;
+    d.set_item("ooms", ooms)?;
+    d.set_item("free_bytes", s.reserved.saturating_sub(s.in_use))?;
+    d.set_item("largest_free_block", s.largest_free_block)?;
+    d.set_item("arenas", n)?;
+    d.set_item("workers", pool.map_or(workers, |p| p.size))?;
+    d.set_item("checkouts", pool.map_or(0, |p| p.checkouts))?;
+    d.set_item("waits", pool.map_or(0, |p| p.waits))?;
+    d.set_item("runs", s.runs)?;
+    d.set_item("planned_runs", s.planned_runs)?;
+    d.set_item("system_allocs", counters.system_allocs)?;
+    Ok(d)
+}
+
+/// Peaks start again from the current figures.
+#[pyfunction]
+fn reset_peak_stats() {
+    let (_, s) = tensor_arena_ort::arenas();
+    with_state(|st| {
+        st.allocated_peak = s.in_use;
+        st.reserved_peak = s.reserved;
+    });
+}
+
+/// Idle workers give cached memory back: down to what their models' recent
+/// runs need, or all of it with `everything`. Busy workers are skipped
+/// (their own shrink policy runs after their run). Live outputs keep their
+/// blocks. Returns the bytes released.
+#[pyfunction]
+#[pyo3(signature = (everything = false))]
+fn shrink(py: Python<'_>, everything: bool) -> usize {
+    let Some(pool) = with_state(|st| st.pool.clone()) else {
+        return 0;
+    };
+    py.detach(|| {
+        let mut out: Vec<Checkout> = Vec::new();
+        while let Some(c) = pool.try_checkout() {
+            out.push(c);
+        }
+        out.iter_mut().map(|c| c.parts().0.shrink(everything)).sum()
+    })
+}
+
+/// Adds the pool's functions and `Budget` to the module.
+pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Budget>()?;
+    m.add_function(wrap_pyfunction!(configure, m)?)?;
+    m.add_function(wrap_pyfunction!(config, m)?)?;
+    m.add_function(wrap_pyfunction!(stats, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_peak_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(shrink, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,420 @@
+//! One model: an ONNX Runtime session whose CPU tensors are tensor-arena's,
+//! with the model's plans, run from any Python thread.
+
+use crate::arrays::{self, onnx_type_name};
+use crate::errors::{self, InvalidArgument, LibraryError};
+use crate::pool;
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use tensor_arena::{DynamicReason, PlanSource};
+use tensor_arena_ort::ort;
+use tensor_arena_ort::ort::session::builder::GraphOptimizationLevel;
+use tensor_arena_ort::ort::value::{DynValue, ValueType};
+use tensor_arena_ort::{InputSpec, Plans, RunKey, Runtime, SessionBuilderExt};
+
+/// The runtime loaded by `load`.
+pub(crate) fn runtime() -> Option<&'static Runtime> {
+    // `Runtime::load` returns the process's one runtime once loaded; asking
+    // for it by the path it holds costs a lock and a comparison.
+    LOADED.get().copied()
+}
+
+pub(crate) static LOADED: std::sync::OnceLock<&'static Runtime> = std::sync::OnceLock::new();
+
+/// A model input or output as onnxruntime's `NodeArg` describes it: name,
+/// dimensions (an int, the symbol's name, or `None` for a free dimension
+/// with no name) and type (`tensor(float)`).
+type Meta = (String, Vec<Dim>, String);
+
+/// One dimension of a [`Meta`].
+#[derive(Clone, Debug, IntoPyObject)]
+enum Dim {
+    Fixed(i64),
+    Symbol(String),
+    Free(Option<()>),
+}
+
+fn meta(outlet: &ort::value::Outlet) -> Meta {
+    let name = outlet.name().to_string();
+    match outlet.dtype() {
+        ValueType::Tensor {
+            ty,
+            shape,
+            dimension_symbols,
+        } => {
+            let dims = shape
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| match dimension_symbols.get(i) {
+                    _ if d >= 0 => Dim::Fixed(d),
+                    Some(s) if !s.is_empty() => Dim::Symbol(s.clone()),
+                    _ => Dim::Free(None),
+                })
+                .collect();
+            (name, dims, onnx_type_name(*ty).to_string())
+        }
+        other => (name, Vec::new(), other.to_string()),
+    }
+}
+
+/// What the session's last run did (of any thread: the last to finish).
+#[derive(Clone, Debug, Default)]
+struct LastRun {
+    /// "exact", "predicted" or "dynamic".
+    plan: &'static str,
+    /// Why a run had no plan ("" when it had one).
+    dynamic_reason: String,
+    /// A planned run that left its plan (and went on from the core).
+    fell_back: bool,
+    learned: bool,
+    key: Vec<usize>,
+    allocs: u64,
+    planned_allocs: u64,
+    peak_in_use: usize,
+    high_water: usize,
+    reserved: usize,
+    released: usize,
+    commits: u64,
+    out_of_memory: bool,
+}
+
+/// An ONNX Runtime session over tensor-arena memory (the Rust side of
+/// `tensor_arena.onnxruntime.InferenceSession`).
+#[pyclass(frozen, module = "tensor_arena._native")]
+pub struct Session {
+    session: ort::session::Session,
+    plans: Plans,
+    specs: Vec<InputSpec>,
+    inputs: Vec<Meta>,
+    outputs: Vec<Meta>,
+    last: Mutex<Option<LastRun>>,
+}
+
+fn level(n: i64) -> PyResult<GraphOptimizationLevel> {
+    Ok(match n {
+        0 => GraphOptimizationLevel::Disable,
+        1 => GraphOptimizationLevel::Level1,
+        2 => GraphOptimizationLevel::Level2,
+        3 => GraphOptimizationLevel::Level3,
+        99 => GraphOptimizationLevel::All,
+        _ => {
+            return Err(InvalidArgument::new_err(format!(
+                "graph_optimization_level {n} is not one of 0, 1, 2, 3, 99"
+            )))
+        }
+    })
+}
+
+fn log_level(n: i64) -> PyResult<Option<ort::logging::LogLevel>> {
+    use ort::logging::LogLevel as L;
+    Ok(match n {
+        -1 => None,
+        0 => Some(L::Verbose),
+        1 => Some(L::Info),
+        2 => Some(L::Warning),
+        3 => Some(L::Error),
+        4 => Some(L::Fatal),
+        _ => {
+            return Err(InvalidArgument::new_err(format!(
+                "log_severity_level {n} is not one of -1, 0, 1, 2, 3, 4"
+            )))
+        }
+    })
+}
+
+fn threads(what: &str, n: i64) -> PyResult<usize> {
+    usize::try_from(n)
+        .map_err(|_| InvalidArgument::new_err(format!("{what} must be >= 0, not {n}")))
+}
+
+#[pymethods]
+impl Session {
+    /// Opens `model` (a path, or the model's bytes) with ONNX Runtime's
+    /// options as onnxruntime's `SessionOptions` names them (0 threads:
+    /// ONNX Runtime's default; `execution_mode` 0 sequential, 1 parallel;
+    /// `log_severity_level` -1 keeps the environment's).
+    #[new]
+    #[pyo3(signature = (model, *, intra_op_num_threads = 0, inter_op_num_threads = 0,
+        graph_optimization_level = 99, execution_mode = 0, log_severity_level = -1))]
+    fn new(
+        py: Python<'_>,
+        model: &Bound<'_, PyAny>,
+        intra_op_num_threads: i64,
+        inter_op_num_threads: i64,
+        graph_optimization_level: i64,
+        execution_mode: i64,
+        log_severity_level: i64,
+    ) -> PyResult<Self> {
+        let rt = runtime().ok_or_else(|| {
+            LibraryError::new_err(
+                "ONNX Runtime is not loaded: call tensor_arena._native.load(path)",
+            )
+        })?;
+        let intra = threads("intra_op_num_threads", intra_op_num_threads)?;
+        let inter = threads("inter_op_num_threads", inter_op_num_threads)?;
+        let level = level(graph_optimization_level)?;
+        let log = log_level(log_severity_level)?;
+        let parallel = match execution_mode {
+            0 => false,
+            1 => true,
+            n => {
+                return Err(InvalidArgument::new_err(format!(
+                    "execution_mode {n} is not 0 (sequential) or 1 (parallel)"
+                )))
+            }
+        };
+        enum Source<'a> {
+            Path(std::path::PathBuf),
+            Bytes(&'a [u8]),
+        }
+        let bytes = model.cast::<PyBytes>().ok();
+        let source = match &bytes {
+            Some(b) => Source::Bytes(b.as_bytes()),
+            None => Source::Path(model.extract().map_err(|_| {
+                InvalidArgument::new_err("model must be a path (str or os.PathLike) or bytes")
+            })?),
+        };
+        if let Source::Path(p) = &source {
+            if !p.is_file() {
+                return Err(errors::NoSuchFile::new_err(format!(
+                    "model file not found: {}",
+                    p.display()
+                )));
+            }
+        }
+        let session = py.detach(|| -> PyResult<ort::session::Session> {
+            let mut b =
+                ort::session::Session::builder(rt.environment()).map_err(errors::from_ort)?;
+            b = b.with_optimization_level(level).map_err(errors::from_ort)?;
+            if intra > 0 {
+                b = b.with_intra_threads(intra).map_err(errors::from_ort)?;
+            }
+            if inter > 0 {
+                b = b.with_inter_threads(inter).map_err(errors::from_ort)?;
+            }
+            b = b
+                .with_parallel_execution(parallel)
+                .map_err(errors::from_ort)?;
+            if let Some(l) = log {
+                b = b.with_log_level(l).map_err(errors::from_ort)?;
+            }
+            b = b.with_tensor_arena().map_err(errors::from_ort)?;
+            match &source {
+                Source::Path(p) => b.commit_from_file(p),
+                Source::Bytes(bytes) => b.commit_from_memory(bytes),
+            }
+            .map_err(errors::from_ort)
+        })?;
+        Ok(Self {
+            specs: InputSpec::of(&session),
+            inputs: session.inputs().iter().map(meta).collect(),
+            outputs: session.outputs().iter().map(meta).collect(),
+            plans: Plans::default(),
+            session,
+            last: Mutex::new(None),
+        })
+    }
+
+    /// The model's inputs: (name, shape, type) each.
+    fn inputs(&self) -> Vec<Meta> {
+        self.inputs.clone()
+    }
+
+    /// The model's outputs: (name, shape, type) each.
+    fn outputs(&self) -> Vec<Meta> {
+        self.outputs.clone()
+    }
+
+    /// The model's metadata: producer_name, graph_name, domain,
+    /// description, graph_description, version, custom_metadata_map.
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.session.metadata().map_err(errors::from_ort)?;
+        let d = PyDict::new(py);
+        d.set_item("producer_name", m.producer().unwrap_or_default())?;
+        d.set_item("graph_name", m.name().unwrap_or_default())?;
+        d.set_item("domain", m.domain().unwrap_or_default())?;
+        d.set_item("description", m.description().unwrap_or_default())?;
+        d.set_item(
+            "graph_description",
+            m.graph_description().unwrap_or_default(),
+        )?;
+        d.set_item("version", m.version().unwrap_or_default())?;
+        let custom = PyDict::new(py);
+        for k in m.custom_keys().map_err(errors::from_ort)? {
+            if let Some(v) = m.custom(&k) {
+                custom.set_item(k, v)?;
+            }
+        }
+        d.set_item("custom_metadata_map", custom)?;
+        Ok(d)
+    }
+
+    /// Runs the model on `feed` (a dict of name to array) and returns the
+    /// outputs named in `output_names` (all of them for `None`), in that
+    /// order, as NumPy arrays. The GIL is released while ONNX Runtime runs;
+    /// the run takes a worker of the process's pool (waiting while all are
+    /// busy).
+    #[pyo3(signature = (output_names, feed))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        output_names: Option<Vec<String>>,
+        feed: &Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        // Which outputs, by index into the model's.
+        let picks: Vec<usize> = match &output_names {
+            None => (0..self.outputs.len()).collect(),
+            Some(names) => names
+                .iter()
+                .map(|n| {
+                    self.outputs.iter().position(|o| &o.0 == n).ok_or_else(|| {
+                        InvalidArgument::new_err(format!(
+                            "Invalid output name: {n} (the model's outputs: {})",
+                            self.outputs
+                                .iter()
+                                .map(|o| o.0.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ))
+                    })
+                })
+                .collect::<PyResult<_>>()?,
+        };
+        // Inputs in the model's order, checked (names, dtype) here; rank and
+        // fixed dimensions are checked by crates/ort before the run.
+        let mut given: Vec<(String, arrays::Input<'py>)> = Vec::with_capacity(feed.len());
+        for (k, v) in feed.iter() {
+            let name: String = k
+                .extract()
+                .map_err(|_| InvalidArgument::new_err("input names must be strings"))?;
+            let Some(spec) = self.specs.iter().find(|s| s.name == name) else {
+                return Err(InvalidArgument::new_err(format!(
+                    "Invalid input name: {name} (the model's inputs: {})",
+                    self.specs
+                        .iter()
+                        .map(|s| s.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            };
+            let input = arrays::input(&name, &v, spec.elem)?;
+            given.push((name, input));
+        }
+        let mut key_shapes: Vec<&[i64]> = Vec::with_capacity(self.specs.len());
+        let mut feed_values: Vec<(&str, &DynValue)> = Vec::with_capacity(self.specs.len());
+        for spec in &self.specs {
+            let Some((name, input)) = given.iter().find(|(n, _)| *n == spec.name) else {
+                return Err(InvalidArgument::new_err(format!(
+                    "Required input {:?} is missing from the feed",
+                    spec.name
+                )));
+            };
+            key_shapes.push(&input.shape);
+            feed_values.push((name.as_str(), &input.value));
+        }
+        let key = RunKey::from_shapes(key_shapes);
+        let (workers, mode) = pool::pool()?;
+        let result = py.detach(|| {
+            let mut checkout = workers.checkout();
+            let (worker, ()) = checkout.parts();
+            let out = worker.run(&self.plans, &key, || {
+                tensor_arena_ort::run_shared(&self.session, &feed_values, None)
+            });
+            let info = worker.last_run().cloned().unwrap_or_default();
+            pool::after_run(worker, &info);
+            drop(checkout);
+            self.record(&info);
+            out.map_err(|e| match e {
+                tensor_arena_ort::OrtArenaError::Ort(m)
+                    if info.out_of_memory() || m.contains("bad_alloc") =>
+                {
+                    tensor_arena_ort::OrtArenaError::OutOfMemory(m)
+                }
+                e => e,
+            })
+        });
+        let mut values: Vec<Option<DynValue>> = result
+            .map_err(errors::from_arena)?
+            .into_iter()
+            .map(|(_, v)| Some(v))
+            .collect();
+        drop(given);
+        let list = PyList::empty(py);
+        for i in picks {
+            let name = &self.outputs[i].0;
+            let value = values.get_mut(i).and_then(Option::take).ok_or_else(|| {
+                InvalidArgument::new_err(format!("output {name:?} is named twice"))
+            })?;
+            list.append(arrays::output(py, name, value, mode)?)?;
+        }
+        Ok(list)
+    }
+
+    /// What the last run of this session did: its plan ("exact": the
+    /// plan learned for its shapes; "predicted": planned from the model's
+    /// other shapes; "dynamic": no plan, and `dynamic_reason`), whether it
+    /// fell back from the plan, whether it taught a plan, and its memory
+    /// figures. `None` before the first run.
+    fn last_run<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(l) = self.last.lock().clone() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("plan", l.plan)?;
+        d.set_item("dynamic_reason", l.dynamic_reason)?;
+        d.set_item("fell_back", l.fell_back)?;
+        d.set_item("learned", l.learned)?;
+        d.set_item("key", l.key)?;
+        d.set_item("allocations", l.allocs)?;
+        d.set_item("planned_allocations", l.planned_allocs)?;
+        d.set_item("peak_in_use", l.peak_in_use)?;
+        d.set_item("high_water", l.high_water)?;
+        d.set_item("reserved", l.reserved)?;
+        d.set_item("released", l.released)?;
+        d.set_item("commits", l.commits)?;
+        d.set_item("out_of_memory", l.out_of_memory)?;
+        Ok(Some(d))
+    }
+
+    /// The model's plans: plans held, hits, misses, and runs by how they
+    /// were served.
+    fn plan_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.plans.stats();
+        let d = PyDict::new(py);
+        d.set_item("plans", s.plans)?;
+        d.set_item("hits", s.hits)?;
+        d.set_item("misses", s.misses)?;
+        d.set_item("runs", format!("{:?}", s.runs))?;
+        Ok(d)
+    }
+}
+
+impl Session {
+    fn record(&self, info: &tensor_arena_ort::RunInfo) {
+        let (plan, dynamic_reason) = match info.plan {
+            PlanSource::Exact => ("exact", String::new()),
+            PlanSource::Predicted => ("predicted", String::new()),
+            PlanSource::Dynamic(r) => ("dynamic", reason(r)),
+        };
+        *self.last.lock() = Some(LastRun {
+            plan,
+            dynamic_reason,
+            fell_back: info.report.deviated,
+            learned: info.learned,
+            key: info.key.as_slice().to_vec(),
+            allocs: info.report.allocs,
+            planned_allocs: info.report.planned_allocs,
+            peak_in_use: info.report.peak_in_use,
+            high_water: info.report.high_water,
+            reserved: info.report.reserved,
+            released: info.released,
+            commits: info.report.commits,
+            out_of_memory: info.out_of_memory(),
+        });
+    }
+}
+
+fn reason(r: DynamicReason) -> String {
+    format!("{r:?}")
+}

@@ -1,0 +1,186 @@
+"""Every user-facing failure is a Python exception, and the session (and
+the process) goes on after it."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from conftest import same
+from tensor_arena import onnxruntime as ta
+
+
+@pytest.fixture(scope="module")
+def cls(assets):
+    return ta.InferenceSession(str(assets / "ppocr_cls.onnx"))
+
+
+@pytest.fixture(scope="module")
+def good(assets):
+    x = np.random.default_rng(0).standard_normal((2, 3, 48, 192)).astype(np.float32)
+    ref = ort.InferenceSession(str(assets / "ppocr_cls.onnx")).run(None, {"x": x})
+    return x, ref
+
+
+def still_works(sess, good):
+    x, ref = good
+    same(ref, sess.run(None, {"x": x}))
+
+
+@pytest.mark.parametrize(
+    "feed, match",
+    [
+        ({"y": np.zeros((1, 3, 48, 192), np.float32)}, "Invalid input name: y"),
+        ({}, "Required input"),
+        ({"x": np.zeros((1, 3, 48, 192), np.float64)}, r"Unexpected input data type. Actual: \(tensor\(double\)\)"),
+        ({"x": np.zeros((1, 3, 48, 192), np.int64)}, "expected: \\(tensor\\(float\\)\\)"),
+        ({"x": np.zeros((3, 48, 192), np.float32)}, "expects rank 4"),
+        ({"x": np.zeros((1, 4, 48, 192), np.float32)}, "has shape"),
+        ({"x": np.array(["a"])}, "not a supported input type"),
+        ({"x": object()}, "not an array|not a supported input type"),
+        ({1: np.zeros((1, 3, 48, 192), np.float32)}, "input names must be strings"),
+    ],
+    ids=["unknown-name", "missing", "float64", "int64", "rank", "fixed-dim", "strings", "object", "name-type"],
+)
+def test_bad_inputs_raise_invalid_argument(cls, good, feed, match):
+    with pytest.raises(ta.InvalidArgument, match=match):
+        cls.run(None, feed)
+    still_works(cls, good)
+
+
+def test_unknown_output_name(cls, good):
+    with pytest.raises(ta.InvalidArgument, match="Invalid output name: nope"):
+        cls.run(["nope"], {"x": good[0]})
+    still_works(cls, good)
+
+
+def test_missing_model_file(tmp_path):
+    with pytest.raises(ta.NoSuchFile):
+        ta.InferenceSession(str(tmp_path / "absent.onnx"))
+    with pytest.raises(ta.NoSuchFile):
+        ta.InferenceSession(tmp_path / "absent.onnx")
+
+
+def test_corrupt_and_truncated_models(assets, tmp_path, cls, good):
+    data = (assets / "ppocr_cls.onnx").read_bytes()
+    for bad in (data[: len(data) // 2], data[:100], b"not an onnx model at all", b"", bytes(range(256)) * 64):
+        with pytest.raises((ta.InvalidProtobuf, ta.Fail, ta.InvalidArgument)):
+            ta.InferenceSession(bad)
+        p = tmp_path / "bad.onnx"
+        p.write_bytes(bad)
+        with pytest.raises((ta.InvalidProtobuf, ta.Fail, ta.InvalidArgument)):
+            ta.InferenceSession(str(p))
+    with pytest.raises(TypeError):
+        ta.InferenceSession(12345)
+    still_works(cls, good)
+
+
+def test_bad_options(assets):
+    so = ort.SessionOptions()
+    with pytest.raises(ta.InvalidArgument):
+        so2 = ta.SessionOptions()
+        so2.graph_optimization_level = 7
+        ta.InferenceSession(str(assets / "ppocr_cls.onnx"), sess_options=so2)
+    so2 = ta.SessionOptions()
+    so2.intra_op_num_threads = -3
+    with pytest.raises(ta.InvalidArgument):
+        ta.InferenceSession(str(assets / "ppocr_cls.onnx"), sess_options=so2)
+    with pytest.raises(ta.InvalidArgument):
+        ta.configure(workers=0)
+    with pytest.raises(ta.InvalidArgument):
+        ta.configure(shrink="sometimes")
+    with pytest.raises(ta.InvalidArgument):
+        ta.Budget(1 << 20, wait=-1)
+    assert so is not None
+
+
+def test_other_providers_are_ignored_with_a_warning(assets):
+    with pytest.warns(RuntimeWarning, match="CUDAExecutionProvider"):
+        s = ta.InferenceSession(str(assets / "ppocr_cls.onnx"), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert s.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_budget_refusal_fails_the_run_and_the_session_goes_on(assets):
+    path = str(assets / "ppocr_det.onnx")
+    sess = ta.InferenceSession(path)
+    ref = ort.InferenceSession(path)
+    small = np.random.default_rng(1).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    large = np.random.default_rng(2).standard_normal((1, 3, 1280, 1280)).astype(np.float32)
+    before = ta.config()
+    budget = ta.Budget(24 << 20)
+    try:
+        ta.configure(budget=budget)
+        with pytest.raises(ta.OutOfMemory):
+            sess.run(None, {"x": large})
+        assert sess.last_run()["out_of_memory"]
+        assert budget.stats()["refusals"] >= 1
+        assert ta.stats()["ooms"] >= 1
+        same(ref.run(None, {"x": small}), sess.run(None, {"x": small}))
+    finally:
+        ta.configure(budget=False, workers=before["workers"])
+    same(ref.run(None, {"x": large}), sess.run(None, {"x": large}))
+
+
+SUBPROCESS = textwrap.dedent(
+    """
+    import sys
+    from tensor_arena import onnxruntime as ta
+    try:
+        ta.InferenceSession(sys.argv[1])
+    except ta.LibraryError as e:
+        print("LibraryError:", e)
+    """
+)
+
+
+def run_child(env_lib, model, extra=""):
+    env = dict(os.environ, TENSOR_ARENA_ORT_LIB=str(env_lib))
+    r = subprocess.run([sys.executable, "-c", extra + SUBPROCESS, str(model)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_too_old_library_is_refused(assets):
+    out = run_child(assets / "libonnxruntime-1.20.so", assets / "ppocr_cls.onnx")
+    assert out.startswith("LibraryError:") and "libonnxruntime-1.20.so" in out, out
+
+
+def test_missing_and_wrong_library_is_refused(assets, tmp_path):
+    out = run_child(tmp_path / "nope.so", assets / "ppocr_cls.onnx")
+    assert out.startswith("LibraryError:") and "not found" in out, out
+    fake = tmp_path / "libonnxruntime.so"
+    fake.write_bytes(b"\x7fELF not really")
+    out = run_child(fake, assets / "ppocr_cls.onnx")
+    assert out.startswith("LibraryError:"), out
+
+
+def test_without_onnxruntime_import_fails_clearly():
+    hide = textwrap.dedent(
+        """
+        import importlib.abc, importlib.metadata, sys
+        class Hide(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "onnxruntime" or name.startswith("onnxruntime."):
+                    raise ModuleNotFoundError(name)
+        sys.meta_path.insert(0, Hide())
+        _files = importlib.metadata.files
+        def files(name):
+            if name == "onnxruntime":
+                raise importlib.metadata.PackageNotFoundError(name)
+            return _files(name)
+        importlib.metadata.files = files
+        try:
+            import tensor_arena.onnxruntime
+        except ImportError as e:
+            print("ImportError:", e)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TENSOR_ARENA_ORT_LIB"}
+    r = subprocess.run([sys.executable, "-c", hide], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ImportError:") and "pip install 'tensor-arena[onnxruntime]'" in r.stdout, r.stdout

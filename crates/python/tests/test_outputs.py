@@ -1,0 +1,97 @@
+"""Outputs outlive the run. Copied (the default): NumPy owns them. As views
+(configure(outputs="view")): the array's base holds the tensor, so its
+arena block lives as long as the array, through shrinks, a new pool and the
+session's end. Stats, plans and shrink from Python."""
+
+import gc
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from conftest import same
+from tensor_arena import onnxruntime as ta
+
+
+@pytest.fixture
+def view_mode():
+    before = ta.config()
+    ta.configure(outputs="view")
+    yield
+    ta.configure(outputs=before["outputs"])
+
+
+def test_views_keep_their_block_alive(assets, view_mode):
+    path = str(assets / "ppocr_rec.onnx")
+    ref = ort.InferenceSession(path)
+    sess = ta.InferenceSession(path)
+    feeds = [{"x": np.random.default_rng(i).standard_normal((2, 3, 48, w)).astype(np.float32)}
+             for i, w in enumerate((320, 160, 640))]
+    kept = [sess.run(None, f) for f in feeds]
+    for out in kept:
+        assert type(out[0].base).__name__ == "OutputTensor"
+        assert not out[0].flags.owndata and out[0].flags.writeable
+    assert ta.stats()["allocated_current"] > 0, "the views' blocks are live"
+    ta.shrink(everything=True)
+    ta.configure(workers=ta.config()["workers"])  # a new pool: the old workers go
+    del sess
+    gc.collect()
+    for f, out in zip(feeds, kept):
+        same(ref.run(None, f), out)
+    sub = kept[0][0][0]  # a view of the view keeps it alive too
+    del kept
+    gc.collect()
+    assert sub.shape == (80, 6625) or sub.ndim == 2
+    float(sub.sum())
+
+
+def test_copies_free_their_block_at_once(assets):
+    sess = ta.InferenceSession(str(assets / "ppocr_cls.onnx"))
+    x = np.zeros((6, 3, 48, 192), np.float32)
+    out = sess.run(None, {"x": x})
+    assert out[0].flags.owndata
+    assert ta.stats()["allocated_current"] == 0
+
+
+def test_stats_plans_and_shrink(assets):
+    sess = ta.InferenceSession(str(assets / "ppocr_det.onnx"))
+    ta.reset_peak_stats()
+    big = np.zeros((1, 3, 640, 640), np.float32)
+    small = np.zeros((1, 3, 160, 160), np.float32)
+    sess.run(None, {"x": big})
+    first = sess.last_run()
+    assert first["plan"] in ("dynamic", "predicted") and first["allocations"] > 0
+    sess.run(None, {"x": big})
+    assert sess.last_run()["plan"] == "exact" and not sess.last_run()["fell_back"]
+    st = ta.stats()
+    for k in ("allocated_current", "allocated_peak", "reserved_current", "reserved_peak",
+              "allocations_current", "allocations", "frees", "ooms", "arenas", "workers"):
+        assert k in st, k
+    assert st["allocated_peak"] >= first["peak_in_use"] > 0
+    assert st["reserved_peak"] >= st["reserved_current"]
+    peak = st["reserved_peak"]
+    sess.run(None, {"x": small})
+    ta.shrink(everything=True)
+    after = ta.stats()
+    assert after["reserved_current"] < peak
+    ta.reset_peak_stats()
+    assert ta.stats()["reserved_peak"] == ta.stats()["reserved_current"]
+    assert sess.plan_stats()["plans"] >= 1
+
+
+def test_configure_round_trips(assets):
+    before = ta.config()
+    try:
+        ta.configure(workers=3, decay=0.5, shrink="follow", huge_pages=False, budget=ta.Budget(1 << 30))
+        c = ta.config()
+        assert (c["workers"], c["decay"], c["shrink"], c["huge_pages"]) == (3, 0.5, "follow", False)
+        assert c["budget"].limit == 1 << 30
+        sess = ta.InferenceSession(str(assets / "ppocr_cls.onnx"))
+        x = np.zeros((1, 3, 48, 192), np.float32)
+        ref = ort.InferenceSession(str(assets / "ppocr_cls.onnx"))
+        same(ref.run(None, {"x": x}), sess.run(None, {"x": x}))
+        ta.configure(decay=False, budget=False)
+        assert ta.config()["decay"] is None and ta.config()["budget"] is None
+    finally:
+        ta.configure(workers=before["workers"], decay=before["decay"] or False, shrink=before["shrink"],
+                     huge_pages=before["huge_pages"], budget=False)
