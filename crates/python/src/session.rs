@@ -393,9 +393,11 @@ impl Session {
 impl Session {
     fn record(&self, info: &tensor_arena_ort::RunInfo) {
         let (plan, dynamic_reason) = match info.plan {
-            PlanSource::Exact => ("exact", String::new()),
-            PlanSource::Predicted => ("predicted", String::new()),
-            PlanSource::Dynamic(r) => ("dynamic", reason(r)),
+            Some(PlanSource::Exact) => ("exact", String::new()),
+            Some(PlanSource::Predicted) => ("predicted", String::new()),
+            Some(PlanSource::Dynamic(r)) => ("dynamic", reason(r)),
+            // ONNX Runtime allocated elsewhere: the arena served nothing.
+            None => ("not served", String::new()),
         };
         *self.last.lock() = Some(LastRun {
             plan,

@@ -274,7 +274,8 @@ class InferenceSession:
 
     def last_run(self) -> Optional[Dict[str, Any]]:
         """What this session's last run did: ``plan`` ("exact", "predicted"
-        or "dynamic", with ``dynamic_reason``), ``fell_back``, ``learned``,
+        or "dynamic", with ``dynamic_reason``; "not served" where ONNX
+        Runtime allocated elsewhere), ``fell_back``, ``learned``,
         and its memory figures."""
         return self._sess.last_run()
 
