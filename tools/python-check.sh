@@ -24,10 +24,15 @@ command -v "$python" >/dev/null || { echo "python-check: python3 not found" >&2;
 assets="$(bash tools/fetch-ort-assets.sh)"
 
 echo "python-check: building the wheel"
+# Linked against glibc 2.28's symbols and tagged manylinux_2_28 once
+# auditwheel allows it (tools/manylinux.sh).
+# shellcheck source=tools/manylinux.sh
+. tools/manylinux.sh
+manylinux_setup "$work"
 "$python" -m pip wheel --no-deps --disable-pip-version-check -q -w "$work/dist" crates/python
 wheels=("$work"/dist/tensor_arena-*.whl)
 [ "${#wheels[@]}" -eq 1 ] && [ -f "${wheels[0]}" ] || { echo "python-check: expected one wheel, got: ${wheels[*]}" >&2; exit 1; }
-wheel="${wheels[0]}"
+wheel="$(manylinux_tag "${wheels[0]}")"
 echo "python-check: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
 case "$(basename "$wheel")" in
   *-abi3-*) ;;

@@ -19,10 +19,15 @@ command -v "$python" >/dev/null || { echo "wheel-check: python3 not found" >&2; 
 echo "wheel-check: building the wheel"
 # setuptools builds in the source tree; start from no earlier build.
 rm -rf crates/cuda/python/build crates/cuda/python/*.egg-info
+# Linked against glibc 2.28's symbols and tagged manylinux_2_28 once
+# auditwheel allows it (tools/manylinux.sh).
+# shellcheck source=tools/manylinux.sh
+. tools/manylinux.sh
+manylinux_setup "$work"
 "$python" -m pip wheel --no-deps -w "$work/dist" crates/cuda/python
 wheels=("$work"/dist/tensor_arena_cuda-*.whl)
 [ "${#wheels[@]}" -eq 1 ] && [ -f "${wheels[0]}" ] || { echo "wheel-check: expected one wheel, got: ${wheels[*]}" >&2; exit 1; }
-wheel="${wheels[0]}"
+wheel="$(manylinux_tag "${wheels[0]}")"
 echo "wheel-check: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
 
 echo "wheel-check: fresh virtual environment"
@@ -41,6 +46,14 @@ lib = t.library_path()
 assert "site-packages" in t.__file__ and lib.startswith(os.path.dirname(t.__file__)), (t.__file__, lib)
 print("wheel-check: imported", t.__file__, "library", os.path.basename(lib))
 PY
+# The wheel's library (linked for glibc 2.28) throws std::bad_alloc into a
+# C++ host as the cargo-built one does.
+c++ -o "$work/cxx_host" "$root/crates/cuda/tests/cxx_host.cc" -ldl
+host_out="$(TENSOR_ARENA_CUDA_DRIVER=simulated "$work/cxx_host" "$("$py" -c 'import tensor_arena_cuda as t; print(t.library_path())')" 2>/dev/null)"
+for line in "small: ok" "zero: null" "huge: caught std::bad_alloc" "huge, C entry: null" "after: ok"; do
+    grep -qF "$line" <<<"$host_out" || { echo "wheel-check: C++ host: '$line' missing in: $host_out" >&2; exit 1; }
+done
+echo "wheel-check: C++ host catches std::bad_alloc from the wheel's library"
 # Each test in its own process: the library picks its driver once.
 "$py" -m tensor_arena_cuda.selftest
 PYTHONPATH="$root/tools/gpu-check/fake" PYTHONDONTWRITEBYTECODE=1 "$py" test_mempool.py
