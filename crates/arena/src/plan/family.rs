@@ -399,10 +399,14 @@ impl Families {
             });
         }
         let sizes: Vec<usize> = rec.blocks.iter().map(|b| b.0).collect();
+        let before = s.obs.len();
         s.obs.retain(|o| o.dims != dims);
         if s.obs.len() >= MAX_SHAPES {
             s.obs.pop_front();
         }
+        // A shape gone (replaced or evicted) may rule monomials in again:
+        // the fit is then made afresh, else from the current one.
+        let only_added = s.obs.len() == before;
         let lower_bound = rec.peak_live();
         s.obs.push_back(Observation {
             dims,
@@ -430,7 +434,14 @@ impl Families {
         }
         let obs: Vec<Observation> = s.obs.iter().cloned().collect();
         let rounding = s.shape.aligns.iter().copied().min().unwrap_or(1);
-        s.fit = (obs.len() >= 2).then(|| Arc::new(Fit::new(&obs, rounding)));
+        s.fit = (obs.len() >= 2).then(|| {
+            Arc::new(match &s.fit {
+                // Block by block: only the blocks whose model this shape
+                // contradicts are fitted from scratch.
+                Some(fit) if only_added => fit.refit(&obs, rounding),
+                _ => Fit::new(&obs, rounding),
+            })
+        });
     }
 
     /// Every family's state.

@@ -74,7 +74,7 @@ impl Monomial {
     }
 
     /// Its value at `dims` (a missing dimension counts as 0).
-    fn eval(&self, dims: &[u64]) -> f64 {
+    pub(super) fn eval(&self, dims: &[u64]) -> f64 {
         self.0.iter().fold(1.0, |m, f| {
             let v = dims.get(f.dim as usize).copied().unwrap_or(0);
             let v = (v.saturating_add(u64::from(f.offset)) >> f.shift) as f64;
@@ -152,7 +152,7 @@ pub(crate) struct Fit {
 
 /// How block `b`'s size follows the shapes `obs`: constant, else the
 /// first tier's proportional fit, else its affine fit, else none.
-fn model_of(
+pub(super) fn model_of(
     obs: &[Observation],
     b: usize,
     tiers: &[Tier],
@@ -193,7 +193,7 @@ fn model_of(
 /// One tier of monomials, each with its values at the shapes fitted (in
 /// one vector, a row per monomial), so that every block's fit reads them
 /// instead of computing them again.
-struct Tier {
+pub(super) struct Tier {
     monomials: Vec<Monomial>,
     values: Vec<f64>,
     shapes: usize,
@@ -214,7 +214,7 @@ impl Tier {
 }
 
 /// The tiers of monomials to try over the dimensions that vary in `obs`.
-fn tiers_for(varied: &[bool], obs: &[Observation]) -> Vec<Tier> {
+pub(super) fn tiers_for(varied: &[bool], obs: &[Observation]) -> Vec<Tier> {
     tiers(varied)
         .into_iter()
         .map(|t| Tier::new(t, obs))
@@ -230,16 +230,36 @@ fn volume(dims: &[u64], varied: &[bool]) -> f64 {
         .product()
 }
 
+/// The least and largest product of the varying dimensions among `obs`.
+pub(super) fn volume_range(obs: &[Observation], varied: &[bool]) -> (f64, f64) {
+    obs.iter()
+        .map(|o| volume(&o.dims, varied))
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        })
+}
+
 impl Fit {
     /// Fits every block's size to `obs` (at least one observation, all
     /// with as many dimensions and as many blocks), sizes being rounded to
     /// at most `rounding` (a power of two: the smallest alignment of the
     /// blocks, which is at least the arena's).
     pub(crate) fn new(obs: &[Observation], rounding: usize) -> Fit {
+        let (varied, quantum) = Self::frame(obs, rounding);
+        let tiers = tiers_for(&varied, obs);
+        let (volume_min, volume_max) = volume_range(obs, &varied);
+        let q = quantum as f64;
+        let models: Vec<Option<SizeModel>> = (0..obs[0].sizes.len())
+            .map(|b| model_of(obs, b, &tiers, q, volume_min, volume_max))
+            .collect();
+        Self::assemble(obs, models, varied, quantum)
+    }
+
+    /// Which dimensions vary among `obs`, and the quantum their sizes are
+    /// known to (see [`Fit::new`]).
+    pub(super) fn frame(obs: &[Observation], rounding: usize) -> (Vec<bool>, usize) {
         let first = &obs[0];
-        let blocks = first.sizes.len();
-        let ndims = first.dims.len();
-        let varied: Vec<bool> = (0..ndims)
+        let varied: Vec<bool> = (0..first.dims.len())
             .map(|d| obs.iter().any(|o| o.dims[d] != first.dims[d]))
             .collect();
         let quantum = obs
@@ -252,14 +272,18 @@ impl Fit {
             1usize << quantum.trailing_zeros()
         }
         .min(rounding.max(1));
-        let tiers = tiers_for(&varied, obs);
-        let q = quantum as f64;
-        let volumes: Vec<f64> = obs.iter().map(|o| volume(&o.dims, &varied)).collect();
-        let volume_max = volumes.iter().copied().fold(0.0, f64::max);
-        let volume_min = volumes.iter().copied().fold(f64::INFINITY, f64::min);
-        let models: Vec<Option<SizeModel>> = (0..blocks)
-            .map(|b| model_of(obs, b, &tiers, q, volume_min, volume_max))
-            .collect();
+        (varied, quantum)
+    }
+
+    /// The fit of `obs` made of each block's model.
+    pub(super) fn assemble(
+        obs: &[Observation],
+        models: Vec<Option<SizeModel>>,
+        varied: Vec<bool>,
+        quantum: usize,
+    ) -> Fit {
+        let blocks = models.len();
+        let (_, volume_max) = volume_range(obs, &varied);
         let degree = models
             .iter()
             .map(|m| match m {
@@ -282,7 +306,7 @@ impl Fit {
             monotone,
             models,
             quantum,
-            base: first.dims.clone(),
+            base: obs[0].dims.clone(),
             varied,
             volume_max,
             obs: obs.to_vec(),
@@ -555,7 +579,7 @@ fn vertices(
 
 /// An affine size `a + c · m` consistent with the shapes seen: the
 /// vertices of what they allow.
-fn affine(ms: &[f64], sizes: &[f64], q: f64) -> Option<Vec<(f64, f64)>> {
+pub(super) fn affine(ms: &[f64], sizes: &[f64], q: f64) -> Option<Vec<(f64, f64)>> {
     vertices(ms, sizes, q, None)
 }
 
@@ -564,7 +588,7 @@ fn affine(ms: &[f64], sizes: &[f64], q: f64) -> Option<Vec<(f64, f64)>> {
 /// cannot tell from none: ONNX Runtime asks for some tensors' bytes plus
 /// 64, which is a multiple of 64 at even widths and not at odd ones): the
 /// vertices of what that allows.
-fn scaled(ms: &[f64], sizes: &[f64], q: f64) -> Option<Vec<(f64, f64)>> {
+pub(super) fn scaled(ms: &[f64], sizes: &[f64], q: f64) -> Option<Vec<(f64, f64)>> {
     proportional(ms, sizes, q)?;
     vertices(ms, sizes, q, Some((0.0, q)))
 }
@@ -681,6 +705,9 @@ fn tiers(varied: &[bool]) -> Vec<Vec<Monomial>> {
         })
         .collect()
 }
+
+#[path = "fit_refit.rs"]
+mod refit;
 
 #[cfg(test)]
 #[path = "fit_tests.rs"]

@@ -178,3 +178,46 @@ fn the_bound_scales_the_largest_lower_bound_by_the_degree() {
     // Past them, squared.
     assert_eq!(f.bound(&[40]), 4 * s(20) + s(20) / 2 + 64);
 }
+
+/// Fitting again block by block gives the fit made afresh: the same
+/// predictions and the same unfit blocks, shape after shape, over sizes
+/// constant, proportional, strided, affine, quadratic and data-dependent.
+#[test]
+fn a_refit_is_the_fit_made_afresh() {
+    let sizes = |b: u64, w: u64| -> Vec<usize> {
+        vec![
+            4096,
+            round(b * w * 64, 64),
+            round(b * 256 * w.div_ceil(4), 64),
+            round(4096 + 256 * w, 64),
+            round(b * w * w * 4, 64),
+            [640usize, 64, 6400, 1280, 64, 9000, 700, 3000][(w % 8) as usize],
+        ]
+    };
+    let shapes = [
+        (1, 33),
+        (8, 287),
+        (5, 99),
+        (3, 121),
+        (6, 201),
+        (2, 77),
+        (7, 255),
+    ];
+    let all: Vec<Observation> = shapes
+        .iter()
+        .map(|&(b, w)| obs(&[b, w], &sizes(b, w)))
+        .collect();
+    for k in 2..all.len() {
+        let fresh = Fit::new(&all[..=k], 64);
+        let refit = Fit::new(&all[..k], 64).refit(&all[..=k], 64);
+        assert_eq!(fresh.unfit(), refit.unfit(), "{k} shapes");
+        for probe in [[4u64, 150], [1, 40], [8, 280], [9, 320], [2, 33]] {
+            assert_eq!(
+                fresh.predict(&probe),
+                refit.predict(&probe),
+                "{k} shapes, at {probe:?}"
+            );
+            assert_eq!(fresh.bound(&probe), refit.bound(&probe));
+        }
+    }
+}
