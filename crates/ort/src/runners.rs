@@ -161,6 +161,13 @@ mod tests {
         }
         runners.run(Box::new(move || tx2.send(7).unwrap())).unwrap();
         assert_eq!(rx2.recv().unwrap(), 7);
+        // Back on the list first (the job sends before its thread is back:
+        // a list still empty here is not a thread that ended).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while runners.idle() == 0 {
+            assert!(std::time::Instant::now() < deadline);
+            std::thread::yield_now();
+        }
         // Idle for IDLE_END: the thread ends and leaves the list.
         let deadline = std::time::Instant::now() + IDLE_END * 10;
         while runners.idle() != 0 {
