@@ -328,10 +328,10 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             return None;
         }
         let mut hint = None;
-        // A prediction the run kept to (its blocks within their slots):
-        // its plan is kept as the key's, with no search; and where it was
-        // tight, the fit explains this shape already, so the shape joins
-        // the family without a refit (the next failed or loose prediction
+        // A prediction the run kept to (its blocks within their slots) and
+        // that was tight: its plan is kept as the key's, with no search,
+        // and the fit explains this shape already, so the shape joins the
+        // family without a refit (the next failed or loose prediction
         // refits with it). Learning then costs a well-predicted run
         // nothing but bookkeeping.
         let kept = source == PlanSource::Predicted && report.planned && !report.deviated;
@@ -350,7 +350,11 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         let plan = match (&lookup.plan, recording.is_empty()) {
             // Followed to the end, every block as predicted.
             (Some(plan), true) if report.planned && !report.deviated => Arc::clone(plan),
-            (Some(plan), false) if kept => Arc::clone(plan),
+            // Kept and tight: the prediction is the key's plan. A loose
+            // one (slots well over the run's sizes) is solved from the
+            // run's own recording below, so that the key's later runs are
+            // served at their own lower bound, not the loose prediction's.
+            (Some(plan), false) if tight => Arc::clone(plan),
             // Searched from where the structure's last search ended, if
             // the family knows the structure (solved outside the lock).
             (_, false) => match self.shape(id, &recording.events) {
