@@ -38,6 +38,7 @@ pub use limit::{
 };
 pub use ort;
 pub use pool::{Checkout, CheckoutFuture, PoolStats, WorkerPool};
+pub use raw::status_result;
 #[cfg(feature = "load-dynamic")]
 pub use runtime::Runtime;
 pub use served::NotServed;

@@ -287,7 +287,8 @@ pub(crate) fn register_ptr(env: *mut ort::sys::OrtEnv) -> Result<(), String> {
     // `Alloc` throws (see `tensor_arena_alloc`), never with a panic; 3. ONNX
     // Runtime does not write to it.
     let status = unsafe { (api.RegisterAllocator)(env, ALLOCATOR.0.get()) };
-    status_result(status)
+    // SAFETY: `status` was just returned by ONNX Runtime and is not used again.
+    unsafe { status_result(status) }
 }
 
 /// Whether `env` holds this allocator as its shared CPU allocator now
@@ -304,7 +305,8 @@ pub(crate) fn registered_on(env: *mut ort::sys::OrtEnv) -> Result<bool, String> 
     // borrowed for the call); 2. `info` is the live memory info the
     // allocator was registered with; 3. `found` is written once.
     let status = unsafe { (api.GetSharedAllocator)(env, info.0.ptr(), &mut found) };
-    status_result(status)?;
+    // SAFETY: `status` was just returned by ONNX Runtime and is not used again.
+    unsafe { status_result(status) }?;
     Ok(std::ptr::eq(found, ALLOCATOR.0.get()))
 }
 
@@ -332,7 +334,8 @@ pub(crate) fn register_ort_arena(env: &ort::environment::Environment) -> Result<
     let status = unsafe {
         (api.CreateAndRegisterAllocator)(env.ptr().cast_mut(), info.ptr(), std::ptr::null())
     };
-    status_result(status)
+    // SAFETY: `status` was just returned by ONNX Runtime and is not used again.
+    unsafe { status_result(status) }
 }
 
 /// Turns ONNX Runtime's CPU memory arena off in a session builder's
@@ -345,17 +348,27 @@ pub(crate) fn disable_cpu_arena(
     // SAFETY: the builder's session options are live and borrowed mutably
     // for the call; `DisableCpuMemArena` only sets a flag in them.
     let status = unsafe { (api.DisableCpuMemArena)(builder.ptr_mut()) };
-    status_result(status)
+    // SAFETY: `status` was just returned by ONNX Runtime and is not used again.
+    unsafe { status_result(status) }
 }
 
-/// Turns an `OrtStatus*` into a result, releasing it.
-fn status_result(status: ort::sys::OrtStatusPtr) -> Result<(), String> {
+/// Turns an `OrtStatus*` that ONNX Runtime just returned into a result,
+/// releasing it: `Err` with its message, `Ok` for a null status. For code
+/// that calls ONNX Runtime's C API itself beside this crate (the Python
+/// module's tensors).
+///
+/// # Safety
+/// - `status` is null or a status ONNX Runtime returned and nothing has
+///   released;
+/// - it is not used after this call (it is released here).
+pub unsafe fn status_result(status: ort::sys::OrtStatusPtr) -> Result<(), String> {
     let Some(status) = NonNull::new(status.0) else {
         return Ok(());
     };
     let api = ort::api();
-    // SAFETY: `status` is a non-null status just returned by ONNX Runtime;
-    // its message lives until the status is released below.
+    // SAFETY: `status` is a non-null status ONNX Runtime returned, not yet
+    // released (the caller's obligation); its message lives until the
+    // status is released below.
     let message = unsafe { std::ffi::CStr::from_ptr((api.GetErrorMessage)(status.as_ptr())) }
         .to_string_lossy()
         .into_owned();
@@ -367,7 +380,8 @@ fn status_result(status: ort::sys::OrtStatusPtr) -> Result<(), String> {
 /// [`status_result`] for the tests of other modules.
 #[cfg(test)]
 pub(crate) fn status_result_for_tests(status: ort::sys::OrtStatusPtr) -> Result<(), String> {
-    status_result(status)
+    // SAFETY: the tests pass statuses ONNX Runtime just returned, once.
+    unsafe { status_result(status) }
 }
 
 /// Runs `session` on the given inputs through the C API directly, from
@@ -411,7 +425,8 @@ pub(crate) fn run(
             outs.as_mut_ptr(),
         )
     };
-    let result = status_result(status);
+    // SAFETY: `status` was just returned by ONNX Runtime and is not used again.
+    let result = unsafe { status_result(status) };
     let mut values = Vec::with_capacity(outs.len());
     for p in outs {
         if let Some(p) = NonNull::new(p) {

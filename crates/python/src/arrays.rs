@@ -21,9 +21,9 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use tensor_arena_ort::ort;
 use tensor_arena_ort::ort::value::{DynValue, TensorElementType, ValueType};
 use tensor_arena_ort::ort::AsPointer;
+use tensor_arena_ort::{ort, status_result};
 
 /// How outputs reach Python.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,7 +229,8 @@ fn tensor_over(
             &mut out,
         )
     };
-    status_result(status)?;
+    // SAFETY: `status` was just returned by ONNX Runtime and is not used again.
+    unsafe { status_result(status) }?;
     let out = NonNull::new(out).ok_or("ONNX Runtime returned no tensor")?;
     // `ort` wants the allocator a tensor was made with; this one's memory is
     // the caller's array, which ONNX Runtime never frees, so the default CPU
@@ -267,22 +268,6 @@ unsafe impl Send for MemInfo {}
 // SAFETY: as for `Send`: nothing mutates it after creation.
 unsafe impl Sync for MemInfo {}
 
-fn status_result(status: ort::sys::OrtStatusPtr) -> Result<(), String> {
-    let Some(status) = NonNull::new(status.0) else {
-        return Ok(());
-    };
-    let api = ort::api();
-    // SAFETY: `status` is a non-null status ONNX Runtime returned to us; its
-    // message is a NUL-terminated string valid until the status is
-    // released, which happens right after we copy it.
-    let message = unsafe { std::ffi::CStr::from_ptr((api.GetErrorMessage)(status.as_ptr())) }
-        .to_string_lossy()
-        .into_owned();
-    // SAFETY: we own the status and release it once.
-    unsafe { (api.ReleaseStatus)(status.as_ptr()) };
-    Err(message)
-}
-
 /// The tensor's element type, dimensions and data pointer.
 fn describe(value: &DynValue) -> Option<(TensorElementType, Vec<i64>, *mut c_void)> {
     let ValueType::Tensor { ty, shape, .. } = value.dtype() else {
@@ -293,7 +278,8 @@ fn describe(value: &DynValue) -> Option<(TensorElementType, Vec<i64>, *mut c_voi
     // SAFETY: `value` is a live tensor value (its type says so); `data` is
     // a valid place for the pointer.
     let status = unsafe { (api.GetTensorMutableData)(value.ptr().cast_mut(), &mut data) };
-    status_result(status).ok()?;
+    // SAFETY: as above.
+    unsafe { status_result(status) }.ok()?;
     Some((*ty, shape.to_vec(), data))
 }
 
