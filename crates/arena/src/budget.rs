@@ -287,8 +287,20 @@ impl Budget {
 
 /// The memory limit of the cgroup at `dir`, if it has one.
 fn cgroup_limit(dir: &Path) -> Option<usize> {
-    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
-    let text = read("memory.max").or_else(|| read("memory.limit_in_bytes"))?;
+    // v2's file where there is one, else v1's.
+    let v2 = dir.join("memory.max");
+    if v2.exists() {
+        cgroup_limit_file(&v2)
+    } else {
+        cgroup_limit_file(&dir.join("memory.limit_in_bytes"))
+    }
+}
+
+/// The bytes a cgroup memory limit file (`memory.max`, `memory.high`,
+/// v1's `memory.limit_in_bytes`) sets: `None` where it sets no limit
+/// (`max`, or v1's page-rounded `i64::MAX`) or cannot be read.
+pub fn cgroup_limit_file(file: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(file).ok()?;
     let text = text.trim();
     if text == "max" {
         return None;

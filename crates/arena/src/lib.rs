@@ -20,7 +20,7 @@ pub use plan::trace;
 
 pub use allocator_api2;
 pub use arena::{Arena, Block, Run, ScopedBlock, ScopedRun, TypedBlock};
-pub use budget::{default_headroom, Budget, BudgetStats, Reclaim};
+pub use budget::{cgroup_limit_file, default_headroom, Budget, BudgetStats, Reclaim};
 pub use config::{ArenaConfig, Coalesce, Fit, Growth, Relayout, ShrinkPolicy, DEFAULT_MAX_EXTEND};
 pub use error::ArenaError;
 pub use freemap::FreeError;

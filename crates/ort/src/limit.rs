@@ -248,19 +248,9 @@ fn cgroup_limit(root: &Path, self_cgroup: &str) -> Option<(usize, PathBuf)> {
     best
 }
 
-/// A cgroup limit file's value (`None`: no limit, or unreadable).
+/// A cgroup limit file's value (`None`: no limit, unreadable, or 0).
 fn read_limit(file: &Path) -> Option<usize> {
-    let text = std::fs::read_to_string(file).ok()?;
-    let text = text.trim();
-    if text == "max" {
-        return None;
-    }
-    let limit: u64 = text.parse().ok()?;
-    // cgroup v1 writes "unlimited" as a page-rounded i64::MAX.
-    if limit >= (i64::MAX as u64) & !0xfff {
-        return None;
-    }
-    usize::try_from(limit).ok().filter(|&l| l > 0)
+    tensor_arena::cgroup_limit_file(file).filter(|&l| l > 0)
 }
 
 #[cfg(test)]
