@@ -32,6 +32,11 @@ pub enum DynamicReason {
     /// The key changes a dimension its family never saw vary: how sizes
     /// follow it is unknown (the run teaches it).
     Unvaried,
+    /// Models that explain every shape seen equally well (dimensions that
+    /// only varied together: the batch and the sequence, doubled at once)
+    /// disagree at the key by more than a sixty-fourth of its live bytes:
+    /// which is right is unknown (the run teaches it).
+    Ambiguous,
     /// The prediction needs more than its family's runs justify: the
     /// largest lower bound seen, scaled past the shapes seen by the fit's
     /// degree, plus an eighth (a wrong fit, not a large input).
@@ -87,6 +92,8 @@ pub struct FamilyCounts {
     /// Of those, runs whose prediction was refused as larger than the
     /// family's runs justify.
     pub dynamic_unbounded: u64,
+    /// Of those, runs whose family's models disagreed at their key.
+    pub dynamic_ambiguous: u64,
 }
 
 impl FamilyCounts {
@@ -116,6 +123,7 @@ impl FamilyCounts {
         self.dynamic_unfit += o.dynamic_unfit;
         self.dynamic_unvaried += o.dynamic_unvaried;
         self.dynamic_unbounded += o.dynamic_unbounded;
+        self.dynamic_ambiguous += o.dynamic_ambiguous;
     }
 
     pub(crate) fn count(&mut self, source: PlanSource) {
@@ -128,6 +136,7 @@ impl FamilyCounts {
                     DynamicReason::Unfit => self.dynamic_unfit += 1,
                     DynamicReason::Unvaried => self.dynamic_unvaried += 1,
                     DynamicReason::Unbounded => self.dynamic_unbounded += 1,
+                    DynamicReason::Ambiguous => self.dynamic_ambiguous += 1,
                     _ => {}
                 }
             }
@@ -210,8 +219,10 @@ pub(crate) struct Prediction {
 impl Prediction {
     /// The plan of the recording a run at `dims` is predicted to make,
     /// searched from where the structure's last search ended; or why there
-    /// is none (a prediction past [`Fit::bound`] is refused before any
-    /// search).
+    /// is none: models that explain the shapes seen alike disagree at
+    /// `dims` by more than a sixty-fourth of its live bytes (and a
+    /// quantum a block), or the prediction is past [`Fit::bound`] (both
+    /// refused before any search).
     pub(crate) fn plan(&self, dims: &[u64]) -> Result<Plan, DynamicReason> {
         let rec = self.recording(dims)?;
         let bound = self.fit.bound(dims);
@@ -223,18 +234,37 @@ impl Prediction {
 
     /// The recording a run at `dims` is predicted to make.
     pub(crate) fn recording(&self, dims: &[u64]) -> Result<Recording, DynamicReason> {
-        let sizes = self.fit.predict(dims).map_err(|why| match why {
+        let predicted = self.fit.predict(dims).map_err(|why| match why {
             NoPrediction::Unfit => DynamicReason::Unfit,
             NoPrediction::Unpredictable => DynamicReason::Unpredictable,
             NoPrediction::Unvaried => DynamicReason::Unvaried,
         })?;
-        Ok(Recording {
+        let rec = self.with_sizes(predicted.sizes);
+        if let Some(least) = predicted.least {
+            // Where the models the shapes cannot tell apart disagree, the
+            // largest is predicted only if it costs no more than the least
+            // (live bytes, to a sixty-fourth): a slot that scaled with the
+            // batch where the block follows the sequence would hold a plan
+            // several times the run's need.
+            let most = rec.peak_live();
+            let fewest = self.with_sizes(least).peak_live();
+            let slack = self.fit.quantum().saturating_mul(rec.blocks.len());
+            if most > fewest + fewest / 64 + slack {
+                return Err(DynamicReason::Ambiguous);
+            }
+        }
+        Ok(rec)
+    }
+
+    /// The structure's recording with these block sizes.
+    fn with_sizes(&self, sizes: Vec<usize>) -> Recording {
+        Recording {
             blocks: sizes
                 .into_iter()
                 .zip(self.shape.aligns.iter().copied())
                 .collect(),
             events: self.shape.events.clone(),
-        })
+        }
     }
 }
 

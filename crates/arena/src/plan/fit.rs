@@ -73,6 +73,17 @@ impl Monomial {
         self.0.iter().map(|f| i32::from(f.exp)).sum()
     }
 
+    /// Which dimensions it multiplies, to which powers (its tier: its
+    /// strided variants share it).
+    pub(super) fn same_tier(&self, other: &Monomial) -> bool {
+        self.0.len() == other.0.len()
+            && self
+                .0
+                .iter()
+                .zip(&other.0)
+                .all(|(a, b)| a.dim == b.dim && a.exp == b.exp)
+    }
+
     /// Its value at `dims` (a missing dimension counts as 0).
     pub(super) fn eval(&self, dims: &[u64]) -> f64 {
         self.0.iter().fold(1.0, |m, f| {
@@ -171,23 +182,41 @@ pub(super) fn model_of(
         let small = volume_max > 0.0 && spread < q;
         return Some(SizeModel::Const { size, small });
     }
+    let proportional =
+        |m: &Monomial, values: &[f64]| scaled(values, &sizes, q).map(|v| (m.clone(), v));
+    if let Some(fits) = first_class(tiers, proportional) {
+        return Some(SizeModel::Scaled(fits));
+    }
+    let affine = |m: &Monomial, values: &[f64]| affine(values, &sizes, q).map(|v| (m.clone(), v));
+    first_class(tiers, affine).map(SizeModel::Affine)
+}
+
+/// The fits of the first tier that has any, and of every tier of its class
+/// after it (as simple, so the shapes seen cannot tell them from it: the
+/// batch and the sequence when they only varied together), tier by tier.
+/// `None` when no tier fits.
+fn first_class(
+    tiers: &[Tier],
+    mut fit: impl FnMut(&Monomial, &[f64]) -> Option<(Monomial, Vec<(f64, f64)>)>,
+) -> Option<Vec<(Monomial, Vec<(f64, f64)>)>> {
+    let mut found: Option<((i32, bool), Vec<(Monomial, Vec<(f64, f64)>)>)> = None;
     for tier in tiers {
-        let fits = least_strided(tier, |m, values| {
-            scaled(values, &sizes, q).map(|v| (m.clone(), v))
-        });
-        if !fits.is_empty() {
-            return Some(SizeModel::Scaled(fits));
+        match &mut found {
+            Some((class, fits)) => {
+                if tier.class != *class {
+                    break;
+                }
+                fits.extend(least_strided(tier, &mut fit));
+            }
+            None => {
+                let fits = least_strided(tier, &mut fit);
+                if !fits.is_empty() {
+                    found = Some((tier.class, fits));
+                }
+            }
         }
     }
-    for tier in tiers {
-        let fits = least_strided(tier, |m, values| {
-            affine(values, &sizes, q).map(|v| (m.clone(), v))
-        });
-        if !fits.is_empty() {
-            return Some(SizeModel::Affine(fits));
-        }
-    }
-    None
+    found.map(|(_, fits)| fits)
 }
 
 /// One tier of monomials, each with its values at the shapes fitted (in
@@ -197,27 +226,37 @@ pub(super) struct Tier {
     monomials: Vec<Monomial>,
     values: Vec<f64>,
     shapes: usize,
+    /// Its degree, and whether it is the product of every varying
+    /// dimension: tiers of one class are equally simple, so where several
+    /// explain the shapes seen, the shapes cannot tell them apart.
+    class: (i32, bool),
 }
 
 impl Tier {
-    fn new(monomials: Vec<Monomial>, obs: &[Observation]) -> Self {
+    fn new(monomials: Vec<Monomial>, obs: &[Observation], varying: usize) -> Self {
         let values = monomials
             .iter()
             .flat_map(|m| obs.iter().map(move |o| m.eval(&o.dims)))
             .collect();
+        let class = monomials.first().map_or((0, false), |m| {
+            let volume = m.0.len() == varying && m.0.iter().all(|f| f.exp == 1);
+            (m.degree(), volume)
+        });
         Self {
             monomials,
             values,
             shapes: obs.len(),
+            class,
         }
     }
 }
 
 /// The tiers of monomials to try over the dimensions that vary in `obs`.
 pub(super) fn tiers_for(varied: &[bool], obs: &[Observation]) -> Vec<Tier> {
+    let varying = varied.iter().filter(|&&v| v).count();
     tiers(varied)
         .into_iter()
-        .map(|t| Tier::new(t, obs))
+        .map(|t| Tier::new(t, obs, varying))
         .collect()
 }
 
@@ -326,12 +365,13 @@ impl Fit {
             .obs
             .iter()
             .map(|o| {
+                // Every dimension: one that never varied grows the run
+                // only where the sizes show they follow it
+                // (`Fit::unvaried_scale`).
                 let growth: f64 = dims
                     .iter()
                     .zip(&o.dims)
-                    .zip(&self.varied)
-                    .filter(|(_, &v)| v)
-                    .map(|((&now, &seen), _)| (now as f64 / seen.max(1) as f64).max(1.0))
+                    .map(|(&now, &seen)| (now as f64 / seen.max(1) as f64).max(1.0))
                     .product();
                 o.lower_bound as f64 * growth.powi(self.degree)
             })
@@ -389,6 +429,11 @@ impl Fit {
         None
     }
 
+    /// The power of two the sizes are known to.
+    pub(crate) fn quantum(&self) -> usize {
+        self.quantum
+    }
+
     /// Blocks whose sizes no model explains (every block, where the
     /// shapes seen did not need more as their dimensions grew).
     pub(crate) fn unfit(&self) -> usize {
@@ -396,67 +441,6 @@ impl Fit {
             return self.models.len();
         }
         self.models.iter().filter(|m| m.is_none()).count()
-    }
-
-    /// Every block's predicted size at `dims`, or why there is none: a
-    /// block has no model (over every shape seen, or over the shapes
-    /// nearest to `dims`), the key has other dimensions than the shapes
-    /// seen or changes one that never varied, or a prediction is not a
-    /// size.
-    pub(crate) fn predict(&self, dims: &[u64]) -> Result<Vec<usize>, NoPrediction> {
-        if dims.len() != self.base.len() {
-            return Err(NoPrediction::Unpredictable);
-        }
-        if !self.monotone {
-            return Err(NoPrediction::Unfit);
-        }
-        // A dimension that never varied says nothing of how sizes follow
-        // it (see the module docs).
-        if dims
-            .iter()
-            .zip(&self.base)
-            .zip(&self.varied)
-            .any(|((now, seen), varied)| !varied && now != seen)
-        {
-            return Err(NoPrediction::Unvaried);
-        }
-        let q = self.quantum as f64;
-        let grown = if self.volume_max > 0.0 {
-            (volume(dims, &self.varied) / self.volume_max).max(1.0)
-        } else {
-            1.0
-        };
-        self.models
-            .iter()
-            .enumerate()
-            .map(|(b, m)| {
-                let local;
-                let m = match m {
-                    Some(m) => m,
-                    None => {
-                        local = self.local_model(b, dims).ok_or(NoPrediction::Unfit)?;
-                        &local
-                    }
-                };
-                let bytes = match m {
-                    SizeModel::Const { size, small } => {
-                        let grown = if *small { grown } else { 1.0 };
-                        *size as f64 * grown
-                    }
-                    SizeModel::Scaled(fits) | SizeModel::Affine(fits) => fits
-                        .iter()
-                        .map(|(m, vertices)| {
-                            let x = m.eval(dims);
-                            vertices
-                                .iter()
-                                .map(|(a, c)| a + c * x)
-                                .fold(f64::NEG_INFINITY, f64::max)
-                        })
-                        .fold(0.0, f64::max),
-                };
-                to_size(bytes, q).ok_or(NoPrediction::Unpredictable)
-            })
-            .collect()
     }
 }
 
@@ -706,6 +690,8 @@ fn tiers(varied: &[bool]) -> Vec<Vec<Monomial>> {
         .collect()
 }
 
+#[path = "fit_predict.rs"]
+mod predict;
 #[path = "fit_refit.rs"]
 mod refit;
 

@@ -35,22 +35,22 @@ impl Fit {
                         Some(SizeModel::Const { size: *size, small })
                     }
                     Some(SizeModel::Scaled(fits)) => {
-                        let fits: Vec<_> = fits
+                        let kept: Vec<_> = fits
                             .iter()
                             .filter_map(|(m, _)| {
                                 scaled(&values(m), &sizes, q).map(|v| (m.clone(), v))
                             })
                             .collect();
-                        (!fits.is_empty()).then_some(SizeModel::Scaled(fits))
+                        every_tier_kept(fits, &kept).then_some(SizeModel::Scaled(kept))
                     }
                     Some(SizeModel::Affine(fits)) => {
-                        let fits: Vec<_> = fits
+                        let kept: Vec<_> = fits
                             .iter()
                             .filter_map(|(m, _)| {
                                 affine(&values(m), &sizes, q).map(|v| (m.clone(), v))
                             })
                             .collect();
-                        (!fits.is_empty()).then_some(SizeModel::Affine(fits))
+                        every_tier_kept(fits, &kept).then_some(SizeModel::Affine(kept))
                     }
                     _ => None,
                 };
@@ -62,4 +62,25 @@ impl Fit {
             .collect();
         Fit::assemble(obs, models, varied, quantum)
     }
+}
+
+/// Whether `kept` (what of `fits` still explains every shape, in order)
+/// keeps a fit of every tier `fits` had. A tier left with none may still be
+/// explained by strided variants the first fit did not keep (it kept the
+/// least strided only), so the block is then fitted from scratch, as
+/// [`Fit::new`] would.
+fn every_tier_kept(
+    fits: &[(Monomial, Vec<(f64, f64)>)],
+    kept: &[(Monomial, Vec<(f64, f64)>)],
+) -> bool {
+    let tiers = |f: &[(Monomial, Vec<(f64, f64)>)]| {
+        let mut out: Vec<&Monomial> = Vec::new();
+        for (m, _) in f {
+            if out.last().is_none_or(|last| !last.same_tier(m)) {
+                out.push(m);
+            }
+        }
+        out.len()
+    };
+    !kept.is_empty() && tiers(fits) == tiers(kept)
 }

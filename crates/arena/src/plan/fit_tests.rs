@@ -26,10 +26,13 @@ fn constants_and_batch_scaling_from_two_shapes() {
         64,
     );
     assert_eq!(f.unfit(), 0);
-    assert_eq!(f.predict(&[4, 3, 224, 224]).unwrap(), [4 * 802816, 4096]);
+    assert_eq!(
+        f.predict(&[4, 3, 224, 224]).unwrap().sizes,
+        [4 * 802816, 4096]
+    );
     // Past the largest batch seen, the constant stays (it would have
     // spread over more than a quantum had it scaled).
-    assert_eq!(f.predict(&[32, 3, 224, 224]).unwrap()[1], 4096);
+    assert_eq!(f.predict(&[32, 3, 224, 224]).unwrap().sizes[1], 4096);
 }
 
 #[test]
@@ -37,11 +40,11 @@ fn a_small_block_that_rounding_kept_constant_scales_past_the_shapes_seen() {
     // 8 bytes a batch item: 64 bytes at batches 6 and 3, 256 at 32.
     let f = Fit::new(&[obs(&[6, 3], &[64]), obs(&[3, 3], &[64])], 64);
     assert_eq!(
-        f.predict(&[32, 3]).unwrap(),
+        f.predict(&[32, 3]).unwrap().sizes,
         [(32usize * 64).div_ceil(6).next_multiple_of(64)]
     );
-    assert!(f.predict(&[32, 3]).unwrap()[0] >= 256);
-    assert_eq!(f.predict(&[1, 3]).unwrap(), [64]);
+    assert!(f.predict(&[32, 3]).unwrap().sizes[0] >= 256);
+    assert_eq!(f.predict(&[1, 3]).unwrap().sizes, [64]);
 }
 
 #[test]
@@ -54,7 +57,7 @@ fn height_times_width_beats_squares_from_square_shapes() {
         ],
         64,
     );
-    assert_eq!(f.predict(&[1, 3, 736, 992]).unwrap(), [s(736, 992)]);
+    assert_eq!(f.predict(&[1, 3, 736, 992]).unwrap().sizes, [s(736, 992)]);
 }
 
 #[test]
@@ -71,7 +74,7 @@ fn strided_widths_are_told_apart_and_rounding_is_tolerated() {
         64,
     );
     for (b, w) in [(1, 100), (2, 777), (6, 1401), (4, 333), (1, 2400)] {
-        let got = f.predict(&[4, b, 3, 48, w]).unwrap()[0];
+        let got = f.predict(&[4, b, 3, 48, w]).unwrap().sizes[0];
         assert!(got >= s(b, w), "{b}x{w}: {got} < {}", s(b, w));
         assert!(got <= s(b, w) + 64, "{b}x{w}: {got} > {}", s(b, w));
     }
@@ -84,7 +87,7 @@ fn attention_is_batch_times_width_squared() {
         &[obs(&[6, 80], &[s(6, 80)]), obs(&[3, 120], &[s(3, 120)])],
         64,
     );
-    assert_eq!(f.predict(&[2, 200]).unwrap(), [s(2, 200)]);
+    assert_eq!(f.predict(&[2, 200]).unwrap().sizes, [s(2, 200)]);
 }
 
 #[test]
@@ -98,7 +101,7 @@ fn affine_sizes_need_a_third_shape_to_be_exact() {
         ],
         64,
     );
-    assert_eq!(f.predict(&[30]).unwrap(), [s(30)]);
+    assert_eq!(f.predict(&[30]).unwrap().sizes, [s(30)]);
 }
 
 #[test]
@@ -126,7 +129,7 @@ fn a_capped_size_is_predicted_from_the_nearest_shapes() {
         64,
     );
     assert_eq!(f.unfit(), 1);
-    assert_eq!(f.predict(&[4]).unwrap(), [s(4)]);
+    assert_eq!(f.predict(&[4]).unwrap().sizes, [s(4)]);
 }
 
 #[test]
@@ -140,9 +143,10 @@ fn a_data_dependent_size_has_no_model() {
 }
 
 #[test]
-fn a_dimension_not_seen_varying_is_not_predicted() {
-    // Batch 6 at two widths, then batch 3 or 12: how sizes follow the
-    // batch is unknown.
+fn a_dimension_not_seen_varying_is_predicted_where_the_sizes_show_it() {
+    // Batch 6 at two widths, then batch 3 or 12: every size of the first
+    // block is a multiple of 6 (it is `b * w * 64`), so it follows the
+    // batch; the constant stays.
     let s = |b: u64, w: u64| (b * w * 64) as usize;
     let f = Fit::new(
         &[
@@ -151,10 +155,82 @@ fn a_dimension_not_seen_varying_is_not_predicted() {
         ],
         64,
     );
-    assert_eq!(f.predict(&[6, 400]).unwrap(), [s(6, 400), 1024]);
-    assert_eq!(f.predict(&[3, 400]), Err(NoPrediction::Unvaried));
-    assert_eq!(f.predict(&[12, 400]), Err(NoPrediction::Unvaried));
+    assert_eq!(f.predict(&[6, 400]).unwrap().sizes, [s(6, 400), 1024]);
+    assert_eq!(f.predict(&[3, 400]).unwrap().sizes, [s(3, 400), 1024]);
+    assert_eq!(f.predict(&[12, 400]).unwrap().sizes, [s(12, 400), 1024]);
     assert_eq!(f.predict(&[12]), Err(NoPrediction::Unpredictable));
+}
+
+#[test]
+fn a_dimension_with_nothing_to_tell_is_not_predicted() {
+    // Batch 1 (or any power of two) divides every size: the sizes cannot
+    // show whether a block follows it.
+    let s = |b: u64, w: u64| (b * w * 64) as usize;
+    for batch in [1, 8] {
+        let f = Fit::new(
+            &[
+                obs(&[batch, 320], &[s(batch, 320)]),
+                obs(&[batch, 480], &[s(batch, 480)]),
+            ],
+            64,
+        );
+        assert_eq!(f.predict(&[4, 400]), Err(NoPrediction::Unvaried));
+    }
+    // A height whose varying blocks mostly show no factor of it.
+    let f = Fit::new(
+        &[
+            obs(&[736, 320], &[s(7, 320), s(1, 320) * 23]),
+            obs(&[736, 480], &[s(7, 480), s(1, 480) * 23]),
+        ],
+        64,
+    );
+    assert_eq!(f.predict(&[1280, 400]), Err(NoPrediction::Unvaried));
+}
+
+#[test]
+fn an_image_height_that_never_varied_is_predicted() {
+    // PP-OCR det: two widths at height 736, then 1280 x 1280. Feature
+    // maps are `c * ceil(h / s) * ceil(w / s)`; 736 is 23 * 32.
+    let maps = |h: u64, w: u64| -> Vec<usize> {
+        vec![
+            (3 * h * w * 4) as usize,
+            (16 * h.div_ceil(2) * w.div_ceil(2) * 4) as usize,
+            (96 * h.div_ceil(4) * w.div_ceil(4) * 4) as usize,
+            (256 * h.div_ceil(32) * w.div_ceil(32) * 4) as usize,
+            4096,
+        ]
+    };
+    let f = Fit::new(
+        &[
+            obs(&[1, 3, 736, 992], &maps(736, 992)),
+            obs(&[1, 3, 736, 1312], &maps(736, 1312)),
+        ],
+        64,
+    );
+    let got = f.predict(&[1, 3, 1280, 1280]).unwrap();
+    assert_eq!(got.sizes, maps(1280, 1280));
+    assert_eq!(got.least, None);
+    assert!(f.bound(&[1, 3, 1280, 1280]) >= maps(1280, 1280).iter().sum());
+}
+
+#[test]
+fn dimensions_that_only_varied_together_are_ambiguous_where_they_part() {
+    // `[1, 512]` then `[2, 1024]`: a block that follows the sequence is
+    // explained as well by the batch. Where the two part (`[16, 512]`),
+    // the prediction says both.
+    let f = Fit::new(
+        &[
+            obs(&[1, 512], &[512 * 3072, 4096]),
+            obs(&[2, 1024], &[1024 * 3072, 4096]),
+        ],
+        64,
+    );
+    let along = f.predict(&[4, 2048]).unwrap();
+    assert_eq!(along.sizes, [2048 * 3072, 4096]);
+    assert_eq!(along.least, None);
+    let apart = f.predict(&[16, 512]).unwrap();
+    assert_eq!(apart.sizes, [16 * 512 * 3072, 4096]);
+    assert_eq!(apart.least, Some(vec![512 * 3072, 4096]));
 }
 
 #[test]

@@ -6,6 +6,7 @@ mod budget;
 mod common;
 mod cxx_panic;
 mod families;
+mod first_sight;
 mod footprint;
 mod give_back;
 mod model;

@@ -1,0 +1,180 @@
+//! What a [`Fit`] predicts at a key ([`Fit::predict`]): each block's size,
+//! the models the shapes seen cannot tell apart where they disagree, and
+//! the dimensions that never varied but that the sizes show they follow.
+
+use super::*;
+
+/// A fit's prediction at a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Predicted {
+    /// Each block's size: the largest any model that explains the shapes
+    /// seen gives (a block that follows its model fits its slot).
+    pub(crate) sizes: Vec<usize>,
+    /// Where models that explain the shapes seen equally well (tiers of one
+    /// class: dimensions that only varied together) disagree at the key,
+    /// each block's least size over them; `None` where they all agree.
+    pub(crate) least: Option<Vec<usize>>,
+}
+
+impl Fit {
+    /// Every block's predicted size at `dims`, or why there is none: a
+    /// block has no model (over every shape seen, or over the shapes
+    /// nearest to `dims`), the key has other dimensions than the shapes
+    /// seen, changes one that never varied and that the sizes do not show
+    /// they follow ([`Fit::unvaried_scale`]), or a prediction is not a
+    /// size.
+    pub(crate) fn predict(&self, dims: &[u64]) -> Result<Predicted, NoPrediction> {
+        if dims.len() != self.base.len() {
+            return Err(NoPrediction::Unpredictable);
+        }
+        if !self.monotone {
+            return Err(NoPrediction::Unfit);
+        }
+        let scale = self.unvaried_scale(dims)?;
+        let q = self.quantum as f64;
+        let grown = if self.volume_max > 0.0 {
+            (volume(dims, &self.varied) / self.volume_max).max(1.0)
+        } else {
+            1.0
+        };
+        let mut sizes = Vec::with_capacity(self.models.len());
+        let mut least: Option<Vec<usize>> = None;
+        for (b, m) in self.models.iter().enumerate() {
+            let local;
+            let m = match m {
+                Some(m) => m,
+                None => {
+                    local = self.local_model(b, dims).ok_or(NoPrediction::Unfit)?;
+                    &local
+                }
+            };
+            let (most, fewest) = match m {
+                SizeModel::Const { size, small } => {
+                    let grown = if *small { grown } else { 1.0 };
+                    let bytes = *size as f64 * grown;
+                    (bytes, bytes)
+                }
+                SizeModel::Scaled(fits) | SizeModel::Affine(fits) => tier_range(fits, dims),
+            };
+            let factor = scale.as_ref().map_or(1.0, |s| s[b]);
+            let size = to_size(most * factor, q).ok_or(NoPrediction::Unpredictable)?;
+            let low = to_size(fewest * factor, q).ok_or(NoPrediction::Unpredictable)?;
+            if low < size && least.is_none() {
+                least = Some(sizes.clone());
+            }
+            if let Some(least) = least.as_mut() {
+                least.push(low);
+            }
+            sizes.push(size);
+        }
+        Ok(Predicted { sizes, least })
+    }
+
+    /// How a key that changes dimensions that never varied among the shapes
+    /// seen scales each block: `None` where it changes none. A dimension
+    /// that never varied says nothing by how sizes moved; but sizes are
+    /// products of the input's dimensions, so a block whose every size
+    /// seen is a multiple of the dimension's value (or of a strided
+    /// variant of it, `ceil(h / 4)`) that has an odd factor (which a
+    /// power-of-two size has by chance only as often as that factor
+    /// divides it) follows it: `736` (`23 · 32`) in every size of a
+    /// feature map of a 736-high image. Such a block scales by the
+    /// dimension's growth (the largest among the variants that divide it);
+    /// a constant block stays; a block that varied with the other
+    /// dimensions and shows no such factor stays too (it falls back if it
+    /// grows). Where those hold more than an eighth of the varying blocks'
+    /// bytes, or the dimension's value has no odd factor (1, or a power of
+    /// two: nothing to tell), the key is not predicted
+    /// ([`NoPrediction::Unvaried`]): its run teaches the family.
+    pub(crate) fn unvaried_scale(&self, dims: &[u64]) -> Result<Option<Vec<f64>>, NoPrediction> {
+        let changed: Vec<usize> = (0..dims.len())
+            .filter(|&d| !self.varied[d] && dims[d] != self.base[d])
+            .collect();
+        if changed.is_empty() {
+            return Ok(None);
+        }
+        let mut scale = vec![1.0f64; self.models.len()];
+        let (mut varying, mut unexplained) = (0u128, 0u128);
+        for (b, factor) in scale.iter_mut().enumerate() {
+            if matches!(self.models[b], Some(SizeModel::Const { .. })) {
+                continue;
+            }
+            let bytes = self.obs.iter().map(|o| o.sizes[b]).max().unwrap_or(0) as u128;
+            varying += bytes;
+            let growth = changed.iter().try_fold(1.0f64, |acc, &d| {
+                self.follows(b, self.base[d], dims[d]).map(|g| acc * g)
+            });
+            match growth {
+                Some(g) => *factor = g,
+                None => unexplained += bytes,
+            }
+        }
+        if varying == 0 || unexplained * 8 > varying {
+            return Err(NoPrediction::Unvaried);
+        }
+        Ok(Some(scale))
+    }
+
+    /// If every size seen of block `b` is a multiple of a strided variant
+    /// of `seen` (a dimension's value at every shape seen) that has an odd
+    /// factor, the block's growth when the dimension becomes `now`: the
+    /// largest over such variants of at least 16 (which stride a block
+    /// follows is unknown, and a larger slot costs a few bytes where a
+    /// smaller one falls back), else the least strided one's (`ceil(6 / 4)`
+    /// is too coarse to scale by).
+    fn follows(&self, b: usize, seen: u64, now: u64) -> Option<f64> {
+        let mut coarse: Option<f64> = None;
+        let mut fine: Option<f64> = None;
+        for shift in 0..=MAX_SHIFT {
+            let top = (1u64 << shift) - 1;
+            for offset in [0, top] {
+                let g = seen.saturating_add(offset) >> shift;
+                if g < 3 || (g >> g.trailing_zeros()) == 1 {
+                    continue;
+                }
+                if self.obs.iter().all(|o| o.sizes[b] as u64 % g == 0) {
+                    let growth = (now.saturating_add(offset) >> shift) as f64 / g as f64;
+                    if g >= 16 {
+                        fine = Some(fine.map_or(growth, |x: f64| x.max(growth)));
+                    } else if coarse.is_none() {
+                        coarse = Some(growth);
+                    }
+                }
+            }
+        }
+        fine.or(coarse)
+    }
+}
+
+/// The largest and the least, over the tiers among `fits` (consecutive
+/// runs of one tier's strided variants), of each tier's largest prediction
+/// at `dims`: equal where one tier explains the shapes, apart where tiers
+/// of one class do and disagree at `dims`.
+fn tier_range(fits: &[(Monomial, Vec<(f64, f64)>)], dims: &[u64]) -> (f64, f64) {
+    let (mut most, mut fewest) = (0.0f64, f64::INFINITY);
+    let mut tier: Option<(&Monomial, f64)> = None;
+    for (m, vertices) in fits {
+        let x = m.eval(dims);
+        let v = vertices
+            .iter()
+            .map(|(a, c)| a + c * x)
+            .fold(f64::NEG_INFINITY, f64::max);
+        tier = match tier {
+            Some((first, top)) if first.same_tier(m) => Some((first, top.max(v))),
+            Some((_, top)) => {
+                most = most.max(top);
+                fewest = fewest.min(top);
+                Some((m, v))
+            }
+            None => Some((m, v)),
+        };
+    }
+    if let Some((_, top)) = tier {
+        most = most.max(top);
+        fewest = fewest.min(top);
+    }
+    if fewest.is_infinite() {
+        fewest = most;
+    }
+    (most.max(0.0), fewest.max(0.0))
+}

@@ -1,0 +1,213 @@
+//! Predict boldly, pay nothing when wrong: a shape seen for the first time
+//! is planned at its lower bound where its family's shapes show how it
+//! follows the key (a dimension that never varied included), and a run that
+//! is refused or leaves its plan reaches no higher than the same run on a
+//! fresh dynamic arena, plus a granule.
+
+use super::families::{arena, drive, run, Model, Size, Twist, GRANULE};
+use tensor_arena::{DynamicReason, PlanCache, PlanSource};
+
+/// Runs `model` at `key` (twisted) through `cache` on `arena`, and checks
+/// that its high-water is at most the same run's on a fresh dynamic arena
+/// plus a granule; returns how it was served and whether it left its plan.
+fn no_worse(
+    arena: &tensor_arena::Arena<tensor_arena::Heap<tensor_arena::allocator_api2::alloc::Global>>,
+    cache: &PlanCache<Vec<usize>>,
+    model: &Model,
+    key: [usize; 2],
+    twist: Twist,
+) -> (PlanSource, bool, usize, usize) {
+    let (lookup, report, lb) = run(arena, cache, model, key, twist);
+    let (dynamic, _, _) = drive(&arena_fresh(), None, model, key, twist);
+    assert!(
+        report.high_water <= dynamic.high_water + GRANULE,
+        "{key:?} {twist:?} {:?} (deviated: {}): high-water {} over the dynamic run's {}",
+        lookup.source,
+        report.deviated,
+        report.high_water,
+        dynamic.high_water
+    );
+    (lookup.source, report.deviated, report.high_water, lb)
+}
+
+fn arena_fresh(
+) -> tensor_arena::Arena<tensor_arena::Heap<tensor_arena::allocator_api2::alloc::Global>> {
+    arena()
+}
+
+fn size(a: usize, c: usize, m: u8) -> Size {
+    Size { a, c, m }
+}
+
+/// A transformer-like family whose batch and sequence first vary together
+/// (`[1, 512]`, then `[2, 1024]`): a block that follows the sequence alone
+/// is explained as well by the batch. At `[16, 512]` or `[64, 128]` the two
+/// part; the run is not planned from a guess (it was kept at 2.4x to 4.7x
+/// its need), but refused as ambiguous, and costs what no plan costs.
+#[test]
+fn batch_and_sequence_that_varied_together_are_not_guessed() {
+    let model = Model {
+        // Embeddings that follow the sequence alone, activations in batch
+        // x sequence, attention in batch x sequence^2, a constant.
+        sizes: vec![
+            size(0, 3072, 2),
+            size(0, 256, 3),
+            size(0, 256, 3),
+            size(0, 64, 5),
+            size(4096, 0, 0),
+            size(0, 3072, 2),
+        ],
+        events: vec![
+            (true, 0),
+            (true, 4),
+            (true, 1),
+            (false, 0),
+            (true, 3),
+            (true, 2),
+            (false, 1),
+            (false, 3),
+            (true, 5),
+            (false, 2),
+            (false, 5),
+        ],
+    };
+    let arena = arena();
+    for key in [[16, 512], [64, 128]] {
+        let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+        for seen in [[1, 512], [2, 1024]] {
+            no_worse(&arena, &cache, &model, seen, Twist::None);
+        }
+        let (source, _, _, _) = no_worse(&arena, &cache, &model, key, Twist::None);
+        assert_eq!(source, PlanSource::Dynamic(DynamicReason::Ambiguous));
+        assert_eq!(cache.stats().runs.dynamic_ambiguous, 1);
+        // The run taught the family how the two part: the other key is
+        // predicted now, and kept.
+        let other = if key == [16, 512] {
+            [64, 128]
+        } else {
+            [16, 512]
+        };
+        let (source, deviated, _, _) = no_worse(&arena, &cache, &model, other, Twist::None);
+        assert_eq!(source, PlanSource::Predicted);
+        assert!(!deviated);
+    }
+    // Along the line they varied on, the models agree: predicted.
+    let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+    for key in [[1, 512], [2, 1024]] {
+        no_worse(&arena, &cache, &model, key, Twist::None);
+    }
+    let (source, deviated, _, _) = no_worse(&arena, &cache, &model, [4, 2048], Twist::None);
+    assert_eq!(source, PlanSource::Predicted);
+    assert!(!deviated);
+}
+
+/// A small block that lives to the end of the run (an output) and a last
+/// block that grows past its slot (a data-dependent box count): the plan
+/// keeps the output at the bottom of its block, so that when the run
+/// leaves the plan the rest of the block is one free span the grown block
+/// extends, and the run reaches no higher than it would with no plan
+/// (it reached 1.8x).
+#[test]
+fn a_long_lived_block_does_not_split_what_a_fallback_needs() {
+    let mb = 1 << 20;
+    let model = Model {
+        sizes: vec![
+            size(mb, 0, 0),
+            size(mb, 0, 0),
+            size(64 << 10, 0, 0),
+            size(mb, 0, 0),
+            size(3 * mb / 2, 0, 0),
+        ],
+        events: vec![
+            (true, 0),
+            (true, 1),
+            (false, 0),
+            (true, 2),
+            (true, 3),
+            (false, 1),
+            (false, 3),
+            (true, 4),
+            (false, 4),
+        ],
+    };
+    let arena = arena();
+    let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+    no_worse(&arena, &cache, &model, [1, 1], Twist::None);
+    let (source, deviated, _, _) = no_worse(&arena, &cache, &model, [1, 1], Twist::None);
+    assert_eq!(source, PlanSource::Exact);
+    assert!(!deviated);
+    // The last block twice its size: the run leaves its plan there.
+    let (source, deviated, _, _) = no_worse(&arena, &cache, &model, [1, 1], Twist::Larger(4));
+    assert_eq!(source, PlanSource::Exact);
+    assert!(deviated);
+}
+
+/// `[1, 1]`, `[8, 1]`, `[4, 1]` then `[4, 64]`: the width never varied and
+/// its value (1) cannot show which blocks follow it, so the run is not
+/// planned from a 64-fold guess, and costs what no plan costs.
+#[test]
+fn a_dimension_with_nothing_to_tell_costs_no_more_than_no_plan() {
+    let model = Model {
+        sizes: vec![size(0, 4096, 3), size(65536, 0, 0), size(0, 1024, 3)],
+        events: vec![
+            (true, 0),
+            (true, 1),
+            (false, 0),
+            (true, 2),
+            (false, 1),
+            (false, 2),
+        ],
+    };
+    let arena = arena();
+    let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+    for key in [[1, 1], [8, 1], [4, 1]] {
+        no_worse(&arena, &cache, &model, key, Twist::None);
+    }
+    let (source, _, _, _) = no_worse(&arena, &cache, &model, [4, 64], Twist::None);
+    assert_eq!(source, PlanSource::Dynamic(DynamicReason::Unvaried));
+}
+
+/// PP-OCR det's case: two images 736 high (`736 x 992`, `736 x 1312`),
+/// then the largest, `1280 x 1280`. The height never varied, but every
+/// feature map's size is a multiple of 736 (`23 * 32`): the sizes show
+/// that they follow it, so the largest run is predicted at its lower bound
+/// on first sight (it was refused, and served at 1.09x to 1.20x).
+#[test]
+fn an_image_height_that_never_varied_is_predicted_at_the_lower_bound() {
+    // Keys `[h, w]`: `m = 3` is h x w, `m = 4` h x ceil(w / 4).
+    let model = Model {
+        sizes: vec![
+            size(0, 12, 3),
+            size(0, 64, 4),
+            size(4096, 0, 0),
+            size(0, 64, 3),
+            size(0, 96, 4),
+            size(0, 4, 3),
+        ],
+        events: vec![
+            (true, 0),
+            (true, 2),
+            (true, 1),
+            (false, 0),
+            (true, 3),
+            (false, 1),
+            (true, 4),
+            (false, 3),
+            (true, 5),
+            (false, 4),
+        ],
+    };
+    let arena = arena();
+    let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+    for key in [[736, 992], [736, 1312]] {
+        no_worse(&arena, &cache, &model, key, Twist::None);
+    }
+    let (source, deviated, high_water, lb) =
+        no_worse(&arena, &cache, &model, [1280, 1280], Twist::None);
+    assert_eq!(source, PlanSource::Predicted);
+    assert!(!deviated);
+    assert!(
+        high_water <= lb + GRANULE * 6,
+        "high-water {high_water} against the lower bound {lb}"
+    );
+}
