@@ -346,6 +346,7 @@ pub fn served_as(source: PlanSource, report: &RunReport) -> String {
                 DynamicReason::Unpredictable => "unpredictable",
                 DynamicReason::Unvaried => "unvaried dimension",
                 DynamicReason::Unbounded => "unbounded",
+                DynamicReason::Ambiguous => "ambiguous",
                 DynamicReason::Off => "off",
             }
         ),

@@ -117,7 +117,8 @@ impl Fit {
 
     /// If every size seen of block `b` is a multiple of a strided variant
     /// of `seen` (a dimension's value at every shape seen) that has an odd
-    /// factor, the block's growth when the dimension becomes `now`: the
+    /// factor (or such a multiple plus one intercept under a quantum, the
+    /// variant being over a quantum), the block's growth when the dimension becomes `now`: the
     /// largest over such variants of at least 16 (which stride a block
     /// follows is unknown, and a larger slot costs a few bytes where a
     /// smaller one falls back), else the least strided one's (`ceil(6 / 4)`
@@ -132,7 +133,14 @@ impl Fit {
                 if g < 3 || (g >> g.trailing_zeros()) == 1 {
                     continue;
                 }
-                if self.obs.iter().all(|o| o.sizes[b] as u64 % g == 0) {
+                // The same remainder at every shape: none, or an intercept
+                // under a quantum (ONNX Runtime asks for some tensors'
+                // bytes plus 64), which a variant under a quantum would
+                // always leave.
+                let rest = self.obs[0].sizes[b] as u64 % g;
+                let q = self.quantum as u64;
+                let same = self.obs.iter().all(|o| o.sizes[b] as u64 % g == rest);
+                if same && (rest == 0 || (rest <= q && g > q)) {
                     let growth = (now.saturating_add(offset) >> shift) as f64 / g as f64;
                     if g >= 16 {
                         fine = Some(fine.map_or(growth, |x: f64| x.max(growth)));

@@ -44,7 +44,7 @@ pub(crate) struct Model {
     pub(crate) events: Vec<(bool, usize)>,
 }
 
-fn model() -> impl Strategy<Value = Model> {
+pub(crate) fn model() -> impl Strategy<Value = Model> {
     let size = (0usize..4096, 64usize..256, 0u8..6).prop_map(|(a, c, m)| Size { a, c, m });
     (prop::collection::vec(size, 1..40), any::<u64>()).prop_map(|(sizes, seed)| {
         // Interleave frees with allocations from the seed.
@@ -90,7 +90,7 @@ pub(crate) enum Twist {
     Order(usize, usize),
 }
 
-fn twist() -> impl Strategy<Value = Twist> {
+pub(crate) fn twist() -> impl Strategy<Value = Twist> {
     prop_oneof![
         3 => Just(Twist::None),
         1 => any::<usize>().prop_map(Twist::Larger),

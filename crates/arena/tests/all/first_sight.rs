@@ -211,3 +211,56 @@ fn an_image_height_that_never_varied_is_predicted_at_the_lower_bound() {
         "high-water {high_water} against the lower bound {lb}"
     );
 }
+
+/// A run that leaves its plan costs what no plan costs: over random
+/// families (random structures, sizes affine in random products of the
+/// key's dimensions) run at random shapes with random deviations (a block
+/// above its slot, an extra allocation, a missing free, two frees
+/// swapped), every fell-back run's high-water against the same run's on
+/// a fresh dynamic arena. At least 99% within a granule, all within 1.05x.
+#[test]
+fn fell_back_runs_cost_what_no_plan_costs() {
+    use super::families::{model, twist};
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let runs = prop::collection::vec(((1usize..9, 16usize..300), twist()), 12);
+    let (mut fell, mut within, mut worst) = (0u32, 0u32, 1.0f64);
+    let mut over: Vec<f64> = Vec::new();
+    for _ in 0..MODELS {
+        let model = model().new_tree(&mut runner).unwrap().current();
+        let runs = runs.new_tree(&mut runner).unwrap().current();
+        let arena = arena();
+        let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+        for ((b, w), twist) in runs {
+            let (lookup, report, _) = run(&arena, &cache, &model, [b, w], twist);
+            if lookup.plan.is_none() || !report.deviated {
+                continue;
+            }
+            let (dynamic, _, _) = drive(&arena_fresh(), None, &model, [b, w], twist);
+            fell += 1;
+            if report.high_water <= dynamic.high_water + GRANULE {
+                within += 1;
+            } else {
+                let ratio = report.high_water as f64 / dynamic.high_water as f64;
+                over.push(ratio);
+                worst = worst.max(ratio);
+            }
+        }
+    }
+    over.sort_by(f64::total_cmp);
+    println!(
+        "{within} of {fell} fell-back runs within a granule of the dynamic run; worst {worst:.3}x; over: {:?}",
+        over.iter().rev().take(10).collect::<Vec<_>>()
+    );
+    assert!(fell >= 2000, "{fell} fell-back runs");
+    assert!(within as f64 >= 0.99 * fell as f64, "{within} of {fell}");
+    assert!(worst <= 1.05, "worst {worst:.3}x");
+}
+
+/// Random families run by [`fell_back_runs_cost_what_no_plan_costs`].
+const MODELS: usize = 500;
