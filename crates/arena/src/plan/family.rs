@@ -29,8 +29,10 @@ pub enum DynamicReason {
     /// The key's dimensions are not the family's, or a predicted size is
     /// not a size.
     Unpredictable,
-    /// The key changes a dimension its family never saw vary: how sizes
-    /// follow it is unknown (the run teaches it).
+    /// The key changes a dimension its family never saw vary, and the
+    /// sizes seen cannot show which blocks follow it (its value is 1 or a
+    /// power of two, or the blocks that show it hold too few of the
+    /// varying bytes): the run teaches it.
     Unvaried,
     /// Models that explain every shape seen equally well (dimensions that
     /// only varied together: the batch and the sequence, doubled at once)

@@ -28,10 +28,24 @@
 //! prediction is the largest of theirs: too large a slot costs a few
 //! bytes, too small a slot hands the run over to the dynamic path.
 //!
-//! A dimension that never varied among the shapes seen says nothing about
-//! how sizes follow it: a key that changes one is not predicted
-//! ([`NoPrediction::Unvaried`]). The run is served dynamically, and its
-//! recording teaches the family how sizes follow that dimension.
+//! Ambiguity is known, not guessed: where other tiers as simple as the
+//! first that fits (the same degree, the same kind) fit too, as the batch
+//! and the sequence do when they only varied together (`[1, 512]`, then
+//! `[2, 1024]`), the block keeps every one of them, and the prediction at
+//! a key says where they part (`Predicted::least`): its family predicts
+//! the largest only where that costs no more live bytes than the least (to
+//! a sixty-fourth), and refuses the key otherwise
+//! (`DynamicReason::Ambiguous`; the run teaches which is right).
+//!
+//! A dimension that never varied among the shapes seen says nothing by how
+//! sizes moved with it; but sizes are products of the input's dimensions,
+//! so a varying block whose every size is a multiple of the dimension's
+//! value (or of a strided variant of it) with an odd factor follows it:
+//! 736 (`23 * 32`) divides every feature map of a 736-high image. Such
+//! blocks scale with it; a key is refused ([`NoPrediction::Unvaried`])
+//! only where nothing can tell (the value 1, or a power of two, which
+//! divides sizes by chance) or where the blocks that show nothing hold
+//! more than an eighth of the varying bytes (`Fit::unvaried_scale`).
 //!
 //! Keys must explain the sizes: where a shape seen at dimensions at most
 //! another's needed more than it (a key made of request counters), nothing
