@@ -56,12 +56,13 @@ with ta.patch():
 
 
 def _rss_kib() -> dict:
-    """VmRSS and VmHWM (the peak) of this process, in KiB."""
+    """VmRSS, VmHWM (its peak), RssAnon and RssFile (the mapped files:
+    libraries, models) of this process, in KiB."""
     out = {}
     with open("/proc/self/status") as f:
         for line in f:
             key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
                 out[key] = int(value.split()[0])
     return out
 

@@ -7,8 +7,9 @@ present) until REQUESTS were sent, while the server's RSS is read from its
     python load.py --url http://127.0.0.1:8000 --clients 32 --requests 256 --idle 10
 
 Prints one JSON line: status counts, the server's RSS with its sessions made
-(before the load), its peak (VmHWM) and its RSS after the idle wait, in MiB,
-and the arena's limit. Exit status 1 if any answer was neither 200 nor 503
+(before the load), its peak (VmHWM, which counts mapped files too), the
+largest RssAnon sampled every 0.25 s (what a memory cgroup charges, less
+page cache), its RSS after the idle wait, in MiB, and the arena's limit. Exit status 1 if any answer was neither 200 nor 503
 or a connection failed (a 503 is the service refusing a request it has no
 memory for: expected under a tight limit).
 """
@@ -95,6 +96,7 @@ def main() -> int:
     lock = threading.Lock()
     next_i = [0]
     rss_max = [before["rss_kib"]["VmRSS"]]
+    anon_max = [before["rss_kib"]["RssAnon"]]
     done = threading.Event()
 
     def client() -> None:
@@ -114,10 +116,11 @@ def main() -> int:
     def sampler() -> None:
         while not done.wait(0.25):
             try:
-                rss = get(a.url + "/memory")["rss_kib"]["VmRSS"]
+                rss = get(a.url + "/memory")["rss_kib"]
             except OSError:
                 continue
-            rss_max[0] = max(rss_max[0], rss)
+            rss_max[0] = max(rss_max[0], rss["VmRSS"])
+            anon_max[0] = max(anon_max[0], rss["RssAnon"])
 
     s = threading.Thread(target=sampler, daemon=True)
     s.start()
@@ -140,6 +143,7 @@ def main() -> int:
         "rss_sessions_mib": mib(before["rss_kib"]["VmRSS"]),
         "rss_peak_mib": mib(idle["rss_kib"]["VmHWM"]),
         "rss_sampled_max_mib": mib(rss_max[0]),
+        "anon_sampled_max_mib": mib(anon_max[0]), "file_idle_mib": mib(idle["rss_kib"]["RssFile"]),
         "rss_after_load_mib": mib(after_load["rss_kib"]["VmRSS"]),
         "rss_idle_mib": mib(idle["rss_kib"]["VmRSS"]), "idle_s": a.idle,
         "limit": idle["limit"], "arena_ooms": idle["arena"]["ooms"],
