@@ -7,7 +7,8 @@ deployment settings of docs/python-deploy.md.
                    -> 400 for a body that is not an image, 413 for one over
                       OCR_MAX_BODY bytes
     GET  /healthz  200 once the sessions are made
-    GET  /memory   the process's RSS and peak, the arena's limit and stats
+    GET  /memory   the process's RSS and peak, the arenas' limit (the
+                   default and the pool's budget) and stats
 
 Run it (from this folder, after install.sh):
 
@@ -18,6 +19,10 @@ What makes the process's memory bounded, not only the arena's:
   sessions are tensor-arena's, so their tensors come from the pool's
   arenas, under the process's memory limit (``ta.memory_limit()``: 75 % of
   the container's, unless ``TENSOR_ARENA_MEMORY_LIMIT`` says otherwise).
+- under a container's memory limit, the arenas' budget is what the rest
+  of the process leaves (``_fitted_budget``), so that a request
+  the container cannot hold is refused by the arena, not killed by the
+  kernel with every other request;
 - a concurrency cap the size of the pool (``OCR_WORKERS``, default 4): at
   most that many requests decode, preprocess and run at once, on that many
   threads of the service's own executor. Without it every waiting request
@@ -44,10 +49,13 @@ from PIL import UnidentifiedImageError
 
 WORKERS = int(os.environ.get("OCR_WORKERS", "4"))
 MAX_BODY = int(os.environ.get("OCR_MAX_BODY", str(16 << 20)))
+# What one request in flight holds outside the arenas (its body, decoded
+# image, resized and normalised copies, crops, results): about 35 MiB
+# measured on large pages, so 64 MiB with a margin (docs/python-deploy.md).
+RESERVE_PER_REQUEST = int(os.environ.get("OCR_RESERVE_PER_REQUEST", str(64 << 20)))
 
-# The pool first (before any session runs), then the sessions. Only the
-# sessions made inside the block are tensor-arena's.
-ta.configure(workers=WORKERS)
+# The sessions first (only those made inside the block are tensor-arena's),
+# then the pool, sized and limited (below), before any run.
 with ta.patch():
     from rapidocr_onnxruntime import RapidOCR
     from rapidocr_onnxruntime.utils.load_image import LoadImageError
@@ -65,6 +73,26 @@ def _rss_kib() -> dict:
             if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
                 out[key] = int(value.split()[0])
     return out
+
+
+def _fitted_budget():
+    """Under a memory cgroup (a container's ``--memory``), a budget of what
+    the rest of the process leaves the arenas: the group's limit less the
+    RSS now (the sessions made) and RESERVE_PER_REQUEST per request in
+    flight. tensor-arena's own default (75 % of the group) assumes the rest
+    fits in a quarter; for this service at 8 workers in 1 GiB it did not
+    (the kernel killed it: BENCHMARKS.md). None (the default limit) where
+    the limit is not the cgroup's: TENSOR_ARENA_MEMORY_LIMIT, if set, wins."""
+    lim = ta.memory_limit()
+    if lim is None or lim["source"] != "cgroup":
+        return None
+    with open(lim["file"]) as f:
+        group = int(f.read().split()[0])
+    rest = _rss_kib()["VmRSS"] * 1024 + WORKERS * RESERVE_PER_REQUEST
+    return ta.Budget(max(group - rest, 32 << 20))
+
+
+ta.configure(workers=WORKERS, budget=_fitted_budget())
 
 
 @asynccontextmanager
@@ -126,6 +154,7 @@ def memory():
     return {
         "rss_kib": _rss_kib(),
         "limit": ta.memory_limit(),
+        "budget": (lambda b: b.limit if b else None)(ta.config()["budget"]),
         "workers": WORKERS,
         "arena": {k: s[k] for k in ("reserved_current", "reserved_peak", "ooms", "runs")},
     }

@@ -27,7 +27,7 @@ got="$("$py" -c 'import importlib.metadata as m; print(m.version("onnxruntime"))
 (cd "$here" && "$py" - <<'PY'
 import fastapi, uvicorn, rapidocr_onnxruntime
 import tensor_arena.onnxruntime as ta
-print("install.sh: tensor-arena", ta.__name__, "memory limit:", ta.memory_limit())
+import tensor_arena; print("install.sh: tensor-arena", tensor_arena.__version__, "memory limit here:", ta.memory_limit())
 PY
 )
 echo "install.sh: ok (onnxruntime $got kept)"

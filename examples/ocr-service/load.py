@@ -146,7 +146,9 @@ def main() -> int:
         "anon_sampled_max_mib": mib(anon_max[0]), "file_idle_mib": mib(idle["rss_kib"]["RssFile"]),
         "rss_after_load_mib": mib(after_load["rss_kib"]["VmRSS"]),
         "rss_idle_mib": mib(idle["rss_kib"]["VmRSS"]), "idle_s": a.idle,
-        "limit": idle["limit"], "arena_ooms": idle["arena"]["ooms"],
+        "arena_reserved_peak_mib": mib(idle["arena"]["reserved_peak"] / 1024),
+        "limit": idle["limit"], "budget_mib": idle["budget"] and mib(idle["budget"] / 1024),
+        "arena_ooms": idle["arena"]["ooms"],
     }))
     bad = [k for k in counts if k not in (200, 503)]
     return 1 if bad else 0
