@@ -4,7 +4,7 @@
 //! | call | what it does |
 //! |---|---|
 //! | `memory_limit()` | the limit every worker without a `Budget` of its own commits under: `{"bytes": n, "source": ..., "file": ...}`, or `None` for no limit |
-//! | `set_memory_limit(bytes)` | sets it (`None`: no limit), before the first run |
+//! | `set_memory_limit(bytes)` | sets it (`None`: no limit), before `configure()` and the first run |
 //!
 //! Where it comes from, first that applies: `set_memory_limit`, then
 //! `TENSOR_ARENA_MEMORY_LIMIT` (`512M`, `4GiB`, bytes, or `off`), then 75 %
@@ -48,10 +48,12 @@ fn memory_limit(py: Python<'_>) -> PyResult<Option<Bound<'_, PyDict>>> {
 
 /// Sets the default limit of the process's workers' memory in bytes
 /// (`None`: no limit), in place of `TENSOR_ARENA_MEMORY_LIMIT`'s and the
-/// system's. Call it before the first run.
+/// system's. Call it before `configure()` and the first run (either makes the
+/// pool's workers).
 ///
 /// # Errors
-/// `InvalidArgument` for 0 bytes, or once a run has made a worker (the
+/// `InvalidArgument` for 0 bytes, or once `configure()` or a run made the
+/// pool's workers (the
 /// limit in force then stays).
 #[pyfunction]
 #[pyo3(signature = (limit))]
