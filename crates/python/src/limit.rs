@@ -53,8 +53,7 @@ fn memory_limit(py: Python<'_>) -> PyResult<Option<Bound<'_, PyDict>>> {
 ///
 /// # Errors
 /// `InvalidArgument` for 0 bytes, or once `configure()` or a run made the
-/// pool's workers (the
-/// limit in force then stays).
+/// pool's workers (the limit in force then stays).
 #[pyfunction]
 #[pyo3(signature = (limit))]
 fn set_memory_limit(limit: Option<usize>) -> PyResult<()> {
