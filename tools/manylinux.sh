@@ -1,5 +1,5 @@
-# Sourced by tools/wheel-check.sh and tools/python-check.sh: builds the
-# project's wheels to the manylinux_2_28 policy (glibc 2.28: RHEL 8, Ubuntu
+# Sourced by tools/dist.sh, tools/wheel-check.sh and tools/python-check.sh:
+# builds the project's wheels to the manylinux_2_28 policy (glibc 2.28: RHEL 8, Ubuntu
 # 20.04 and later) on any Linux machine, and checks and tags them.
 #
 # Rust links against the build machine's glibc, whose newest symbol
@@ -15,11 +15,17 @@
 #                             # exports the linker for cargo
 #   manylinux_tag WHEEL       # auditwheel must allow manylinux_2_28_x86_64;
 #                             # prints the retagged wheel's path
+#   manylinux_build_python    # tensor-arena (crates/python, maturin): builds,
+#                             # tags, checks abi3; prints the wheel's path
+#   manylinux_build_cuda      # tensor_arena_cuda (crates/cuda/python,
+#                             # setuptools-rust): likewise
+# (run from the repository root, after manylinux_setup).
 
 MANYLINUX_POLICY=manylinux_2_28_x86_64
 
 manylinux_setup() {
     local work="$1"
+    MANYLINUX_WORK="$work"
     local python=python3
     "$python" -m venv "$work/manylinux-venv"
     "$work/manylinux-venv/bin/python" -m pip install --disable-pip-version-check -q \
@@ -64,4 +70,39 @@ manylinux_tag() {
     tagged="$(dirname "$wheel")/$(basename "$wheel" | sed "s/linux_x86_64\.whl\$/$MANYLINUX_POLICY.whl/")"
     [ -f "$tagged" ] || { echo "manylinux: retagged wheel $tagged not found" >&2; return 1; }
     echo "$tagged"
+}
+
+# One wheel from `pip wheel SRC` into a fresh folder of the work directory,
+# tagged; prints its path.
+manylinux_build() {
+    local src="$1" glob="$2" out
+    out="$(mktemp -d "$MANYLINUX_WORK/wheel.XXXXXX")"
+    python3 -m pip wheel --no-deps --disable-pip-version-check -q -w "$out" "$src" >&2
+    local wheels=("$out"/$glob)
+    [ "${#wheels[@]}" -eq 1 ] && [ -f "${wheels[0]}" ] || {
+        echo "manylinux: expected one $glob from $src, got: ${wheels[*]}" >&2
+        return 1
+    }
+    manylinux_tag "${wheels[0]}"
+}
+
+manylinux_build_python() {
+    local wheel
+    wheel="$(manylinux_build crates/python 'tensor_arena-*.whl')" || return 1
+    case "$(basename "$wheel")" in
+      *-abi3-*) ;;
+      *) echo "manylinux: $(basename "$wheel") is not abi3" >&2; return 1 ;;
+    esac
+    echo "$wheel"
+}
+
+manylinux_build_cuda() {
+    # setuptools builds in the source tree: start from no earlier build, and
+    # leave none behind.
+    rm -rf crates/cuda/python/build crates/cuda/python/*.egg-info
+    local wheel rc=0
+    wheel="$(manylinux_build crates/cuda/python 'tensor_arena_cuda-*.whl')" || rc=$?
+    rm -rf crates/cuda/python/build crates/cuda/python/*.egg-info
+    [ "$rc" -eq 0 ] || return "$rc"
+    echo "$wheel"
 }

@@ -17,17 +17,12 @@ python=python3
 command -v "$python" >/dev/null || { echo "wheel-check: python3 not found" >&2; exit 1; }
 
 echo "wheel-check: building the wheel"
-# setuptools builds in the source tree; start from no earlier build.
-rm -rf crates/cuda/python/build crates/cuda/python/*.egg-info
 # Linked against glibc 2.28's symbols and tagged manylinux_2_28 once
 # auditwheel allows it (tools/manylinux.sh).
 # shellcheck source=tools/manylinux.sh
 . tools/manylinux.sh
 manylinux_setup "$work"
-"$python" -m pip wheel --no-deps -w "$work/dist" crates/cuda/python
-wheels=("$work"/dist/tensor_arena_cuda-*.whl)
-[ "${#wheels[@]}" -eq 1 ] && [ -f "${wheels[0]}" ] || { echo "wheel-check: expected one wheel, got: ${wheels[*]}" >&2; exit 1; }
-wheel="$(manylinux_tag "${wheels[0]}")"
+wheel="$(manylinux_build_cuda)"
 echo "wheel-check: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
 
 echo "wheel-check: fresh virtual environment"

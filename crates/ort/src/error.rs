@@ -97,7 +97,9 @@ pub enum OrtArenaError {
     /// The arena refused a configuration or a reservation.
     Arena(tensor_arena::ArenaError),
     /// The device arena (ONNX Runtime's CUDA memory, `tensor_arena_cuda`)
-    /// refused: a bad device, a run already open, no CUDA driver.
+    /// refused: a bad device, a run already open, no CUDA driver (feature
+    /// `cuda`).
+    #[cfg(feature = "cuda")]
     Device(tensor_arena_cuda::CudaError),
     /// A run's tensors were not served by the worker's arena: the closure
     /// started ONNX Runtime's `run_async` (its tensors are allocated on
@@ -168,6 +170,7 @@ impl fmt::Display for OrtArenaError {
             Self::Ort(message) => write!(f, "ONNX Runtime: {message}"),
             Self::OutOfMemory(message) => write!(f, "out of memory: {message}"),
             Self::Arena(e) => write!(f, "arena: {e}"),
+            #[cfg(feature = "cuda")]
             Self::Device(e) => write!(f, "device arena: {e}"),
             Self::NotServed(why) => write!(f, "run not served by the worker's arena: {why}"),
             Self::Pool(why) => write!(f, "worker pool: {why}"),

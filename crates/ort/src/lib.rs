@@ -7,6 +7,7 @@
 
 mod adopt;
 mod block;
+#[cfg(feature = "cuda")]
 mod cuda;
 mod decay;
 mod error;
@@ -26,6 +27,7 @@ mod tensors;
 mod worker;
 
 pub use adopt::{is_registered, is_registered_on, register, SessionBuilderExt};
+#[cfg(feature = "cuda")]
 pub use cuda::{cuda_run, cuda_shrink, cuda_stats, CudaExt, CudaRun, DeviceStats, TorchStats};
 pub use decay::DEFAULT_DECAY;
 pub use error::OrtArenaError;

@@ -10,7 +10,8 @@
 //!   with the GIL released, each run on a worker checked out of the
 //!   process's bounded pool ([`pool`]);
 //! - the pool's settings, its stats under crates/cuda's names, shrink and a
-//!   process budget.
+//!   process budget;
+//! - the process's default memory limit ([`limit`]).
 //!
 //! Every error is a Python exception of this module ([`errors`]); no panic
 //! crosses into Python (PyO3 turns one into `PanicException`, and inputs are
@@ -19,6 +20,7 @@
 
 pub mod arrays;
 pub mod errors;
+pub mod limit;
 pub mod pool;
 pub mod session;
 
@@ -54,6 +56,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(loaded, m)?)?;
     errors::add(m)?;
     pool::add(m)?;
+    limit::add(m)?;
     m.add_class::<session::Session>()?;
     Ok(())
 }

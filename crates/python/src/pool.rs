@@ -168,7 +168,8 @@ impl Budget {
 /// Sets up the process's pool for the runs that start after the call;
 /// arguments left `None` keep their current value. `workers`: arenas at
 /// most (default: two per CPU, or `TENSOR_ARENA_WORKERS`); `budget`: a
-/// [`Budget`], or `False` for none; `decay`: seconds idle before a worker
+/// [`Budget`], or `False` for none of the pool's own (the process's default
+/// limit, `memory_limit()`, then applies); `decay`: seconds idle before a worker
 /// gives everything back (`0` or `False`: never); `shrink`: `"window"`
 /// (crates/ort's default: the largest need of the last second),
 /// `"follow"` (the last run's need), `"keep_largest"` or `"never"`;

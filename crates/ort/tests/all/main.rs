@@ -4,6 +4,7 @@
 
 mod budget;
 mod common;
+#[cfg(feature = "cuda")]
 mod cuda;
 mod errors;
 mod exports;

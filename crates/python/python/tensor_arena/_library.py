@@ -20,6 +20,10 @@ from typing import List, Optional
 #: The environment variable naming the library to use.
 ENV = "TENSOR_ARENA_ORT_LIB"
 
+#: The oldest ONNX Runtime release supported (pyproject.toml's
+#: ``onnxruntime`` extra says the same: ``onnxruntime>=1.31``).
+MIN_ORT = "1.31"
+
 _NAMES = ("libonnxruntime.so.*", "libonnxruntime.so", "libonnxruntime.*.dylib", "libonnxruntime.dylib")
 
 
@@ -70,6 +74,10 @@ def find(path: Optional[str] = None) -> str:
         return found[0]
     raise ImportError(
         "tensor_arena.onnxruntime needs ONNX Runtime's shared library, which the "
-        "onnxruntime package ships: pip install 'tensor-arena[onnxruntime]' "
-        f"(or set {ENV} to a libonnxruntime.so of version 1.31 or later)"
+        f"onnxruntime package ships: pip install 'onnxruntime>={MIN_ORT}' "
+        "(any version from it on; keep a pinned one), "
+        f"or set {ENV} to a libonnxruntime.so of version {MIN_ORT} or later. "
+        "tensor-arena itself is not on PyPI: install the wheel tools/dist.sh builds "
+        "(pip install dist/tensor_arena-*.whl) or from source "
+        "(pip install ./crates/python; needs Rust): crates/python/README.md"
     )

@@ -51,12 +51,15 @@ config = _native.config
 stats = _native.stats
 reset_peak_stats = _native.reset_peak_stats
 shrink = _native.shrink
+memory_limit = _native.memory_limit
+set_memory_limit = _native.set_memory_limit
 
 __all__ = [
     "InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata", "patch", "load",
     "library", "configure", "config", "stats", "reset_peak_stats", "shrink", "Budget",
     "Error", "InvalidArgument", "NoSuchFile", "InvalidProtobuf", "Fail", "OutOfMemory",
-    "LibraryError", "get_available_providers",
+    "LibraryError", "get_available_providers", "memory_limit", "set_memory_limit",
+    "out_of_memory",
 ]
 
 _CPU = "CPUExecutionProvider"
@@ -85,6 +88,22 @@ def library() -> Optional[tuple]:
         # name carries the version (libonnxruntime.so.1.31.1).
         version = os.path.basename(path).split(".so.", 1)[1]
     return path, version
+
+
+def out_of_memory(exc: BaseException) -> Optional[BaseException]:
+    """The ``OutOfMemory`` behind ``exc``: ``exc`` itself, or the first one
+    in its ``__cause__`` / ``__context__`` chain, else None. A library that
+    wraps every error of a run (rapidocr raises its own ``ONNXRuntimeError``
+    ``from`` ours) keeps ours there; a server maps it to a 503
+    (docs/python-deploy.md)."""
+    seen = set()
+    e: Optional[BaseException] = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OutOfMemory):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ if e.__cause__ is not None else e.__context__
+    return None
 
 
 def get_available_providers() -> List[str]:

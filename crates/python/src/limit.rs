@@ -1,0 +1,69 @@
+//! The process's default memory limit, seen and set from Python
+//! (crates/ort's `default_memory_limit` and `set_default_memory_limit`).
+//!
+//! | call | what it does |
+//! |---|---|
+//! | `memory_limit()` | the limit every worker without a `Budget` of its own commits under: `{"bytes": n, "source": ..., "file": ...}`, or `None` for no limit |
+//! | `set_memory_limit(bytes)` | sets it (`None`: no limit), before `configure()` and the first run |
+//!
+//! Where it comes from, first that applies: `set_memory_limit`, then
+//! `TENSOR_ARENA_MEMORY_LIMIT` (`512M`, `4GiB`, bytes, or `off`), then 75 %
+//! of the process's cgroup limit (a container's `--memory`), then 50 % of
+//! `MemTotal`. It is read once, when the first worker is made.
+
+use crate::errors::InvalidArgument;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tensor_arena_ort::LimitSource;
+
+/// The default limit of the process's workers' memory: the one in force if
+/// a run happened, else the one that would be. A dict with `bytes`,
+/// `source` (`"set_memory_limit"`, `"environment"`, `"cgroup"` or
+/// `"memtotal"`) and `file` (the cgroup file read, else `None`); `None`
+/// when there is no limit (`TENSOR_ARENA_MEMORY_LIMIT=off`,
+/// `set_memory_limit(None)`). A `Budget` given to `configure` applies
+/// instead of this one.
+///
+/// # Errors
+/// `InvalidArgument` when `TENSOR_ARENA_MEMORY_LIMIT` holds no size.
+#[pyfunction]
+fn memory_limit(py: Python<'_>) -> PyResult<Option<Bound<'_, PyDict>>> {
+    let Some(limit) = tensor_arena_ort::default_memory_limit()
+        .map_err(|e| InvalidArgument::new_err(e.to_string()))?
+    else {
+        return Ok(None);
+    };
+    let d = PyDict::new(py);
+    d.set_item("bytes", limit.bytes)?;
+    let (source, file) = match &limit.source {
+        LimitSource::Code => ("set_memory_limit", None),
+        LimitSource::Environment => ("environment", None),
+        LimitSource::Cgroup(f) => ("cgroup", Some(f.display().to_string())),
+        LimitSource::MemTotal => ("memtotal", None),
+    };
+    d.set_item("source", source)?;
+    d.set_item("file", file)?;
+    Ok(Some(d))
+}
+
+/// Sets the default limit of the process's workers' memory in bytes
+/// (`None`: no limit), in place of `TENSOR_ARENA_MEMORY_LIMIT`'s and the
+/// system's. Call it before `configure()` and the first run (either makes the
+/// pool's workers).
+///
+/// # Errors
+/// `InvalidArgument` for 0 bytes, or once `configure()` or a run made the
+/// pool's workers (the limit in force then stays).
+#[pyfunction]
+#[pyo3(signature = (limit))]
+fn set_memory_limit(limit: Option<usize>) -> PyResult<()> {
+    tensor_arena_ort::set_default_memory_limit(limit)
+        .map_err(|e| InvalidArgument::new_err(e.to_string()))
+}
+
+/// Adds the functions to the module.
+pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(set_memory_limit, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,101 @@
+"""The process's default memory limit from Python (memory_limit,
+set_memory_limit; crates/ort's limit.rs) and out_of_memory, which finds an
+OutOfMemory a library wrapped (rapidocr re-raises every run error as its own
+ONNXRuntimeError `from` ours). The limit is read once per process, so each
+case runs in a child."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import tensor_arena.onnxruntime as ta
+
+
+def child(code: str, **env) -> str:
+    e = {k: v for k, v in os.environ.items() if k != "TENSOR_ARENA_MEMORY_LIMIT"}
+    e.update(env)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_memory_limit_from_the_environment():
+    out = child("import tensor_arena.onnxruntime as ta; print(ta.memory_limit())",
+                TENSOR_ARENA_MEMORY_LIMIT="512M")
+    assert out == "{'bytes': 536870912, 'source': 'environment', 'file': None}", out
+    assert child("import tensor_arena.onnxruntime as ta; print(ta.memory_limit())",
+                 TENSOR_ARENA_MEMORY_LIMIT="off") == "None"
+
+
+def test_memory_limit_default_is_the_cgroup_or_memtotal():
+    out = child("import tensor_arena.onnxruntime as ta; d = ta.memory_limit(); print(d['source'], d['bytes'] > 0)")
+    assert out in ("cgroup True", "memtotal True"), out
+
+
+def test_bad_environment_value_is_invalid_argument():
+    out = child("""
+        import tensor_arena.onnxruntime as ta
+        try:
+            ta.memory_limit()
+        except ta.InvalidArgument as e:
+            print("InvalidArgument", e)
+        """, TENSOR_ARENA_MEMORY_LIMIT="lots")
+    assert out.startswith("InvalidArgument") and "TENSOR_ARENA_MEMORY_LIMIT" in out, out
+
+
+def test_set_memory_limit_before_the_first_run_and_not_after(assets):
+    out = child(f"""
+        import numpy as np
+        import tensor_arena.onnxruntime as ta
+        try:
+            ta.set_memory_limit(0)
+        except ta.InvalidArgument:
+            print("zero refused")
+        ta.set_memory_limit(256 << 20)
+        print(ta.memory_limit())
+        s = ta.InferenceSession({str(assets / "ppocr_cls.onnx")!r})
+        s.run(None, {{"x": np.zeros((1, 3, 48, 192), np.float32)}})
+        try:
+            ta.set_memory_limit(None)
+        except ta.InvalidArgument:
+            print("in force")
+        print(ta.memory_limit()["bytes"])
+        """)
+    assert out.splitlines() == [
+        "zero refused",
+        "{'bytes': 268435456, 'source': 'set_memory_limit', 'file': None}",
+        "in force",
+        "268435456",
+    ], out
+
+
+class Wrapped(Exception):
+    pass
+
+
+def test_out_of_memory_finds_the_cause():
+    oom = ta.OutOfMemory("refused")
+    try:
+        try:
+            raise oom
+        except Exception as e:
+            raise Wrapped("a library's error") from e
+    except Wrapped as w:
+        assert ta.out_of_memory(w) is oom
+    assert ta.out_of_memory(oom) is oom
+    assert ta.out_of_memory(ValueError("x")) is None
+    # Implicit chaining (raised while handling) counts too.
+    try:
+        try:
+            raise oom
+        except Exception:
+            raise Wrapped("during handling")
+    except Wrapped as w:
+        assert ta.out_of_memory(w) is oom
+    assert issubclass(ta.OutOfMemory, ta.Error)
+    with pytest.raises(TypeError):
+        ta.set_memory_limit("1G")
