@@ -205,6 +205,10 @@ pub(super) fn model_of(
     first_class(tiers, affine).map(SizeModel::Affine)
 }
 
+/// Monomials that fit a block, each with the vertices `(a, c)` of what the
+/// shapes seen allow.
+pub(super) type Fits = Vec<(Monomial, Vec<(f64, f64)>)>;
+
 /// The fits of the first tier that has any, and of every tier of its class
 /// after it (as simple, so the shapes seen cannot tell them from it: the
 /// batch and the sequence when they only varied together), tier by tier.
@@ -212,8 +216,8 @@ pub(super) fn model_of(
 fn first_class(
     tiers: &[Tier],
     mut fit: impl FnMut(&Monomial, &[f64]) -> Option<(Monomial, Vec<(f64, f64)>)>,
-) -> Option<Vec<(Monomial, Vec<(f64, f64)>)>> {
-    let mut found: Option<((i32, bool), Vec<(Monomial, Vec<(f64, f64)>)>)> = None;
+) -> Option<Fits> {
+    let mut found: Option<((i32, bool), Fits)> = None;
     for tier in tiers {
         match &mut found {
             Some((class, fits)) => {
