@@ -1,0 +1,82 @@
+//! Outputs low: a plan keeps the buffers live at its run's end where a run
+//! that leaves the plan needs them, at the bottom of its block.
+
+use super::{Decoder, Problem, Search};
+
+impl Search {
+    /// Puts the buffers live at the run's end (its outputs) at the bottom
+    /// of the plan, where the footprint allows it (placed first, then the
+    /// rest in the best order, no higher than the best): a run that leaves
+    /// its plan keeps its live blocks where the plan put them, and the
+    /// rest of the block serves the rest of the run, so a block that lives
+    /// on in the middle of it would split the space a grown block needs.
+    /// Kept as the order the structure's next search starts from, so that
+    /// its later plans keep them there too.
+    pub(super) fn settle(&mut self, problem: &Problem) {
+        let Some(last) = problem.items.iter().map(|it| it.end).max() else {
+            return;
+        };
+        let lasting = |i: u32| problem.items[i as usize].end == last;
+        let mut order: Vec<u32> = (0..problem.len() as u32).filter(|&i| lasting(i)).collect();
+        if order.is_empty()
+            || order.len() == problem.len()
+            || self.best_order.len() != problem.len()
+        {
+            return;
+        }
+        // Oldest lowest: each lies under the ones allocated after it.
+        order.sort_by_key(|&i| (problem.items[i as usize].start, i));
+        if self.best_order[..order.len()] == order[..] {
+            return;
+        }
+        order.extend(self.best_order.iter().copied().filter(|&i| !lasting(i)));
+        let mut decoder = Decoder::new(problem, order);
+        if let Some(top) = decoder.decode(problem, 0, self.best_fit, self.best) {
+            self.keep(&decoder, top, self.best_fit);
+            self.walk.clear();
+        }
+    }
+}
+
+impl Problem {
+    /// Turns `offset` (a placement of every item) upside down, where that
+    /// brings the items live at the run's end (its outputs) nearer the
+    /// bottom and keeps every offset aligned: the same footprint, no two
+    /// conflicting items sharing a byte (mirroring keeps both), but a run
+    /// that leaves its plan keeps its live blocks where the plan put them,
+    /// and the rest of the plan's block is then one free span with the
+    /// space above it, which a grown block extends, rather than a span
+    /// under an output.
+    pub(super) fn lasting_low(&self, offset: &mut [usize]) {
+        let Some(last) = self.items.iter().map(|it| it.end).max() else {
+            return;
+        };
+        let top = self
+            .items
+            .iter()
+            .zip(offset.iter())
+            .map(|(it, &at)| at.saturating_add(it.size))
+            .max()
+            .unwrap_or(0);
+        let (mut reach, mut mirrored) = (0usize, 0usize);
+        for (it, &at) in self.items.iter().zip(offset.iter()) {
+            if it.end == last {
+                reach = reach.max(at + it.size);
+                mirrored = mirrored.max(top - at);
+            }
+        }
+        if mirrored >= reach {
+            return;
+        }
+        let aligned = self
+            .items
+            .iter()
+            .zip(offset.iter())
+            .all(|(it, &at)| (top - at - it.size) & it.mask == 0);
+        if aligned {
+            for (it, at) in self.items.iter().zip(offset.iter_mut()) {
+                *at = top - *at - it.size;
+            }
+        }
+    }
+}
