@@ -39,3 +39,20 @@ pub(crate) fn shrink_accounting(at: &dyn Display, before: &Stats, after: &Stats,
     );
     assert_eq!(after.in_use, before.in_use, "{at}");
 }
+
+/// What `free_bytes` promises on any memory layer: the bytes of free spans
+/// that are committed, so that with what is in use they are at most what
+/// is reserved (decommitted holes inside free spans are not free bytes of
+/// the arena: they are not reserved).
+///
+/// # Panics
+/// When `free_bytes + in_use > reserved`, naming `at`.
+pub(crate) fn free_bytes(at: &dyn Display, st: &Stats) {
+    assert!(
+        st.free_bytes + st.in_use <= st.reserved,
+        "{at}: free bytes {} and in use {} over reserved {}",
+        st.free_bytes,
+        st.in_use,
+        st.reserved
+    );
+}

@@ -18,6 +18,9 @@ struct Range {
     /// Granules decommitted and not written since: they must read as zero
     /// once committed again.
     zero: Vec<bool>,
+    /// One past the highest granule committed since the reservation was
+    /// made.
+    high: usize,
 }
 
 /// What a [`Faulty`] layer has seen, shared with the test that made it.
@@ -48,6 +51,18 @@ impl Ledger {
                     .filter(|(_, &c)| c)
                     .map(|(i, _)| r.granule.min(r.len - i * r.granule))
             })
+            .sum()
+    }
+
+    /// Granules not committed now below the highest granule committed
+    /// since their reservation was made: at least the granules an arena
+    /// gave back inside what it holds committed (its holes), and more where
+    /// it cut its committed top since (a layer cannot tell one from the
+    /// other). 0 means no hole, for certain.
+    pub fn uncommitted_below_high_mark(&self) -> usize {
+        self.ranges
+            .iter()
+            .map(|r| r.committed[..r.high].iter().filter(|&&c| !c).count())
             .sum()
     }
 
@@ -182,6 +197,7 @@ impl<M: Memory<Ptr = NonNull<u8>>> Memory for Faulty<M> {
             granule,
             committed: vec![committed; n],
             zero: vec![true; n],
+            high: if committed { n } else { 0 },
         });
         Ok(base)
     }
@@ -198,6 +214,7 @@ impl<M: Memory<Ptr = NonNull<u8>>> Memory for Faulty<M> {
             assert!(!*c, "a granule committed twice");
             *c = true;
         }
+        r.high = r.high.max(hi);
         Ok(())
     }
 

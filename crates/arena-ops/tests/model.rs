@@ -92,6 +92,23 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// `free_bytes + in_use <= reserved` after every step, on both memory
+    /// layers: `Heap` (regions wholly committed) and `Pages` (shrinks
+    /// leave decommitted holes inside free spans, which are not free
+    /// bytes: they are not reserved). The models' shared check asserts it
+    /// after every step of `run` and `run_pages`.
+    #[test]
+    fn free_bytes_and_in_use_fit_in_reserved_on_both_memory_layers(
+        ops in prop::collection::vec(op(), 1..160),
+    ) {
+        run(&ops);
+        run_pages(&ops);
+    }
+}
+
 /// One run's operations: three blocks, one freed in the middle.
 fn a_run(sizes: [usize; 3]) -> Vec<Op> {
     let alloc = |n: usize| Op::Alloc {

@@ -84,7 +84,10 @@ impl Stats {
         if self.free_bytes == 0 {
             0.0
         } else {
-            1.0 - self.largest_free_block as f64 / self.free_bytes as f64
+            // A free span may hold decommitted holes (`Pages` after a
+            // shrink), which `free_bytes` leaves out: never below 0.
+            let largest = self.largest_free_block.min(self.free_bytes);
+            1.0 - largest as f64 / self.free_bytes as f64
         }
     }
 }

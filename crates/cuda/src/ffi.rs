@@ -352,6 +352,29 @@ fn runtime_contained(find: impl FnOnce() -> Runtime) -> Runtime {
     trampoline(None, find)
 }
 
+/// Whether [`caller_runtime`] panics, for tests ([`panic_in_caller_lookup`]).
+static PANIC_IN_CALLER_LOOKUP: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Makes the lookup of [`tensor_arena_cuda_alloc`]'s caller's C++ runtime
+/// panic, for the C ABI's contract test that a panic there stays inside
+/// (null and a message, not an abort). Not part of the API: a Rust
+/// function, not exported from the `cdylib`, so no C, C++ or Python caller
+/// can reach it, and no environment variable changes what a build does.
+#[doc(hidden)]
+pub fn panic_in_caller_lookup() {
+    PANIC_IN_CALLER_LOOKUP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// [`tensor_arena::cxx::runtime_for_caller`], or a panic where a test asked
+/// for one ([`panic_in_caller_lookup`]).
+fn caller_runtime() -> Runtime {
+    if PANIC_IN_CALLER_LOOKUP.load(std::sync::atomic::Ordering::Relaxed) {
+        panic!("the caller's runtime lookup failed (test hook)");
+    }
+    tensor_arena::cxx::runtime_for_caller()
+}
+
 /// `CUDAPluggableAllocator`'s allocation function: `size` bytes on
 /// `device` for work on `stream`. Null for a zero size. A request that
 /// cannot be served (out of device memory, a bad device) **throws
@@ -389,8 +412,7 @@ pub unsafe extern "C-unwind" fn tensor_arena_cuda_alloc(
 ) -> *mut c_void {
     // The caller's C++ runtime, found at the first call (memory is not
     // short yet) and kept; a panic of the lookup is caught there.
-    let thrower =
-        *CALLER_CXX.get_or_init(|| runtime_contained(tensor_arena::cxx::runtime_for_caller));
+    let thrower = *CALLER_CXX.get_or_init(|| runtime_contained(caller_runtime));
     // SAFETY: the caller's promise about `stream`.
     let p = unsafe { tensor_arena_cuda_try_alloc(size, device, stream) };
     if p.is_null() && size > 0 {

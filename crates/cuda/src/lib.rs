@@ -12,6 +12,8 @@ mod streams;
 
 pub use arena::{DeviceArena, DeviceConfig, DeviceStats, DEVICE_ALIGN};
 pub use driver::{DevicePtr, Driver, DriverError, SimConfig, SimDriver, Stream};
+#[doc(hidden)]
+pub use ffi::panic_in_caller_lookup as __panic_in_caller_lookup_for_tests;
 pub use memory::{DeviceCalls, DeviceMemory};
 pub use stats_parity::TorchStats;
 pub use streams::StreamStats;

@@ -354,6 +354,65 @@ fn alloc_throws_bad_alloc_into_a_cxx_host() {
     }
 }
 
+/// Set in the environment of the child that
+/// [`a_panicking_caller_lookup_gives_null_and_a_message_not_an_abort`]
+/// starts: this binary again, running that test alone.
+const LOOKUP_CHILD: &str = "TENSOR_ARENA_CUDA_TEST_LOOKUP_CHILD";
+
+/// PyTorch's entry (`tensor_arena_cuda_alloc`) looks its caller's C++
+/// runtime up at its first call; a panic of that lookup stays inside: the
+/// request is still served, a request that cannot be is a null (nothing to
+/// throw through), and `tensor_arena_cuda_last_error` says what happened,
+/// never an abort and never a Rust panic unwound into the caller. The
+/// lookup is made to panic by a test hook (a `#[doc(hidden)]` Rust
+/// function, not exported from the `cdylib`); in a child process (this
+/// binary again, the test alone), because the lookup's answer is kept for
+/// the process's life and `c_abi_contract` makes it here.
+#[test]
+fn a_panicking_caller_lookup_gives_null_and_a_message_not_an_abort() {
+    const TEST: &str = "a_panicking_caller_lookup_gives_null_and_a_message_not_an_abort";
+    if std::env::var_os(LOOKUP_CHILD).is_some() {
+        panicking_lookup_child();
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+        .env(LOOKUP_CHILD, "1")
+        .env_remove("TENSOR_ARENA_CUDA_DRIVER")
+        .output()
+        .unwrap();
+    let text = text_of(&out);
+    assert!(out.status.success(), "the child failed:\n{text}");
+    assert!(text.contains("panicking lookup: ok"), "{text}");
+}
+
+/// The child's part: the lookup panics at the first call of PyTorch's
+/// entry (the only call that looks it up).
+fn panicking_lookup_child() {
+    tensor_arena_cuda::__panic_in_caller_lookup_for_tests();
+    assert_eq!(init(c"simulated"), 0, "{}", last_error());
+    // SAFETY: the simulated driver accepts any stream value; a panic of
+    // the lookup must not unwind out of the call (the test fails if it
+    // does, in this child).
+    let p = unsafe { tensor_arena_cuda_alloc(4096, 0, core::ptr::null_mut()) };
+    let msg = last_error();
+    assert!(
+        msg.contains("panicked") && msg.contains("test hook"),
+        "the lookup's panic is in last_error: {msg:?}"
+    );
+    assert!(!p.is_null(), "the request is still served");
+    // A request the device cannot serve: with no runtime found, a null
+    // and its message, not a throw.
+    // SAFETY: as above; nothing throws (no runtime was found).
+    let huge = unsafe { tensor_arena_cuda_alloc(1 << 50, 0, core::ptr::null_mut()) };
+    assert!(huge.is_null());
+    let msg = last_error();
+    assert!(msg.contains("allocating"), "{msg:?}");
+    free(p, 4096, 0);
+    assert_eq!(stats(0)["arena"]["in_use"], 0);
+    println!("panicking lookup: ok");
+}
+
 /// Every symbol the library exports starts with `tensor_arena_cuda_`: a
 /// process's global symbol table is shared by every library in it, and
 /// names such as `alloc_fn` would bind to whichever came first. Read with

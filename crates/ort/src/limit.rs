@@ -191,7 +191,7 @@ fn parse_env(value: &str) -> Result<Option<usize>, OrtArenaError> {
 fn system_limit(cgroup_root: &Path, self_cgroup: &str, meminfo: &str) -> Option<MemoryLimit> {
     if let Some((bytes, file)) = cgroup_limit(cgroup_root, self_cgroup) {
         return Some(MemoryLimit {
-            bytes: bytes / 100 * CGROUP_PERCENT,
+            bytes: percent(bytes, CGROUP_PERCENT),
             source: LimitSource::Cgroup(file),
         });
     }
@@ -204,9 +204,15 @@ fn system_limit(cgroup_root: &Path, self_cgroup: &str, meminfo: &str) -> Option<
             .ok()
     })?;
     Some(MemoryLimit {
-        bytes: kib.checked_mul(1024)? / 100 * MEMTOTAL_PERCENT,
+        bytes: percent(kib.checked_mul(1024)?, MEMTOTAL_PERCENT),
         source: LimitSource::MemTotal,
     })
+}
+
+/// `share` % of `bytes`, rounded down (exact: 75 % of 4 GiB is 3 GiB, not
+/// the 3 GiB less 72 bytes that dividing first gives).
+fn percent(bytes: usize, share: usize) -> usize {
+    (bytes as u128 * share as u128 / 100) as usize
 }
 
 /// The smallest memory limit of the process's cgroup and its ancestors,
@@ -296,7 +302,8 @@ mod tests {
             ("app/server/memory.high", "4294967296\n"),
         ]);
         let l = system_limit(&root, "0::/app/server\n", MEMINFO).unwrap();
-        assert_eq!(l.bytes, (4usize << 30) / 100 * CGROUP_PERCENT);
+        // Three quarters of the 4 GiB limit, in bytes.
+        assert_eq!(l.bytes, 3 << 30);
         assert_eq!(
             l.source,
             LimitSource::Cgroup(root.join("app/server/memory.high"))
@@ -307,14 +314,15 @@ mod tests {
             ("memory/grp/memory.limit_in_bytes", "1073741824\n"),
         ]);
         let l = system_limit(&root, "4:memory:/grp\n0::/\n", MEMINFO).unwrap();
-        assert_eq!(l.bytes, (1usize << 30) / 100 * CGROUP_PERCENT);
+        assert_eq!(l.bytes, 768 << 20);
     }
 
     #[test]
     fn without_a_cgroup_limit_memtotal_is_used() {
         let root = tree(&[("memory.max", "max\n")]);
         let l = system_limit(&root, "0::/\n", MEMINFO).unwrap();
-        assert_eq!(l.bytes, 24684084 * 1024 / 100 * MEMTOTAL_PERCENT);
+        // Half of 24 684 084 KiB, in bytes.
+        assert_eq!(l.bytes, 12_638_251_008);
         assert_eq!(l.source, LimitSource::MemTotal);
         assert_eq!(system_limit(&root, "garbage", "nothing"), None);
     }

@@ -635,6 +635,7 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
             "{at}: reserved {} over the cap",
             st.reserved
         );
+        checks::free_bytes(at, &st);
         assert!(
             st.largest_free_block <= st.free_bytes,
             "{at}: largest free block {} > free bytes {}",

@@ -160,8 +160,17 @@ impl<M: Memory> Pool<M> {
     pub(crate) fn largest_free(&self) -> usize {
         self.map.largest_free()
     }
+    /// Committed free bytes: the map's free spans less the decommitted
+    /// holes inside them (which are not reserved), so `reserved - in_use`.
     pub(crate) fn free_bytes(&self) -> usize {
-        self.map.free_bytes()
+        let holes: usize = self
+            .regions
+            .iter()
+            .flatten()
+            .flat_map(|r| &r.holes)
+            .map(|h| h.1)
+            .sum();
+        self.map.free_bytes().saturating_sub(holes)
     }
     pub(crate) fn granule(&self) -> usize {
         self.align

@@ -718,3 +718,7 @@ impl<M: Memory> RawArena<M> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "invariant_tests.rs"]
+mod invariant_tests;

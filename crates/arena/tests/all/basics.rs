@@ -423,3 +423,42 @@ fn shrink_for_plans_gives_back_fragments_no_plan_block_fits() {
     assert_eq!(for_plans.shrink_for_plans(plan.size()), 0);
     for_plans.check_invariants();
 }
+
+/// `free_bytes` counts only committed free memory: after a shrink leaves
+/// decommitted holes inside a free span (`Pages`, in place), free bytes and
+/// bytes in use are at most the bytes reserved, as on `Heap` (which gives
+/// back whole regions). A small block stays live below a large one freed,
+/// so the shrink cannot give back the top alone.
+#[test]
+fn free_bytes_and_in_use_never_exceed_reserved_after_a_shrink() {
+    fn check(st: tensor_arena::Stats, what: &str) {
+        assert!(
+            st.free_bytes + st.in_use <= st.reserved,
+            "{what}: free {} + in use {} > reserved {}",
+            st.free_bytes,
+            st.in_use,
+            st.reserved
+        );
+    }
+    fn exercise<M: tensor_arena::HostMemory>(arena: &Arena<M>, what: &str) {
+        let low = arena.try_alloc(64 << 10).unwrap();
+        let mid = arena.try_alloc(4 << 20).unwrap();
+        let high = arena.try_alloc(64 << 10).unwrap();
+        drop(mid);
+        check(arena.stats(), what);
+        arena.shrink_to(arena.stats().in_use);
+        check(arena.stats(), what);
+        drop(high);
+        check(arena.stats(), what);
+        arena.shrink_to(arena.stats().in_use);
+        check(arena.stats(), what);
+        drop(low);
+        arena.shrink_to(0);
+        check(arena.stats(), what);
+    }
+    exercise(&Arena::new(ArenaConfig::default()), "default memory");
+    exercise(
+        &Arena::with_backing(ArenaConfig::default(), allocator_api2::alloc::Global),
+        "Heap",
+    );
+}

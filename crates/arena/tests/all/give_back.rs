@@ -62,11 +62,37 @@ fn mapping(addr: usize) -> (usize, usize) {
     )
 }
 
+/// Pages of `addr..addr + len` that this process holds in memory (present
+/// in `/proc/self/pagemap`), whether in use or lazily freed (`MADV_FREE`
+/// leaves a page present until the kernel takes it). Exactly that range:
+/// unlike a mapping's `Rss` in `smaps`, no other memory counts, even when
+/// the kernel merges the arena's mapping with a neighbour (another test's
+/// arena, made by a test running beside this one: the Rss figures then
+/// hold its pages too).
+fn resident_pages(addr: usize, len: usize) -> usize {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open("/proc/self/pagemap").expect("/proc/self/pagemap");
+    f.seek(SeekFrom::Start((addr / PAGE * 8) as u64)).unwrap();
+    let mut entries = vec![0u8; len.div_ceil(PAGE) * 8];
+    f.read_exact(&mut entries)
+        .expect("the range's pagemap entries");
+    entries
+        .chunks_exact(8)
+        .filter(|e| u64::from_le_bytes((*e).try_into().unwrap()) >> 63 == 1)
+        .count()
+}
+
 /// A small block kept live at the bottom, a large one written and freed
 /// above it (checked resident), then the arena shrunk to what is in use:
 /// returns the arena, the small block's address, and the mapping's
 /// `(Rss, LazyFree)` after the shrink.
 fn shrink_after_large(give_back: GiveBack) -> (Arena<Pages>, usize, (usize, usize)) {
+    let (arena, addr, _, after) = shrink_after_large_at(give_back);
+    (arena, addr, after)
+}
+
+/// [`shrink_after_large`], with the large block's address too.
+fn shrink_after_large_at(give_back: GiveBack) -> (Arena<Pages>, usize, usize, (usize, usize)) {
     let arena = Arena::with_memory(ArenaConfig::default(), pages(give_back)).unwrap();
     let addr;
     {
@@ -77,7 +103,13 @@ fn shrink_after_large(give_back: GiveBack) -> (Arena<Pages>, usize, (usize, usiz
     }
     let mut large = arena.try_alloc(LARGE).unwrap();
     large.fill(0xab);
+    let large_addr = large.as_ptr() as usize;
     drop(large);
+    assert_eq!(
+        resident_pages(large_addr, LARGE),
+        LARGE / PAGE,
+        "the large block was resident"
+    );
     let before = mapping(addr);
     let reserved = arena.stats().reserved;
     let released = arena.shrink_to(arena.stats().in_use);
@@ -90,14 +122,20 @@ fn shrink_after_large(give_back: GiveBack) -> (Arena<Pages>, usize, (usize, usiz
         before.0 >= LARGE,
         "the large block was resident: {before:?}"
     );
-    (arena, addr, mapping(addr))
+    (arena, addr, large_addr, mapping(addr))
 }
 
+/// Measured on the large block's own pages, as
+/// `give_back_now_takes_lazily_given_back_pages_out_of_the_process` is
+/// (a neighbouring mapping's pages would count in the mapping's figures).
 #[test]
 fn given_back_now_the_pages_leave_the_process() {
-    let (_arena, _addr, after) = shrink_after_large(GiveBack::Now);
-    assert!(after.0 <= SMALL + (1 << 20), "resident after: {after:?}");
-    assert_eq!(after.1, 0, "nothing lazily freed");
+    let (_arena, _addr, large, _after) = shrink_after_large_at(GiveBack::Now);
+    assert_eq!(
+        resident_pages(large, LARGE),
+        0,
+        "pages of the large block still held (in use or lazily free)"
+    );
 }
 
 #[test]
@@ -154,20 +192,27 @@ fn lazily_given_back_bytes_are_tracked_until_committed_again() {
     assert_eq!(core.stats().lazily_given_back, 0);
 }
 
+/// Measured on the large block's own pages (`/proc/self/pagemap`), not
+/// on its mapping's `Rss` and `LazyFree`: a test beside this one may make
+/// an arena whose mapping the kernel merges with this one's, and its pages
+/// then count in those figures (seen: one failure in ten runs on a loaded
+/// machine). After `give_back_now` not one page of the range is held,
+/// whoever else shares the mapping.
 #[test]
 fn give_back_now_takes_lazily_given_back_pages_out_of_the_process() {
-    let (arena, addr, _after) = shrink_after_large(GiveBack::Lazily);
+    let (arena, _addr, large, _after) = shrink_after_large_at(GiveBack::Lazily);
     let lazy = arena.stats().lazily_given_back;
     assert!(lazy >= LARGE, "{lazy}");
     assert_eq!(arena.give_back_now(), lazy);
     assert_eq!(arena.stats().lazily_given_back, 0);
     assert_eq!(arena.give_back_now(), 0, "a second call has nothing left");
-    let (rss, lazy_free) = mapping(addr);
-    assert!(
-        rss <= SMALL + (1 << 20),
-        "resident after give_back_now: {rss}"
+    // Not one page of the large block is held any more, in use or lazily
+    // free.
+    assert_eq!(
+        resident_pages(large, LARGE),
+        0,
+        "pages of the large block still held after give_back_now"
     );
-    assert_eq!(lazy_free, 0);
     // Committed again, the range comes from the kernel as zero pages.
     let large = arena.try_alloc(LARGE).unwrap();
     assert!(large.iter().all(|&b| b == 0));

@@ -16,6 +16,7 @@ mod pressure;
 mod reentry;
 mod reliability;
 mod review;
+mod rules;
 mod scoped;
 mod scoped_dynamic;
 mod shared;

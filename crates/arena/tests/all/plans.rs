@@ -3,7 +3,7 @@
 use crate::common::{read_trace, Counting, TraceRun};
 use std::collections::HashMap;
 use std::sync::Arc;
-use tensor_arena::{Arena, ArenaConfig, Block, Plan, PlanCache, Recording, RunReport};
+use tensor_arena::{Arena, ArenaConfig, Block, Coalesce, Plan, PlanCache, Recording, RunReport};
 
 /// Replays `run` (scaled sizes), checking a per-block pattern when each
 /// block dies, and returns the report and recording.
@@ -73,7 +73,25 @@ fn a_planned_run_serves_every_block_with_no_search_and_no_backing_call() {
 
 #[test]
 fn a_run_that_changes_one_size_halfway_deviates_and_stays_correct() {
-    let arena = Arena::new(ArenaConfig::default());
+    a_run_that_changes_one_size_halfway(Coalesce::Immediate);
+}
+
+/// The same on an arena whose freed spans merge lazily: the plan's block,
+/// dissolved at the deviation, still becomes free memory merged at once,
+/// from which the run's live planned blocks are taken back.
+#[test]
+fn a_run_that_changes_one_size_halfway_deviates_and_stays_correct_when_freed_spans_merge_lazily() {
+    a_run_that_changes_one_size_halfway(Coalesce::Lazy);
+}
+
+/// A DenseNet run recorded, then served on its plan with one size changed
+/// halfway, on the default (`Pages`) arena with freed spans merged as
+/// `coalesce` says.
+fn a_run_that_changes_one_size_halfway(coalesce: Coalesce) {
+    let arena = Arena::new(ArenaConfig {
+        coalesce,
+        ..ArenaConfig::default()
+    });
     let run = &read_trace("densenet121-1x3x224x224.trace")[0];
     let (_, rec) = replay(&arena, None, run, None);
     let plan = Arc::new(Plan::from_recording(&rec).unwrap());
