@@ -195,6 +195,26 @@ pub fn decode<K: PlanKey>(bytes: &[u8]) -> Result<(StoreContents<K>, bool), Stor
     Ok((contents, body.probe == family_probe()))
 }
 
+/// The checksum a store file's header holds over its body (the bytes
+/// after the 32-byte header; for tools that write or repair files).
+pub fn checksum(body: &[u8]) -> u64 {
+    check::hash64(body)
+}
+
+/// A store file of `body` under a header of this format version, with
+/// the body's checksum (for tools and fuzzing: the body is checked as any
+/// file's when it is loaded).
+pub fn seal(body: &[u8]) -> Vec<u8> {
+    let mut file = Vec::with_capacity(format::HEADER + body.len());
+    file.extend_from_slice(&format::MAGIC);
+    file.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    file.extend_from_slice(&[0; 4]);
+    file.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    file.extend_from_slice(&checksum(body).to_le_bytes());
+    file.extend_from_slice(body);
+    file
+}
+
 /// How this build hashes family ids ([`KeyDims::family`] of fixed keys):
 /// saved families are keyed by id, so a file from a build that hashes
 /// otherwise keeps its plans and drops its families.
@@ -240,16 +260,31 @@ impl PlanStore {
             )),
             ..Loaded::default()
         };
-        let bytes = match file::read(&path) {
-            Ok(Some(b)) => b,
-            Ok(None) => return Loaded::default(),
-            Err(e) => return refused(e.to_string()),
+        match file::read(&path) {
+            Ok(Some(bytes)) => self.load_bytes(&bytes, cache),
+            Ok(None) => Loaded::default(),
+            Err(e) => refused(e.to_string()),
+        }
+    }
+
+    /// [`PlanStore::load`] of a file's bytes already read (for tools and
+    /// fuzzing; warnings name the store's path all the same).
+    pub fn load_bytes<K>(&self, bytes: &[u8], cache: &PlanCache<K>) -> Loaded
+    where
+        K: PlanKey + Hash + Eq + Clone,
+    {
+        let path = self.path();
+        let refused = |why: String| Loaded {
+            warning: Some(format!(
+                "plan store {}: {why}; starting with no saved plans",
+                path.display()
+            )),
+            ..Loaded::default()
         };
-        let (contents, ids_match) = match decode::<K>(&bytes) {
+        let (contents, ids_match) = match decode::<K>(bytes) {
             Ok(c) => c,
             Err(e) => return refused(e.to_string()),
         };
-        drop(bytes);
         if let Some(why) = self.key.mismatch(&contents.key) {
             return refused(why);
         }

@@ -315,3 +315,10 @@ fn a_load_keeps_the_most_recent_plans_within_capacity() {
     assert_eq!(small.stats().plans, 2);
     assert!(small.contains("4x8") && small.contains("3x8"));
 }
+
+#[test]
+fn seal_makes_the_header_encode_makes() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = saved(dir.path());
+    assert_eq!(seal(&bytes[HEADER..]), bytes);
+}
