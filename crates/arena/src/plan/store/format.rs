@@ -284,32 +284,40 @@ impl<'a> Reader<'a> {
         String::from_utf8(b.to_vec()).map_err(|_| StoreError::malformed("text that is not UTF-8"))
     }
 
+    /// `n` sizes (`count` checked that the bytes are there).
+    fn usizes(&mut self, n: usize) -> Result<Vec<usize>, StoreError> {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(self.usize()?);
+        }
+        Ok(v)
+    }
+
     fn events(&mut self) -> Result<Vec<PlanEvent>, StoreError> {
         let n = self.count(4)?;
-        (0..n)
-            .map(|_| {
-                let c = self.u32()?;
-                Ok(if c & FREE != 0 {
-                    PlanEvent::Free(c & !FREE)
-                } else {
-                    PlanEvent::Alloc(c)
-                })
-            })
-            .collect()
+        let mut v = Vec::with_capacity(n);
+        for c in self.take(4 * n)?.chunks_exact(4) {
+            let c = u32::from_le_bytes(c.try_into().expect("4"));
+            v.push(if c & FREE != 0 {
+                PlanEvent::Free(c & !FREE)
+            } else {
+                PlanEvent::Alloc(c)
+            });
+        }
+        Ok(v)
     }
 
     fn plan(&mut self) -> Result<Plan, StoreError> {
         let n = self.count(16)?;
-        let blocks = (0..n)
-            .map(|_| Ok((self.usize()?, self.usize()?)))
-            .collect::<Result<Vec<_>, StoreError>>()?;
+        let mut blocks = Vec::with_capacity(n);
+        for _ in 0..n {
+            blocks.push((self.usize()?, self.usize()?));
+        }
         let events = self.events()?;
         if blocks.len().saturating_mul(8) > self.b.len() {
             return Err(StoreError::malformed("a plan's offsets past the end"));
         }
-        let offsets = (0..blocks.len())
-            .map(|_| self.usize())
-            .collect::<Result<Vec<_>, _>>()?;
+        let offsets = self.usizes(blocks.len())?;
         let parts = PlanParts {
             recording: Recording { blocks, events },
             offsets,
@@ -337,9 +345,7 @@ impl<'a> Reader<'a> {
 
     fn structure(&mut self) -> Result<StructureSnapshot, StoreError> {
         let b = self.count(8)?;
-        let aligns = (0..b)
-            .map(|_| self.usize())
-            .collect::<Result<Vec<_>, _>>()?;
+        let aligns = self.usizes(b)?;
         let mut s = StructureSnapshot {
             events: self.events()?,
             aligns,
@@ -359,9 +365,7 @@ impl<'a> Reader<'a> {
             if b.saturating_mul(8) > self.b.len() {
                 return Err(StoreError::malformed("a shape's sizes past the end"));
             }
-            let sizes = (0..b)
-                .map(|_| self.usize())
-                .collect::<Result<Vec<_>, _>>()?;
+            let sizes = self.usizes(b)?;
             let shape = ShapeSnapshot {
                 dims,
                 sizes,
