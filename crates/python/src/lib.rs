@@ -19,6 +19,7 @@
 
 pub mod arrays;
 pub mod errors;
+pub mod plans;
 pub mod pool;
 pub mod session;
 
@@ -54,6 +55,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(loaded, m)?)?;
     errors::add(m)?;
     pool::add(m)?;
+    plans::add(m)?;
     m.add_class::<session::Session>()?;
     Ok(())
 }
