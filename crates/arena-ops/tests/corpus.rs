@@ -96,6 +96,40 @@ fn plan_store_seeds_load_and_predict() {
     }
 }
 
+/// A small fuzzer in the test suite: the `plan_store` body seeds with
+/// bytes changed (deterministically), sealed with a valid checksum, so that
+/// what the checks let through (odd dimensions, sizes, alignments) reaches
+/// loading, fitting and serving on every `cargo test`.
+#[test]
+fn plan_store_seeds_survive_mutations() {
+    let seeds: Vec<Vec<u8>> = corpus("plan_store")
+        .into_iter()
+        .filter(|(p, _)| p.file_name().is_some_and(|n| n == "seed-learned-body"))
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(seeds.len(), 1);
+    let seed = &seeds[0];
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for _ in 0..400 {
+        let mut input = seed.clone();
+        for _ in 0..1 + next() % 4 {
+            let at = 1 + (next() as usize) % (input.len() - 1);
+            match next() % 3 {
+                0 => input[at] ^= 1 << (next() % 8),
+                1 => input[at] = next() as u8,
+                _ => input[at] = input[at].wrapping_add(1),
+            }
+        }
+        tensor_arena_ops::fuzz_plan_store(&input);
+    }
+}
+
 /// Writes the `plan_store` seeds: a store of a toy model's runs at three
 /// shapes, as a whole file and as a body to seal.
 /// `cargo test -p tensor-arena-ops --test corpus write_plan_store_seeds -- --ignored`
