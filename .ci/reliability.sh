@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
-FUZZ_TARGETS=(arena_ops budget plans weights_load)
+FUZZ_TARGETS=(arena_ops budget plans plan_store weights_load)
 HOST=x86_64-unknown-linux-gnu
 
 step() { printf '\n==> %s\n' "$*"; }

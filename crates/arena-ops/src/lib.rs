@@ -20,7 +20,9 @@
 //! - [`weights_load`]: arbitrary bytes through both `Weights::open` modes.
 //! - [`plans`]: arbitrary recordings and plans (built from bytes or
 //!   deserialized from arbitrary JSON) through planned runs.
-//! - [`fuzz_arena_ops`], [`fuzz_budget`], [`fuzz_plans`] and [`fuzz_weights_load`]: exactly what the fuzz
+//! - [`plan_store`]: arbitrary bytes as a plan store file, loaded into a
+//!   fresh cache; what loads serves planned runs.
+//! - [`fuzz_arena_ops`], [`fuzz_budget`], [`fuzz_plans`], [`fuzz_plan_store`] and [`fuzz_weights_load`]: exactly what the fuzz
 //!   targets in `fuzz/` call, so `tests/corpus.rs` replays their corpus as a
 //!   plain test.
 //!
@@ -44,6 +46,7 @@ mod pattern;
 mod plans;
 mod raw_handles;
 mod slots;
+mod store;
 mod weights;
 
 pub use counting::Counting;
@@ -57,6 +60,7 @@ pub use op::{
 };
 pub use pages::run_pages;
 pub use plans::{plans, plans_reported};
+pub use store::plan_store;
 pub use weights::weights_load;
 
 /// What the `arena_ops` fuzz target runs: [`decode`], then [`run`] (the
@@ -77,6 +81,11 @@ pub fn fuzz_budget(data: &[u8]) {
 /// What the `plans` fuzz target runs: [`plans`].
 pub fn fuzz_plans(data: &[u8]) {
     plans(data);
+}
+
+/// What the `plan_store` fuzz target runs: [`plan_store`].
+pub fn fuzz_plan_store(data: &[u8]) {
+    plan_store(data);
 }
 
 /// What the `weights_load` fuzz target runs: [`weights_load`].

@@ -136,7 +136,7 @@ fn tamper(plan: &Plan, u: &mut Unstructured<'_>) -> arbitrary::Result<PlanParts>
 /// Serves a planned run of `plan`: follows its events, and with the bytes
 /// of `u` sometimes asks for less or more than recorded, adds blocks, or
 /// frees out of order (deviations). Checks after every step.
-fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
+pub(crate) fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
     let counting = Counting::new();
     {
         let config = ArenaConfig {

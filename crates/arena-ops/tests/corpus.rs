@@ -53,6 +53,127 @@ fn plans_corpus() {
 }
 
 #[test]
+fn plan_store_corpus() {
+    replay("plan_store", tensor_arena_ops::fuzz_plan_store);
+}
+
+/// The `plan_store` seeds load (they reach past the checks) and their
+/// families predict: the corpus reaches loading and predicting.
+#[test]
+fn plan_store_seeds_load_and_predict() {
+    let seeds: Vec<_> = corpus("plan_store")
+        .into_iter()
+        .filter(|(p, _)| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("seed-learned"))
+        })
+        .collect();
+    assert!(seeds.len() >= 2, "seeds: {}", seeds.len());
+    for (path, bytes) in &seeds {
+        let file = if bytes[0] % 2 == 1 {
+            tensor_arena::plan::store::seal(&bytes[1..])
+        } else {
+            bytes[1..].to_vec()
+        };
+        let (contents, _) = tensor_arena::plan::store::decode::<String>(&file)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let cache = tensor_arena::PlanCache::<String>::new(64);
+        let store = tensor_arena::PlanStore::new("/nonexistent", contents.key);
+        let loaded = store.load_bytes(&file, &cache);
+        assert_eq!(loaded.warning, None, "{}", path.display());
+        assert!(
+            loaded.plans > 0 && loaded.shapes >= 2,
+            "{}: {loaded:?}",
+            path.display()
+        );
+        let predicted = cache.lookup("5x40");
+        assert_eq!(
+            predicted.source,
+            tensor_arena::PlanSource::Predicted,
+            "{}",
+            path.display()
+        );
+    }
+}
+
+/// A small fuzzer in the test suite: the `plan_store` body seeds with
+/// bytes changed (deterministically), sealed with a valid checksum, so that
+/// what the checks let through (odd dimensions, sizes, alignments) reaches
+/// loading, fitting and serving on every `cargo test`.
+#[test]
+fn plan_store_seeds_survive_mutations() {
+    let seeds: Vec<Vec<u8>> = corpus("plan_store")
+        .into_iter()
+        .filter(|(p, _)| p.file_name().is_some_and(|n| n == "seed-learned-body"))
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(seeds.len(), 1);
+    let seed = &seeds[0];
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for _ in 0..400 {
+        let mut input = seed.clone();
+        for _ in 0..1 + next() % 4 {
+            let at = 1 + (next() as usize) % (input.len() - 1);
+            match next() % 3 {
+                0 => input[at] ^= 1 << (next() % 8),
+                1 => input[at] = next() as u8,
+                _ => input[at] = input[at].wrapping_add(1),
+            }
+        }
+        tensor_arena_ops::fuzz_plan_store(&input);
+    }
+}
+
+/// Writes the `plan_store` seeds: a store of a toy model's runs at three
+/// shapes, as a whole file and as a body to seal.
+/// `cargo test -p tensor-arena-ops --test corpus write_plan_store_seeds -- --ignored`
+#[test]
+#[ignore = "a tool: writes fuzz/corpus/plan_store/seed-*"]
+fn write_plan_store_seeds() {
+    use tensor_arena::{
+        DynamicReason, Lookup, ModelKey, PlanCache, PlanStore, Recording, RunReport,
+    };
+    let cache = PlanCache::<String>::new(16);
+    for (b, w) in [(1usize, 8usize), (2, 8), (2, 16), (4, 32)] {
+        let mut r = Recording::new();
+        let x = r.alloc(64 * b * w, 64);
+        let y = r.alloc(128 * w + 64, 64);
+        r.free(x);
+        let z = r.alloc(64 * b, 64);
+        r.free(y);
+        r.alloc(256, 64);
+        r.free(z);
+        let lookup = Lookup::none(DynamicReason::NewFamily);
+        cache.after_run(
+            format!("{b}x{w}").as_str(),
+            &lookup,
+            &RunReport::default(),
+            &r,
+            true,
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = PlanStore::new(dir.path(), ModelKey::new(b"seed model", "seed 1", ""));
+    store.save(&cache).unwrap();
+    let file = std::fs::read(store.path()).unwrap();
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/plan_store");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut whole = vec![0u8];
+    whole.extend_from_slice(&file);
+    std::fs::write(out.join("seed-learned-file"), whole).unwrap();
+    let mut body = vec![1u8];
+    body.extend_from_slice(&file[32..]);
+    std::fs::write(out.join("seed-learned-body"), body).unwrap();
+    std::fs::write(out.join("seed-empty"), [0u8]).unwrap();
+}
+
+#[test]
 fn weights_load_corpus() {
     replay("weights_load", tensor_arena_ops::fuzz_weights_load);
 }

@@ -25,6 +25,7 @@ pub use config::{ArenaConfig, Coalesce, Fit, Growth, Relayout, ShrinkPolicy, DEF
 pub use error::ArenaError;
 pub use freemap::FreeError;
 pub use memory::{DefaultMemory, Heap, HostMemory, Memory};
+pub use plan::store::{ModelKey, PlanKey, PlanStore};
 pub use plan::{
     Deviation, DynamicReason, FamilyCounts, FamilyStats, KeyDims, Lookup, Plan, PlanCache,
     PlanError, PlanSource, PlanStats, Recording,

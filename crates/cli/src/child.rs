@@ -22,6 +22,7 @@ use crate::os;
 use crate::replay::{Progress, StrategyResult, Timeline};
 use crate::strategies::{failed, run_strategy, Settings, Strategy};
 use crate::workload::Workload;
+use tensor_arena::PlanStore;
 
 /// The hidden option that makes `replay` a child running one strategy.
 pub const CHILD_FLAG: &str = "--child";
@@ -43,11 +44,16 @@ pub struct ChildReport {
 /// The child's side: replays `workload` with `strategy` and writes the
 /// [`ChildReport`] on stdout. Exit code 0 when the report was written, even
 /// if runs failed (the report says so); 1 if it could not be written.
-pub fn child_main(strategy: Strategy, workload: &Workload, settings: Settings) -> ExitCode {
+pub fn child_main(
+    strategy: Strategy,
+    workload: &Workload,
+    settings: Settings,
+    store: Option<&PlanStore>,
+) -> ExitCode {
     if std::env::var_os(ABORT_HOOK).is_some_and(|v| v == strategy.name()) {
         std::process::abort();
     }
-    let mut result = run_strategy(strategy, workload, settings, &Progress::new());
+    let mut result = run_strategy(strategy, workload, settings, store, &Progress::new());
     let timeline = std::mem::take(&mut result.timeline);
     let report = ChildReport { result, timeline };
     let stdout = std::io::stdout().lock();

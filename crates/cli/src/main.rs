@@ -25,6 +25,7 @@ mod model;
 mod ort_cmd;
 mod ort_pool;
 mod os;
+mod plans_cmd;
 mod replay;
 mod report;
 mod strategies;
@@ -85,6 +86,13 @@ enum Command {
                       or a configuration's process failed; 2 bad input (library, models, stream, budget)."
     )]
     OrtPool(ort_pool::PoolArgs),
+    /// Inspect plan stores (`replay --plans DIR`, crates/ort's and the
+    /// Python package's stores).
+    #[command(
+        subcommand,
+        after_help = "Exit status: 0 success; 2 the file cannot be read or is refused (why on stderr)."
+    )]
+    Plans(plans_cmd::PlansCommand),
 }
 
 /// Options of `tensor-arena replay`.
@@ -143,6 +151,14 @@ struct ReplayArgs {
     /// Also write a timeline of bytes live and reserved to this SVG file.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
+
+    /// Start the `planned` strategy from the plan store in this directory
+    /// (one file per model: the trace's `model=`, or the built-in model and
+    /// batch) and save what it learned there after the last run, merged
+    /// with what the file holds. A store that cannot be used is reported
+    /// in one line and the replay starts with no plans.
+    #[arg(long, value_name = "DIR")]
+    plans: Option<PathBuf>,
 
     /// Run the strategies one after another in this process instead of each
     /// in a fresh child process (for profiling). Each strategy then starts
@@ -237,6 +253,9 @@ fn child_args(args: &ReplayArgs) -> Vec<OsString> {
     if let Some(svg) = &args.svg {
         flag("svg", svg.clone().into_os_string());
     }
+    if let Some(dir) = &args.plans {
+        flag("plans", dir.clone().into_os_string());
+    }
     v
 }
 
@@ -287,6 +306,7 @@ fn main() -> ExitCode {
         },
         Command::Ort(args) => ort_cmd::main(&args),
         Command::OrtPool(args) => ort_pool::main(&args),
+        Command::Plans(cmd) => plans_cmd::main(&cmd),
     }
 }
 
@@ -328,10 +348,24 @@ fn replay_command(args: &ReplayArgs) -> Result<ExitCode, String> {
         timeline: args.svg.is_some(),
         huge_pages: args.huge_pages == HugePagesArg::Auto,
     };
+    let store = match &args.plans {
+        Some(dir) => Some(plans_cmd::replay_store(
+            dir,
+            &args.trace,
+            &args.model,
+            args.batch,
+        )?),
+        None => None,
+    };
     if let Some(name) = &args.child {
         let strategy =
             Strategy::from_name(name).ok_or_else(|| format!("unknown strategy `{name}`"))?;
-        return Ok(child::child_main(strategy, &workload, settings));
+        return Ok(child::child_main(
+            strategy,
+            &workload,
+            settings,
+            store.as_ref(),
+        ));
     }
     // Open the SVG first, so a bad path fails before the replay.
     let svg_file = match &args.svg {
@@ -351,7 +385,7 @@ fn replay_command(args: &ReplayArgs) -> Result<ExitCode, String> {
     let results: Vec<StrategyResult> = if args.in_process {
         strategies
             .iter()
-            .map(|&s| run_strategy(s, &workload, settings, &progress))
+            .map(|&s| run_strategy(s, &workload, settings, store.as_ref(), &progress))
             .collect()
     } else {
         child::run_in_children(&strategies, &child_args(args), &progress)

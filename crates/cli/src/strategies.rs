@@ -2,8 +2,8 @@
 
 use tensor_arena::memory::{default_memory, HugePages, PagesConfig};
 use tensor_arena::{
-    Arena, ArenaConfig, Block, Deviation, DynamicReason, Lookup, PlanCache, PlanSource, Run,
-    RunReport, ShrinkPolicy,
+    Arena, ArenaConfig, Block, Deviation, DynamicReason, Lookup, PlanCache, PlanSource, PlanStore,
+    Run, RunReport, ShrinkPolicy,
 };
 
 use crate::baselines::{pool_len, BumpBackend, GlobalAllocBackend, PoolAlloc, Talc, Tlsf};
@@ -116,16 +116,20 @@ pub const RESERVED_RSS: &str =
 pub const RESERVED_BUMP: &str = "bumpalo's allocated_bytes() after the reset that ends the run";
 
 /// Replays `workload` with strategy `s`.
+///
+/// `store`: the plan store the `planned` strategy starts from and saves to
+/// (`replay --plans DIR`); the other strategies ignore it.
 pub fn run_strategy(
     s: Strategy,
     workload: &Workload,
     settings: Settings,
+    store: Option<&PlanStore>,
     progress: &Progress,
 ) -> StrategyResult {
     let max_ids = workload.runs.iter().map(|r| r.allocs()).max().unwrap_or(0);
     match s {
         Strategy::Arena => replay_arena(s.name(), workload, settings, progress),
-        Strategy::Planned => replay_planned(workload, settings, progress),
+        Strategy::Planned => replay_planned(workload, settings, store, progress),
         Strategy::System => {
             let mut b = GlobalAllocBackend::new(std::alloc::System, max_ids);
             replay_with(s.name(), RESERVED_RSS, &mut b, workload, settings, progress)
@@ -244,7 +248,7 @@ pub fn replay_arena(
     settings: Settings,
     progress: &Progress,
 ) -> StrategyResult {
-    replay_on_arena(name, workload, settings, progress, false)
+    replay_on_arena(name, workload, settings, progress, None)
 }
 
 /// The `planned` strategy: the arena with shape-keyed offset plans
@@ -255,18 +259,26 @@ pub fn replay_arena(
 pub fn replay_planned(
     workload: &Workload,
     settings: Settings,
+    store: Option<&PlanStore>,
     progress: &Progress,
 ) -> StrategyResult {
-    replay_on_arena(Strategy::Planned.name(), workload, settings, progress, true)
+    replay_on_arena(
+        Strategy::Planned.name(),
+        workload,
+        settings,
+        progress,
+        Some(store),
+    )
 }
 
-/// Replays on a fresh arena, with or without plans.
+/// Replays on a fresh arena, with plans (`planned` is `Some`: from and to
+/// the store if one is given) or without.
 fn replay_on_arena(
     name: &str,
     workload: &Workload,
     settings: Settings,
     progress: &Progress,
-    planned: bool,
+    planned: Option<Option<&PlanStore>>,
 ) -> StrategyResult {
     let pages = PagesConfig {
         huge_pages: if settings.huge_pages {
@@ -282,9 +294,13 @@ fn replay_on_arena(
         .expect("a valid arena configuration");
     let max_ids = workload.runs.iter().map(|r| r.allocs()).max().unwrap_or(0);
     let mut backend = ArenaBackend::new(&arena, settings.shrink, max_ids);
-    if planned {
+    if let Some(store) = planned {
+        let cache = PlanCache::new(256);
+        if let Some(w) = store.and_then(|s| s.load(&cache).warning) {
+            eprintln!("tensor-arena: {w}");
+        }
         backend.plans = Some(Planner {
-            cache: PlanCache::new(256),
+            cache,
             labels: workload.runs.iter().map(|r| r.label.clone()).collect(),
             next: 0,
             largest: 0,
@@ -301,6 +317,12 @@ fn replay_on_arena(
     );
     if let Some(p) = &backend.plans {
         result.summary.plans = Some(PlanCounts::of(&p.cache.stats().runs));
+        // Saved after the last run, off the replay's clock.
+        if let Some(Some(store)) = planned {
+            if let Err(e) = store.save(&p.cache) {
+                eprintln!("tensor-arena: cannot save the plan store: {e}");
+            }
+        }
     }
     drop(backend);
     debug_assert_eq!(arena.stats().in_use, 0);

@@ -463,3 +463,40 @@ fn planned_rec_at_random_widths_peaks_no_higher_than_the_arena() {
         "planned grew {planned} bytes, the arena {arena}: {plans:?}"
     );
 }
+
+/// `ort --plans DIR` (issue 47): a second process's planned strategy starts
+/// from the store the first saved, so every run is exact from the first,
+/// with the same outputs as ONNX Runtime's own arena.
+#[test]
+fn ort_planned_starts_from_a_plan_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = asset("ppocr_rec.onnx");
+    let args = |strategies: &'static str| {
+        vec![
+            "--model".to_string(),
+            rec.clone(),
+            "--strategies".to_string(),
+            strategies.to_string(),
+            "--plans".to_string(),
+            dir.path().display().to_string(),
+            "--inputs".to_string(),
+            "x=1x3x48x320".to_string(),
+            "x=1x3x48x640".to_string(),
+        ]
+    };
+    let plans = |doc: &Value| -> Vec<String> {
+        doc["strategies"][0]["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["plan"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let first = args("planned");
+    let first = json(&first.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(plans(&first)[0].starts_with("dynamic"), "{first}");
+    let second = args("planned,ort-arena");
+    let second = json(&second.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(plans(&second), ["exact", "exact"], "{second}");
+    assert_eq!(second["outputs_identical"].as_bool(), Some(true));
+}

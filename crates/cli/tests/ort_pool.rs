@@ -203,3 +203,38 @@ fn bad_input_is_exit_2_with_a_reason() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("det model file not found"));
 }
+
+/// `ort-pool --plans DIR` (issue 47): a second process serving the same
+/// stream starts from the stores the first saved (one per model), so every
+/// run is exact from its first, with the same outputs.
+#[test]
+fn a_pool_starts_from_the_plan_stores_an_earlier_one_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let args = [
+        "--configs",
+        "arena-per-worker",
+        "--workers",
+        "1",
+        "--plans",
+        d.as_str(),
+        "--json",
+    ];
+    let first = doc(&pool(STREAM, &args));
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        3,
+        "one store per model"
+    );
+    let second = doc(&pool(STREAM, &args));
+    let (a, b) = (
+        config(&first, "arena-per-worker"),
+        config(&second, "arena-per-worker"),
+    );
+    assert_eq!(a["outputs_hash"], b["outputs_hash"]);
+    for m in b["plans"].as_array().unwrap() {
+        assert_eq!(m["dynamic"], 0, "{m}");
+        assert_eq!(m["predicted"], 0, "{m}");
+        assert!(m["exact"].as_u64().unwrap() > 0, "{m}");
+    }
+}

@@ -64,6 +64,18 @@ impl RunKey {
     }
 }
 
+/// Keys in a plan store ([`Plans::with_store`](crate::Plans::with_store)):
+/// their numbers, as `tensor_arena` writes keys of numbers.
+impl tensor_arena::PlanKey for RunKey {
+    const KIND: &'static str = <Vec<usize> as tensor_arena::PlanKey>::KIND;
+    fn encode(&self, out: &mut Vec<u8>) {
+        tensor_arena::plan::store::encode_dims(&self.0, out);
+    }
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        tensor_arena::plan::store::decode_dims(bytes).map(Self)
+    }
+}
+
 fn push_shape(key: &mut Vec<usize>, dims: &[i64]) {
     key.push(dims.len());
     key.extend(dims.iter().map(|&d| d.max(0) as usize));

@@ -23,6 +23,7 @@ mod runtime;
 mod served;
 mod session;
 mod slot;
+mod store;
 mod tensors;
 mod worker;
 
@@ -49,7 +50,14 @@ pub use session::open_session;
 pub use session::{
     run_shared, ArenaOptions, ArenaSession, Memory, RunOutput, SessionOptions, SessionWorker,
 };
+pub use store::{model_key, PlanSaver};
 pub use tensor_arena::memory::{GiveBack, PagesConfig};
+/// A model's plan store ([`Plans::with_store`]): where it is, what it is
+/// keyed by, what saving wrote and why a store was refused.
+pub use tensor_arena::{
+    plan::store::{Saved, StoreError},
+    ModelKey, PlanStore,
+};
 /// What a server needs of the arena crate without depending on it: one
 /// memory limit for every worker ([`Budget`], [`BudgetStats`]), the
 /// arena's stats and configuration, and every type this crate's functions

@@ -190,6 +190,10 @@ pub struct ArenaOptions {
     /// [`WorkerOptions::budget`]). Default `None`: the process's default
     /// budget ([`default_budget`](crate::default_budget)).
     pub budget: Option<Arc<tensor_arena::Budget>>,
+    /// The model's plan store: the session's plans start from it
+    /// ([`Plans::with_store`]) and [`Plans::save`] writes back to it.
+    /// Default `None`: plans live as long as the session.
+    pub plan_store: Option<tensor_arena::PlanStore>,
 }
 
 impl Default for ArenaOptions {
@@ -203,6 +207,7 @@ impl Default for ArenaOptions {
             intra_threads: 0,
             budget: None,
             decay: Some(crate::DEFAULT_DECAY),
+            plan_store: None,
         }
     }
 }
@@ -302,7 +307,10 @@ impl ArenaSession {
             input_names,
             outputs,
             output_names,
-            plans: Plans::new(options.plan_capacity),
+            plans: match &options.plan_store {
+                Some(store) => Plans::with_store(options.plan_capacity, store.clone()),
+                None => Plans::new(options.plan_capacity),
+            },
             options,
             slots: parking_lot::Mutex::new(Vec::new()),
         })))

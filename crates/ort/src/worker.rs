@@ -27,6 +27,9 @@ use tensor_arena::{
 pub struct Plans {
     id: u64,
     cache: PlanCache<RunKey>,
+    /// Where the plans are loaded from and saved to, and what the last
+    /// save saw (`crate::store`).
+    pub(crate) store: Option<crate::store::Stored>,
 }
 
 static NEXT_PLANS: AtomicU64 = AtomicU64::new(1);
@@ -38,6 +41,7 @@ impl Plans {
         Self {
             id: NEXT_PLANS.fetch_add(1, Ordering::Relaxed),
             cache: PlanCache::new(capacity.max(1)),
+            store: None,
         }
     }
 

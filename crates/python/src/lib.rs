@@ -21,6 +21,7 @@
 pub mod arrays;
 pub mod errors;
 pub mod limit;
+pub mod plans;
 pub mod pool;
 pub mod session;
 
@@ -57,6 +58,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::add(m)?;
     pool::add(m)?;
     limit::add(m)?;
+    plans::add(m)?;
     m.add_class::<session::Session>()?;
     Ok(())
 }

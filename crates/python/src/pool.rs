@@ -176,10 +176,13 @@ impl Budget {
 /// `outputs`: `"copy"` (default) or `"view"`; `huge_pages`: whether
 /// arenas use transparent huge pages where the system offers them
 /// (default `True`, crates/ort's; `False`: 4 KiB pages, cheaper for a
-/// process whose first run is very large: BENCHMARKS.md).
+/// process whose first run is very large: BENCHMARKS.md); `plans`: a
+/// directory of plan stores for the sessions opened after the call
+/// (`False`: none; default `TENSOR_ARENA_PLANS`): see the `plans` module.
 #[pyfunction]
 #[pyo3(signature = (*, workers = None, budget = None, decay = None, shrink = None, outputs = None,
-    huge_pages = None))]
+    huge_pages = None, plans = None))]
+#[allow(clippy::too_many_arguments)]
 fn configure(
     workers: Option<usize>,
     budget: Option<Bound<'_, PyAny>>,
@@ -187,7 +190,15 @@ fn configure(
     shrink: Option<&str>,
     outputs: Option<&str>,
     huge_pages: Option<bool>,
+    plans: Option<Bound<'_, PyAny>>,
 ) -> PyResult<()> {
+    let plans_dir = match plans {
+        None => None,
+        Some(p) if p.is_none() || p.extract::<bool>().is_ok_and(|b| !b) => Some(None),
+        Some(p) => Some(Some(p.extract::<std::path::PathBuf>().map_err(|_| {
+            InvalidArgument::new_err("plans must be a directory (str or os.PathLike) or False")
+        })?)),
+    };
     let mut config = with_state(|st| st.config.clone());
     if let Some(n) = workers {
         if n == 0 {
@@ -254,6 +265,9 @@ fn configure(
         st.config = config;
         st.pool = Some(pool);
     });
+    if let Some(dir) = plans_dir {
+        crate::plans::set_dir(dir);
+    }
     Ok(())
 }
 
@@ -273,6 +287,10 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         _ => "never",
     };
     d.set_item("shrink", shrink)?;
+    d.set_item(
+        "plans",
+        crate::plans::dir().map(|p| p.display().to_string()),
+    )?;
     d.set_item(
         "huge_pages",
         c.options.pages.huge_pages != tensor_arena::memory::HugePages::Never,

@@ -84,7 +84,7 @@ struct LastRun {
 #[pyclass(frozen, module = "tensor_arena._native")]
 pub struct Session {
     session: ort::session::Session,
-    plans: Plans,
+    plans: std::sync::Arc<Plans>,
     specs: Vec<InputSpec>,
     inputs: Vec<Meta>,
     outputs: Vec<Meta>,
@@ -206,11 +206,20 @@ impl Session {
             }
             .map_err(errors::from_ort)
         })?;
+        // The options that change the allocation order key the store.
+        let options = format!(
+            "intra={intra} inter={inter} opt={graph_optimization_level} mode={execution_mode}"
+        );
+        let model_bytes = || match &source {
+            Source::Bytes(b) => Ok(b.to_vec()),
+            Source::Path(p) => std::fs::read(p),
+        };
+        let plans = crate::plans::for_model(py, model_bytes, rt.version(), &options)?;
         Ok(Self {
             specs: InputSpec::of(&session),
             inputs: session.inputs().iter().map(meta).collect(),
             outputs: session.outputs().iter().map(meta).collect(),
-            plans: Plans::default(),
+            plans,
             session,
             last: Mutex::new(None),
         })

@@ -2,6 +2,7 @@
 //! and the families those keys belong to, which plan keys never seen.
 
 use super::family::{Families, FamilyCounts, FamilyStats};
+use super::store::FamilySnapshot;
 use super::{DynamicReason, KeyDims, Plan, PlanSource, Recording};
 use crate::RunReport;
 use parking_lot::Mutex;
@@ -391,6 +392,55 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             .lock()
             .observe(id, || key.family_name(), dims, seen, hint, !tight);
         Some(plan)
+    }
+
+    /// What a plan store saves ([`super::store`]): every plan by key,
+    /// least recently used first, and every family's structures and
+    /// shapes.
+    pub(crate) fn snapshot(&self) -> (Vec<(K, Arc<Plan>)>, Vec<FamilySnapshot>) {
+        let map = self.map.load();
+        let mut plans: Vec<(u64, K, Arc<Plan>)> = map
+            .iter()
+            .map(|(k, e)| {
+                let used = e.last_used.load(Ordering::Relaxed);
+                (used, k.clone(), Arc::clone(&e.plan))
+            })
+            .collect();
+        plans.sort_by_key(|p| p.0);
+        let plans = plans.into_iter().map(|(_, k, p)| (k, p)).collect();
+        (plans, self.families.lock().export())
+    }
+
+    /// Adds what a plan store loaded: `plans` (valid, least recently used
+    /// first) in one publish, the most recent kept where they pass the
+    /// capacity, and `families` through the same path as a run's shapes
+    /// ([`Families::import`]).
+    pub(crate) fn restore(&self, plans: Vec<(K, Arc<Plan>)>, families: Vec<FamilySnapshot>) {
+        {
+            let _writer = self.writer.lock();
+            let mut map: HashMap<K, Arc<Entry>> = (**self.map.load()).clone();
+            let added = plans.len() as u64;
+            for (key, plan) in plans {
+                let now = self.clock.fetch_add(1, Ordering::Relaxed);
+                let last_used = AtomicU64::new(now);
+                map.insert(key, Arc::new(Entry { plan, last_used }));
+            }
+            if map.len() > self.capacity {
+                let mut stamps: Vec<u64> = map
+                    .values()
+                    .map(|e| e.last_used.load(Ordering::Relaxed))
+                    .collect();
+                stamps.sort_unstable();
+                let keep_from = stamps[map.len() - self.capacity];
+                let before = map.len();
+                map.retain(|_, e| e.last_used.load(Ordering::Relaxed) >= keep_from);
+                self.evictions
+                    .fetch_add((before - map.len()) as u64, Ordering::Relaxed);
+            }
+            self.inserts.fetch_add(added, Ordering::Relaxed);
+            self.map.store(Arc::new(map));
+        }
+        self.families.lock().import(families);
     }
 }
 

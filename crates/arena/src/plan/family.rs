@@ -4,6 +4,7 @@
 
 use super::fit::{Fit, NoPrediction, Observation};
 use super::solver::Hint;
+use super::store::{FamilySnapshot, ShapeSnapshot, StructureSnapshot};
 use super::{Deviation, Plan, PlanEvent, Recording};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -528,5 +529,59 @@ impl Families {
 
     pub(crate) fn clear(&mut self) {
         self.map.clear();
+    }
+
+    /// Every family's structures and shapes, least recently used first
+    /// (families, structures and shapes alike), for a plan store: what a
+    /// fresh process needs to fit them again ([`Families::import`]).
+    pub(crate) fn export(&self) -> Vec<FamilySnapshot> {
+        let mut families: Vec<(&u64, &Family)> = self.map.iter().collect();
+        families.sort_by_key(|(_, f)| f.last_used);
+        families
+            .into_iter()
+            .map(|(&id, f)| {
+                let mut structures: Vec<&Structure> = f.structures.iter().collect();
+                structures.sort_by_key(|s| s.last_used);
+                FamilySnapshot {
+                    id,
+                    name: f.name.clone(),
+                    structures: structures
+                        .into_iter()
+                        .map(|s| StructureSnapshot {
+                            events: s.shape.events.clone(),
+                            aligns: s.shape.aligns.clone(),
+                            shapes: s
+                                .obs
+                                .iter()
+                                .map(|o| ShapeSnapshot {
+                                    dims: o.dims.clone(),
+                                    sizes: o.sizes.clone(),
+                                    lower_bound: o.lower_bound,
+                                })
+                                .collect(),
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Adds saved families ([`Families::export`]'s, from a plan store):
+    /// each shape joins its family through [`Families::observe`], as a
+    /// run's would, oldest first, and each structure is fitted once its
+    /// shapes are in. Every shape's recording must pass
+    /// [`Recording::validate`] (the store checks them all before it
+    /// imports any).
+    pub(crate) fn import(&mut self, families: Vec<FamilySnapshot>) {
+        for f in families {
+            for s in f.structures {
+                let last = s.shapes.len().saturating_sub(1);
+                for (i, shape) in s.shapes.iter().enumerate() {
+                    let rec = s.recording(shape);
+                    let name = || f.name.clone();
+                    self.observe(f.id, name, shape.dims.clone(), &rec, None, i == last);
+                }
+            }
+        }
     }
 }

@@ -73,6 +73,7 @@ mod family;
 mod fit;
 mod recording;
 pub mod solver;
+pub mod store;
 pub mod trace;
 
 pub use cache::{Lookup, PlanCache, PlanStats};

@@ -163,6 +163,22 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
                 },
                 ..ArenaOptions::default()
             };
+            let options = match &args.plans {
+                Some(dir) if options.plans => {
+                    let model = std::fs::read(&args.model)
+                        .map_err(|e| format!("cannot read {}: {e}", args.model.display()))?;
+                    let key = tensor_arena_ort::model_key(
+                        &model,
+                        runtime.version(),
+                        &format!("intra_threads={intra}"),
+                    );
+                    ArenaOptions {
+                        plan_store: Some(tensor_arena_ort::PlanStore::new(dir, key)),
+                        ..options
+                    }
+                }
+                _ => options,
+            };
             Target::Arena(Box::new(
                 ArenaSession::open(runtime, &args.model, options).map_err(|e| e.to_string())?,
             ))
@@ -190,6 +206,12 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
         barriers: &barriers,
     };
     let report = run_all(args, strategy, &job)?;
+    // Saved after the last run, outside every measured one.
+    if let Target::Arena(s) = &target {
+        if let Some(Err(e)) = s.plans().save() {
+            eprintln!("tensor-arena: cannot save the plan store: {e}");
+        }
+    }
     println!(
         "{}",
         serde_json::to_string(&report).map_err(|e| e.to_string())?

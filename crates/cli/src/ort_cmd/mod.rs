@@ -119,6 +119,14 @@ pub struct OrtArgs {
     #[arg(long = "value", value_name = "NAME=V|NAME=LOW:HIGH")]
     pub values: Vec<String>,
 
+    /// Start the planned strategies from the model's plan store in this
+    /// directory (keyed by the model's bytes, ONNX Runtime's version and
+    /// --intra-threads) and save what they learned there after the last
+    /// run. Each planned strategy named starts from what the ones before
+    /// it saved: name one to compare it with and without a store.
+    #[arg(long, value_name = "DIR")]
+    pub plans: Option<PathBuf>,
+
     /// Print one JSON document instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -175,6 +183,9 @@ fn parent(args: &OrtArgs) -> Result<ExitCode, String> {
             .arg(strategy.name());
         for v in &args.values {
             cmd.arg(format!("--value={v}"));
+        }
+        if let Some(dir) = &args.plans {
+            cmd.arg("--plans").arg(dir);
         }
         cmd.arg("--inputs").args(&args.inputs);
         if let Some(lib) = &args.lib {

@@ -112,7 +112,22 @@ pub fn main(args: &PoolArgs, config: PoolConfig) -> Result<ExitCode, String> {
     let models = Models {
         sessions,
         specs,
-        plans: [Plans::default(), Plans::default(), Plans::default()],
+        plans: match (&args.plans, config.is_arena()) {
+            (Some(dir), true) => {
+                let options = format!("intra_threads={}", args.intra_threads);
+                let stored = |path: &std::path::Path| -> Result<Plans, String> {
+                    let model = std::fs::read(path)
+                        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                    let key = tensor_arena_ort::model_key(&model, runtime.version(), &options);
+                    Ok(Plans::with_store(
+                        64,
+                        tensor_arena_ort::PlanStore::new(dir, key),
+                    ))
+                };
+                [stored(&args.det)?, stored(&args.cls)?, stored(&args.rec)?]
+            }
+            _ => [Plans::default(), Plans::default(), Plans::default()],
+        },
     };
     // tensor-arena's workers commit through one budget: the configuration's
     // limit, or an unlimited one that only counts (its peak is exact).
@@ -141,6 +156,12 @@ pub fn main(args: &PoolArgs, config: PoolConfig) -> Result<ExitCode, String> {
         release: Barrier::new(args.workers as usize + 1),
     };
     let report = serve(args, config, &shared, memories, budget.as_ref())?;
+    // Saved after the last request, outside every measured one.
+    for plans in &models.plans {
+        if let Some(Err(e)) = plans.save() {
+            eprintln!("tensor-arena: cannot save the plan store: {e}");
+        }
+    }
     println!(
         "{}",
         serde_json::to_string(&report).map_err(|e| e.to_string())?

@@ -117,6 +117,14 @@ pub struct PoolArgs {
     #[arg(long, value_name = "FILE")]
     pub lib: Option<PathBuf>,
 
+    /// Start tensor-arena's configurations from each model's plan store in
+    /// this directory (keyed by the model's bytes, ONNX Runtime's version
+    /// and --intra-threads) and save what they learned there after the
+    /// last request. Each configuration named starts from what the ones
+    /// before it saved: name one to compare it with and without a store.
+    #[arg(long, value_name = "DIR")]
+    pub plans: Option<PathBuf>,
+
     /// Print one JSON document instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -229,6 +237,9 @@ fn parent(args: &PoolArgs) -> Result<ExitCode, String> {
         }
         if let Some(lib) = &args.lib {
             cmd.arg("--lib").arg(lib);
+        }
+        if let Some(dir) = &args.plans {
+            cmd.arg("--plans").arg(dir);
         }
         eprintln!(
             "[{}] configuration {}/{n} started ({:.1} s)",

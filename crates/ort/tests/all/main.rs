@@ -11,4 +11,5 @@ mod exports;
 mod families;
 mod outputs;
 mod plans;
+mod store;
 mod threads;

@@ -48,6 +48,7 @@ LibraryError = _native.LibraryError
 Budget = _native.Budget
 configure = _native.configure
 config = _native.config
+save_plans = _native.save_plans
 stats = _native.stats
 reset_peak_stats = _native.reset_peak_stats
 shrink = _native.shrink
@@ -56,7 +57,8 @@ set_memory_limit = _native.set_memory_limit
 
 __all__ = [
     "InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata", "patch", "load",
-    "library", "configure", "config", "stats", "reset_peak_stats", "shrink", "Budget",
+    "library", "configure", "config", "save_plans", "stats", "reset_peak_stats", "shrink",
+    "Budget",
     "Error", "InvalidArgument", "NoSuchFile", "InvalidProtobuf", "Fail", "OutOfMemory",
     "LibraryError", "get_available_providers", "memory_limit", "set_memory_limit",
     "out_of_memory",

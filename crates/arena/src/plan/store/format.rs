@@ -1,0 +1,387 @@
+//! The store's file format: a fixed header, then a checksummed body of
+//! little-endian integers and length-prefixed byte strings.
+//!
+//! ```text
+//! header (32 bytes)
+//!   magic     8   b"TAPLANS\0"
+//!   version   u32 FORMAT_VERSION
+//!   reserved  u32 0
+//!   body_len  u64 bytes after the header (the file is exactly this long)
+//!   checksum  u64 hash64 of the body
+//! body
+//!   model key     model u64, runtime bytes, options bytes
+//!   key kind      bytes (PlanKey::KIND of the keys below)
+//!   family probe  u64 (how this build hashes family ids)
+//!   plans         u32 n, then n times:
+//!                   key bytes, blocks u32 b, (size u64, align u64) * b,
+//!                   events u32 e, event u32 * e, offset u64 * b,
+//!                   size u64, align u64, lower_bound u64
+//!   families      u32 n, then n times:
+//!                   id u64, name bytes, structures u32 s, then s times:
+//!                     blocks u32 b, align u64 * b, events u32 e, event u32 * e,
+//!                     shapes u32 k, then k times:
+//!                       dims u32 d, u64 * d, size u64 * b, lower_bound u64
+//! bytes = u32 length, then the bytes; event = block index, top bit set for
+//! a free.
+//! ```
+//!
+//! Reading never trusts a length: each is checked against the bytes left
+//! before anything is allocated for it.
+
+use super::check::hash64;
+use super::snapshot::{FamilySnapshot, ShapeSnapshot, StructureSnapshot};
+use super::{ModelKey, StoreError};
+use crate::plan::{Plan, PlanEvent, PlanParts, Recording};
+
+/// The file's first bytes.
+pub(crate) const MAGIC: [u8; 8] = *b"TAPLANS\0";
+/// The format's version: a file of another is refused (and replaced by
+/// the next save).
+pub const FORMAT_VERSION: u32 = 1;
+/// Bytes of the header.
+pub(crate) const HEADER: usize = 32;
+/// Top bit of an event: a free.
+const FREE: u32 = 1 << 31;
+
+/// What a file holds, decoded but not yet checked against the model's key.
+pub(crate) struct Body {
+    pub(crate) key: ModelKey,
+    pub(crate) kind: String,
+    pub(crate) probe: u64,
+    /// Each plan's key bytes and its plan, valid.
+    pub(crate) plans: Vec<(Vec<u8>, Plan)>,
+    pub(crate) families: Vec<FamilySnapshot>,
+}
+
+/// The file for `body`'s parts: header and body. Plans or structures with
+/// a block index that does not fit an event's 31 bits (no real run has
+/// 2^31 blocks) are left out.
+pub(crate) fn encode(
+    key: &ModelKey,
+    kind: &str,
+    probe: u64,
+    plans: &[(Vec<u8>, &Plan)],
+    families: &[FamilySnapshot],
+) -> Vec<u8> {
+    let mut w = Vec::with_capacity(4096);
+    w.extend_from_slice(&[0; HEADER]);
+    put_u64(&mut w, key.model);
+    put_bytes(&mut w, key.runtime.as_bytes());
+    put_bytes(&mut w, key.options.as_bytes());
+    put_bytes(&mut w, kind.as_bytes());
+    put_u64(&mut w, probe);
+    let plans: Vec<_> = plans
+        .iter()
+        .filter(|(_, p)| codes(&p.recording().events).is_some())
+        .collect();
+    put_len(&mut w, plans.len());
+    for (k, plan) in plans {
+        put_bytes(&mut w, k);
+        let rec = plan.recording();
+        put_len(&mut w, rec.blocks.len());
+        for &(size, align) in &rec.blocks {
+            put_u64(&mut w, size as u64);
+            put_u64(&mut w, align as u64);
+        }
+        put_events(&mut w, &rec.events);
+        for i in 0..plan.len() {
+            put_u64(&mut w, plan.offset(i).unwrap_or(0) as u64);
+        }
+        put_u64(&mut w, plan.size() as u64);
+        put_u64(&mut w, plan.align() as u64);
+        put_u64(&mut w, plan.lower_bound() as u64);
+    }
+    put_len(&mut w, families.len());
+    for f in families {
+        put_u64(&mut w, f.id);
+        put_bytes(&mut w, f.name.as_bytes());
+        let structures: Vec<_> = f
+            .structures
+            .iter()
+            .filter(|s| codes(&s.events).is_some())
+            .collect();
+        put_len(&mut w, structures.len());
+        for s in structures {
+            put_len(&mut w, s.aligns.len());
+            for &a in &s.aligns {
+                put_u64(&mut w, a as u64);
+            }
+            put_events(&mut w, &s.events);
+            put_len(&mut w, s.shapes.len());
+            for shape in &s.shapes {
+                put_len(&mut w, shape.dims.len());
+                for &d in &shape.dims {
+                    put_u64(&mut w, d);
+                }
+                // As many sizes as blocks, whatever the snapshot held.
+                for i in 0..s.aligns.len() {
+                    put_u64(&mut w, shape.sizes.get(i).copied().unwrap_or(0) as u64);
+                }
+                put_u64(&mut w, shape.lower_bound as u64);
+            }
+        }
+    }
+    let body_len = (w.len() - HEADER) as u64;
+    let checksum = hash64(&w[HEADER..]);
+    w[0..8].copy_from_slice(&MAGIC);
+    w[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    w[16..24].copy_from_slice(&body_len.to_le_bytes());
+    w[24..32].copy_from_slice(&checksum.to_le_bytes());
+    w
+}
+
+fn put_u64(w: &mut Vec<u8>, v: u64) {
+    w.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_len(w: &mut Vec<u8>, n: usize) {
+    // Counts past u32 cannot be written; nothing the cache holds has them.
+    w.extend_from_slice(&(n.min(u32::MAX as usize) as u32).to_le_bytes());
+}
+
+fn put_bytes(w: &mut Vec<u8>, b: &[u8]) {
+    let b = &b[..b.len().min(u32::MAX as usize)];
+    put_len(w, b.len());
+    w.extend_from_slice(b);
+}
+
+fn put_events(w: &mut Vec<u8>, events: &[PlanEvent]) {
+    put_len(w, events.len());
+    for c in codes(events).into_iter().flatten() {
+        w.extend_from_slice(&c.to_le_bytes());
+    }
+}
+
+/// Each event's code, or `None` where an index does not fit 31 bits.
+fn codes(events: &[PlanEvent]) -> Option<Vec<u32>> {
+    events
+        .iter()
+        .map(|ev| match *ev {
+            PlanEvent::Alloc(i) if i < FREE => Some(i),
+            PlanEvent::Free(i) if i < FREE => Some(i | FREE),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Checks the header and checksum of `file` and decodes its body; every
+/// plan passes [`Plan::validate`] (through [`Plan::from_parts`]) and every
+/// shape's recording [`Recording::validate`], with its lower bound its
+/// recording's.
+pub(crate) fn decode(file: &[u8]) -> Result<Body, StoreError> {
+    if file.is_empty() {
+        return Err(StoreError::Empty);
+    }
+    if file.len() < HEADER {
+        return Err(if MAGIC.starts_with(file) {
+            StoreError::Truncated
+        } else {
+            StoreError::Foreign
+        });
+    }
+    if file[0..8] != MAGIC {
+        return Err(StoreError::Foreign);
+    }
+    let version = u32::from_le_bytes(file[8..12].try_into().expect("4 bytes"));
+    if version != FORMAT_VERSION {
+        return Err(StoreError::Version(version));
+    }
+    if file[12..16] != [0; 4] {
+        return Err(StoreError::malformed("reserved header bytes are not zero"));
+    }
+    let body_len = u64::from_le_bytes(file[16..24].try_into().expect("8 bytes"));
+    let checksum = u64::from_le_bytes(file[24..32].try_into().expect("8 bytes"));
+    let body = &file[HEADER..];
+    if (body.len() as u64) < body_len {
+        return Err(StoreError::Truncated);
+    }
+    if body.len() as u64 != body_len || hash64(body) != checksum {
+        return Err(StoreError::Checksum);
+    }
+    let mut r = Reader { b: body };
+    let key = ModelKey {
+        model: r.u64()?,
+        runtime: r.string()?,
+        options: r.string()?,
+    };
+    let kind = r.string()?;
+    let probe = r.u64()?;
+    let n = r.count(8)?;
+    let mut plans = Vec::with_capacity(n);
+    for _ in 0..n {
+        let k = r.bytes()?.to_vec();
+        plans.push((k, r.plan()?));
+    }
+    let n = r.count(16)?;
+    let mut families = Vec::with_capacity(n);
+    for _ in 0..n {
+        families.push(r.family()?);
+    }
+    if !r.b.is_empty() {
+        return Err(StoreError::malformed(format!(
+            "{} bytes after the last family",
+            r.b.len()
+        )));
+    }
+    Ok(Body {
+        key,
+        kind,
+        probe,
+        plans,
+        families,
+    })
+}
+
+/// Reads the body front to back; every read checks the bytes left.
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
+        if n > self.b.len() {
+            return Err(StoreError::malformed("a length past the end of the body"));
+        }
+        let (head, rest) = self.b.split_at(n);
+        self.b = rest;
+        Ok(head)
+    }
+
+    fn u32(&mut self) -> Result<u32, StoreError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+
+    fn u64(&mut self) -> Result<u64, StoreError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+
+    fn usize(&mut self) -> Result<usize, StoreError> {
+        let v = self.u64()?;
+        usize::try_from(v).map_err(|_| StoreError::malformed(format!("{v} is not a size here")))
+    }
+
+    /// A count of items of at least `each` bytes: refused if the bytes
+    /// left cannot hold that many, so that nothing is allocated for a
+    /// length a file only claims.
+    fn count(&mut self, each: usize) -> Result<usize, StoreError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(each) > self.b.len() {
+            return Err(StoreError::malformed(format!(
+                "{n} items of {each}+ bytes in {} bytes left",
+                self.b.len()
+            )));
+        }
+        Ok(n)
+    }
+
+    fn bytes(&mut self) -> Result<&'a [u8], StoreError> {
+        let n = self.count(1)?;
+        self.take(n)
+    }
+
+    fn string(&mut self) -> Result<String, StoreError> {
+        let b = self.bytes()?;
+        String::from_utf8(b.to_vec()).map_err(|_| StoreError::malformed("text that is not UTF-8"))
+    }
+
+    /// `n` sizes (`count` checked that the bytes are there).
+    fn usizes(&mut self, n: usize) -> Result<Vec<usize>, StoreError> {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(self.usize()?);
+        }
+        Ok(v)
+    }
+
+    fn events(&mut self) -> Result<Vec<PlanEvent>, StoreError> {
+        let n = self.count(4)?;
+        let mut v = Vec::with_capacity(n);
+        for c in self.take(4 * n)?.chunks_exact(4) {
+            let c = u32::from_le_bytes(c.try_into().expect("4"));
+            v.push(if c & FREE != 0 {
+                PlanEvent::Free(c & !FREE)
+            } else {
+                PlanEvent::Alloc(c)
+            });
+        }
+        Ok(v)
+    }
+
+    fn plan(&mut self) -> Result<Plan, StoreError> {
+        let n = self.count(16)?;
+        let mut blocks = Vec::with_capacity(n);
+        for _ in 0..n {
+            blocks.push((self.usize()?, self.usize()?));
+        }
+        let events = self.events()?;
+        if blocks.len().saturating_mul(8) > self.b.len() {
+            return Err(StoreError::malformed("a plan's offsets past the end"));
+        }
+        let offsets = self.usizes(blocks.len())?;
+        let parts = PlanParts {
+            recording: Recording { blocks, events },
+            offsets,
+            size: self.usize()?,
+            align: self.usize()?,
+            lower_bound: self.usize()?,
+        };
+        Plan::from_parts(parts).map_err(StoreError::Invalid)
+    }
+
+    fn family(&mut self) -> Result<FamilySnapshot, StoreError> {
+        let id = self.u64()?;
+        let name = self.string()?;
+        let n = self.count(12)?;
+        let mut structures = Vec::with_capacity(n);
+        for _ in 0..n {
+            structures.push(self.structure()?);
+        }
+        Ok(FamilySnapshot {
+            id,
+            name,
+            structures,
+        })
+    }
+
+    fn structure(&mut self) -> Result<StructureSnapshot, StoreError> {
+        let b = self.count(8)?;
+        let aligns = self.usizes(b)?;
+        let mut s = StructureSnapshot {
+            events: self.events()?,
+            aligns,
+            shapes: Vec::new(),
+        };
+        let n = self.count(12)?;
+        s.shapes.reserve(n);
+        for _ in 0..n {
+            let d = self.count(8)?;
+            if d > super::MAX_DIMS {
+                return Err(StoreError::malformed(format!(
+                    "a shape of {d} dimensions (at most {})",
+                    super::MAX_DIMS
+                )));
+            }
+            let dims = (0..d).map(|_| self.u64()).collect::<Result<Vec<_>, _>>()?;
+            if b.saturating_mul(8) > self.b.len() {
+                return Err(StoreError::malformed("a shape's sizes past the end"));
+            }
+            let sizes = self.usizes(b)?;
+            let shape = ShapeSnapshot {
+                dims,
+                sizes,
+                lower_bound: self.usize()?,
+            };
+            let rec = s.recording(&shape);
+            rec.validate().map_err(StoreError::Invalid)?;
+            let lower_bound = rec.peak_live();
+            if shape.lower_bound != lower_bound {
+                return Err(StoreError::malformed(format!(
+                    "a shape's lower bound {} but its recording's is {lower_bound}",
+                    shape.lower_bound
+                )));
+            }
+            s.shapes.push(shape);
+        }
+        Ok(s)
+    }
+}

@@ -1,0 +1,372 @@
+//! Plans that outlive the process: a model's plans and families saved to
+//! a file and loaded, as untrusted input, by the next process or another
+//! replica, so that it is planned from its first request ([`PlanStore`]).
+//!
+//! # What is stored
+//! - Every exact plan of the [`PlanCache`], by key (written through
+//!   [`PlanKey`]), with its recording and offsets.
+//! - Every family's structures (events and alignments) and the shapes each
+//!   was seen at (dimensions, each block's size, lower bound): the
+//!   family's recordings, not its fits. Loading adds each shape as a run
+//!   would, so the fits are made by the same code as any process's, and a
+//!   change to how families fit needs no new format.
+//!
+//! # The file
+//! One file per model, `<model hash>.plans` in a directory the program
+//! names ([`ModelKey::file_name`]). A versioned header (magic, format
+//! version), a checksum of the body, and the body: the [`ModelKey`], then
+//! the plans and the families ([`FORMAT_VERSION`]; the layout is on the
+//! private `format` module). Written atomically: a temporary file in the
+//! same directory, flushed, renamed over the old.
+//!
+//! # Loading is untrusted
+//! A file that is empty, truncated, not a store, of another format
+//! version, fails its checksum, is another model's (or runtime's, or
+//! options'), or holds anything a run could not have made (every plan
+//! passes [`Plan::validate`], every shape's recording
+//! [`Recording::validate`](crate::Recording::validate), with its lower
+//! bound its own) is refused whole: [`PlanStore::load`] adds nothing and
+//! returns one line saying why ([`Loaded::warning`]). What passes can make
+//! at worst a wrong prediction, and a plan that does not fit its run falls
+//! back as any plan does.
+//!
+//! # Many replicas, one store
+//! [`PlanStore::save`] reads the file first and merges what it holds with
+//! what this process learned (by key and by family; conflicts keep this
+//! process's side: the private `merge` module says how), then writes the
+//! union atomically. Two replicas saving at the same moment both write a
+//! whole file; the later rename wins, and the other's news waits for its
+//! next save, which merges again.
+
+mod check;
+mod file;
+mod format;
+mod key;
+mod merge;
+mod snapshot;
+#[cfg(test)]
+mod tests;
+
+pub use format::FORMAT_VERSION;
+pub use key::{decode_dims, encode_dims, ModelKey, PlanKey};
+pub use snapshot::{FamilySnapshot, ShapeSnapshot, StructureSnapshot};
+
+use super::{KeyDims, Plan, PlanCache, PlanError};
+use std::hash::Hash;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The most dimensions a stored shape may have.
+pub(crate) const MAX_DIMS: usize = 1024;
+
+/// A model's plan store: the file `dir/<model hash>.plans`
+/// ([`ModelKey::file_name`]).
+#[derive(Clone, Debug)]
+pub struct PlanStore {
+    dir: PathBuf,
+    key: ModelKey,
+}
+
+/// What [`PlanStore::load`] added to the cache.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// Exact plans added.
+    pub plans: usize,
+    /// Families added.
+    pub families: usize,
+    /// Shapes added to them.
+    pub shapes: usize,
+    /// Why the file (or its families) was not loaded, in one line; `None`
+    /// when it was, or when there was no file.
+    pub warning: Option<String>,
+}
+
+/// What [`PlanStore::save`] wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Saved {
+    /// Exact plans in the file.
+    pub plans: usize,
+    /// Of those, plans only the file had before (another replica's).
+    pub merged_plans: usize,
+    /// Families in the file.
+    pub families: usize,
+    /// Bytes of the file.
+    pub bytes: usize,
+}
+
+/// Why a store file was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreError {
+    /// The file is empty.
+    Empty,
+    /// The file ends before its header or body does.
+    Truncated,
+    /// The file is not a plan store.
+    Foreign,
+    /// The file is of another format version.
+    Version(u32),
+    /// The body is not what its header's checksum says.
+    Checksum,
+    /// The body does not follow the format.
+    Malformed(String),
+    /// A plan or shape a run could not have made (overlapping offsets, a
+    /// block freed twice...).
+    Invalid(PlanError),
+    /// The file is not this model's (or runtime's, options', key kind's).
+    Mismatch(String),
+    /// Reading or writing the file failed.
+    Io(String),
+}
+
+impl StoreError {
+    pub(crate) fn malformed(why: impl Into<String>) -> Self {
+        StoreError::Malformed(why.into())
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Empty => write!(f, "the file is empty"),
+            StoreError::Truncated => write!(f, "the file is truncated"),
+            StoreError::Foreign => write!(f, "the file is not a plan store"),
+            StoreError::Version(v) => write!(
+                f,
+                "the file is of format version {v}; this build reads {FORMAT_VERSION}"
+            ),
+            StoreError::Checksum => write!(f, "the file fails its checksum (corrupt)"),
+            StoreError::Malformed(why) => write!(f, "the file is malformed: {why}"),
+            StoreError::Invalid(e) => write!(f, "the file holds {e}"),
+            StoreError::Mismatch(why) => write!(f, "{why}"),
+            StoreError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// A store file's contents, checked ([`read`]): for tools that show it.
+#[derive(Clone, Debug)]
+pub struct StoreContents<K> {
+    /// Whose plans they are.
+    pub key: ModelKey,
+    /// The exact plans by key, least recently used first.
+    pub plans: Vec<(K, Plan)>,
+    /// The families, least recently used first.
+    pub families: Vec<FamilySnapshot>,
+}
+
+/// Reads and checks the store file `path` (everything [`PlanStore::load`]
+/// checks but the model's key).
+///
+/// # Errors
+/// [`StoreError`] saying why the file is refused.
+pub fn read<K: PlanKey>(path: &Path) -> Result<StoreContents<K>, StoreError> {
+    let bytes = file::read(path)
+        .map_err(|e| StoreError::Io(format!("{}: {e}", path.display())))?
+        .ok_or_else(|| StoreError::Io(format!("{}: no such file", path.display())))?;
+    decode::<K>(&bytes).map(|(c, _)| c)
+}
+
+/// Decodes a store file's bytes: its contents, and whether its family ids
+/// are this build's.
+pub fn decode<K: PlanKey>(bytes: &[u8]) -> Result<(StoreContents<K>, bool), StoreError> {
+    let body = format::decode(bytes)?;
+    if body.kind != K::KIND {
+        return Err(StoreError::Mismatch(format!(
+            "its keys are of kind {:?}, not {:?}",
+            body.kind,
+            K::KIND
+        )));
+    }
+    let plans = body
+        .plans
+        .into_iter()
+        .map(|(k, p)| match K::decode(&k) {
+            Some(k) => Ok((k, p)),
+            None => Err(StoreError::malformed("a key its kind cannot read")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let contents = StoreContents {
+        key: body.key,
+        plans,
+        families: merge::bound(body.families),
+    };
+    Ok((contents, body.probe == family_probe()))
+}
+
+/// The checksum a store file's header holds over its body (the bytes
+/// after the 32-byte header; for tools that write or repair files).
+pub fn checksum(body: &[u8]) -> u64 {
+    check::hash64(body)
+}
+
+/// A store file of `body` under a header of this format version, with
+/// the body's checksum (for tools and fuzzing: the body is checked as any
+/// file's when it is loaded).
+pub fn seal(body: &[u8]) -> Vec<u8> {
+    let mut file = Vec::with_capacity(format::HEADER + body.len());
+    file.extend_from_slice(&format::MAGIC);
+    file.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    file.extend_from_slice(&[0; 4]);
+    file.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    file.extend_from_slice(&checksum(body).to_le_bytes());
+    file.extend_from_slice(body);
+    file
+}
+
+/// How this build hashes family ids ([`KeyDims::family`] of fixed keys):
+/// saved families are keyed by id, so a file from a build that hashes
+/// otherwise keeps its plans and drops its families.
+fn family_probe() -> u64 {
+    <[usize] as KeyDims>::family(&[1, 2, 3][..])
+        ^ <[u8] as KeyDims>::family(&b"1x2"[..]).rotate_left(17)
+}
+
+impl PlanStore {
+    /// The store of the model keyed `key` in directory `dir` (made by
+    /// [`PlanStore::save`] if missing).
+    pub fn new(dir: impl Into<PathBuf>, key: ModelKey) -> Self {
+        Self {
+            dir: dir.into(),
+            key,
+        }
+    }
+
+    /// The store's file.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(self.key.file_name())
+    }
+
+    /// The model's key.
+    pub fn key(&self) -> &ModelKey {
+        &self.key
+    }
+
+    /// Adds the store's plans and families to `cache`: the plans in one
+    /// step, the families' shapes as runs would add them (so the families
+    /// fit them). A missing file adds nothing, quietly; a file refused
+    /// adds nothing and says why in [`Loaded::warning`]. Never fails and
+    /// never panics on any file.
+    pub fn load<K>(&self, cache: &PlanCache<K>) -> Loaded
+    where
+        K: PlanKey + Hash + Eq + Clone,
+    {
+        let path = self.path();
+        let refused = |why: String| Loaded {
+            warning: Some(format!(
+                "plan store {}: {why}; starting with no saved plans",
+                path.display()
+            )),
+            ..Loaded::default()
+        };
+        match file::read(&path) {
+            Ok(Some(bytes)) => self.load_bytes(&bytes, cache),
+            Ok(None) => Loaded::default(),
+            Err(e) => refused(e.to_string()),
+        }
+    }
+
+    /// [`PlanStore::load`] of a file's bytes already read (for tools and
+    /// fuzzing; warnings name the store's path all the same).
+    pub fn load_bytes<K>(&self, bytes: &[u8], cache: &PlanCache<K>) -> Loaded
+    where
+        K: PlanKey + Hash + Eq + Clone,
+    {
+        let path = self.path();
+        let refused = |why: String| Loaded {
+            warning: Some(format!(
+                "plan store {}: {why}; starting with no saved plans",
+                path.display()
+            )),
+            ..Loaded::default()
+        };
+        let (contents, ids_match) = match decode::<K>(bytes) {
+            Ok(c) => c,
+            Err(e) => return refused(e.to_string()),
+        };
+        if let Some(why) = self.key.mismatch(&contents.key) {
+            return refused(why);
+        }
+        let mut loaded = Loaded {
+            plans: contents.plans.len(),
+            ..Loaded::default()
+        };
+        let families = if ids_match {
+            contents.families
+        } else {
+            loaded.warning = Some(format!(
+                "plan store {}: its families were saved by a build that hashes keys \
+                 otherwise; loading its exact plans only",
+                path.display()
+            ));
+            Vec::new()
+        };
+        loaded.families = families.len();
+        loaded.shapes = families
+            .iter()
+            .flat_map(|f| &f.structures)
+            .map(|s| s.shapes.len())
+            .sum();
+        let plans = contents
+            .plans
+            .into_iter()
+            .map(|(k, p)| (k, Arc::new(p)))
+            .collect();
+        cache.restore(plans, families);
+        loaded
+    }
+
+    /// Saves `cache`'s plans and families, merged with what the file
+    /// already holds (another replica's, or an earlier run's; a file that
+    /// is refused, or another model's, is replaced), atomically. At most
+    /// the cache's capacity of plans is kept, the most recent.
+    ///
+    /// Costs a read, a merge and a write of the whole file: call it off
+    /// the runs' threads.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] if the directory or the file cannot be written.
+    pub fn save<K>(&self, cache: &PlanCache<K>) -> Result<Saved, StoreError>
+    where
+        K: PlanKey + Hash + Eq + Clone,
+    {
+        let path = self.path();
+        let io = |e: std::io::Error| StoreError::Io(format!("{}: {e}", path.display()));
+        let (plans, families) = cache.snapshot();
+        let ours: Vec<(Vec<u8>, Arc<Plan>)> = plans
+            .into_iter()
+            .map(|(k, p)| {
+                let mut b = Vec::new();
+                k.encode(&mut b);
+                (b, p)
+            })
+            .collect();
+        let (disk_plans, disk_families) = match file::read(&path) {
+            Ok(Some(bytes)) => match format::decode(&bytes) {
+                Ok(body)
+                    if body.kind == K::KIND
+                        && body.probe == family_probe()
+                        && self.key.mismatch(&body.key).is_none() =>
+                {
+                    (body.plans, body.families)
+                }
+                _ => (Vec::new(), Vec::new()),
+            },
+            _ => (Vec::new(), Vec::new()),
+        };
+        let mine = ours.len();
+        let plans = merge::plans(disk_plans, ours, cache.capacity());
+        let families = merge::families(disk_families, families);
+        let refs: Vec<(Vec<u8>, &Plan)> = plans.iter().map(|(k, p)| (k.clone(), &**p)).collect();
+        let bytes = format::encode(&self.key, K::KIND, family_probe(), &refs, &families);
+        std::fs::create_dir_all(&self.dir).map_err(io)?;
+        file::write_atomic(&path, &bytes).map_err(io)?;
+        Ok(Saved {
+            plans: plans.len(),
+            merged_plans: plans.len().saturating_sub(mine),
+            families: families.len(),
+            bytes: bytes.len(),
+        })
+    }
+}

@@ -1,0 +1,324 @@
+//! The store: what a fresh process loads is what the earlier one learned;
+//! every bad file (empty, truncated at each byte, bit-flipped, another
+//! model's, runtime's or options', another version's, another key kind's,
+//! overlapping offsets, a hostile shape) is refused whole with one warning
+//! and leaves the cache empty; saves merge.
+
+use super::check::hash64;
+use super::format::HEADER;
+use super::*;
+use crate::plan::{DynamicReason, Lookup, PlanSource, Recording};
+use crate::RunReport;
+
+/// A run of the toy model at `[batch, width]`: four blocks, sizes affine
+/// in the dimensions, two of them live together.
+fn recording(batch: usize, width: usize) -> Recording {
+    let mut r = Recording::new();
+    let a = r.alloc(64 * batch * width, 64);
+    let b = r.alloc(128 * width + 64, 64);
+    r.free(a);
+    let c = r.alloc(64 * batch, 64);
+    r.free(b);
+    let _d = r.alloc(256, 64);
+    r.free(c);
+    r
+}
+
+fn key(batch: usize, width: usize) -> String {
+    format!("{batch}x{width}")
+}
+
+/// Teaches `cache` the runs at `shapes` as dynamic runs would.
+fn learn(cache: &PlanCache<String>, shapes: &[(usize, usize)]) {
+    for &(b, w) in shapes {
+        let k = key(b, w);
+        let lookup = Lookup::none(DynamicReason::NewFamily);
+        let rec = recording(b, w);
+        let learned = cache.after_run(k.as_str(), &lookup, &RunReport::default(), &rec, true);
+        assert!(learned.is_some(), "{k} learned");
+    }
+}
+
+fn model_key() -> ModelKey {
+    ModelKey::new(b"model bytes", "test-runtime 1.0", "threads=1")
+}
+
+fn store(dir: &Path) -> PlanStore {
+    PlanStore::new(dir, model_key())
+}
+
+/// A saved store of three shapes; returns the file's bytes.
+fn saved(dir: &Path) -> Vec<u8> {
+    let cache = PlanCache::new(16);
+    learn(&cache, &[(1, 8), (2, 8), (2, 16)]);
+    store(dir).save(&cache).expect("saved");
+    std::fs::read(store(dir).path()).unwrap()
+}
+
+/// Loads `bytes` as the store's file into a fresh cache: the warning, and
+/// the cache.
+fn load_bytes(dir: &Path, bytes: &[u8]) -> (Loaded, PlanCache<String>) {
+    std::fs::write(store(dir).path(), bytes).unwrap();
+    let cache = PlanCache::new(16);
+    let loaded = store(dir).load(&cache);
+    (loaded, cache)
+}
+
+fn assert_refused(loaded: &Loaded, cache: &PlanCache<String>, what: &str) {
+    let warning = loaded
+        .warning
+        .as_deref()
+        .unwrap_or_else(|| panic!("{what}: no warning"));
+    assert!(!warning.contains('\n'), "{what}: one line: {warning}");
+    assert_eq!(cache.stats().plans, 0, "{what}: plans loaded");
+    assert_eq!(cache.stats().families, 0, "{what}: families loaded");
+    assert_eq!((loaded.plans, loaded.families), (0, 0), "{what}");
+}
+
+/// Sets a file's checksum to its body's, so that a change reaches the
+/// checks past it.
+fn fix_checksum(bytes: &mut [u8]) {
+    let sum = hash64(&bytes[HEADER..]);
+    bytes[24..32].copy_from_slice(&sum.to_le_bytes());
+}
+
+#[test]
+fn a_fresh_cache_loads_what_an_earlier_one_learned() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = PlanCache::new(16);
+    learn(&before, &[(1, 8), (2, 8), (2, 16)]);
+    let saved = store(dir.path()).save(&before).unwrap();
+    assert_eq!((saved.plans, saved.merged_plans, saved.families), (3, 0, 1));
+
+    let after = PlanCache::<String>::new(16);
+    let loaded = store(dir.path()).load(&after);
+    assert_eq!(loaded.warning, None);
+    assert_eq!((loaded.plans, loaded.families, loaded.shapes), (3, 1, 3));
+    // A shape seen before: its own plan, the same offsets.
+    let exact = after.lookup("2x8");
+    assert_eq!(exact.source, PlanSource::Exact);
+    assert_eq!(exact.plan.as_deref(), before.peek("2x8").as_deref());
+    // A shape never seen: predicted from the loaded family, as the
+    // earlier process would have.
+    let (here, there) = (after.lookup("4x16"), before.lookup("4x16"));
+    assert_eq!(here.source, PlanSource::Predicted);
+    assert_eq!(there.source, PlanSource::Predicted);
+    assert_eq!(
+        here.plan.as_ref().unwrap().recording(),
+        there.plan.as_ref().unwrap().recording()
+    );
+    assert!(here.plan.unwrap().covers(&recording(4, 16)));
+}
+
+#[test]
+fn no_file_loads_nothing_and_says_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = PlanCache::<String>::new(4);
+    assert_eq!(store(dir.path()).load(&cache), Loaded::default());
+}
+
+#[test]
+fn an_empty_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (loaded, cache) = load_bytes(dir.path(), b"");
+    assert_refused(&loaded, &cache, "empty");
+    assert!(loaded.warning.unwrap().contains("empty"));
+}
+
+#[test]
+fn a_file_truncated_at_any_byte_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = saved(dir.path());
+    assert!(bytes.len() < 4096, "a small file: {}", bytes.len());
+    for len in 0..bytes.len() {
+        let (loaded, cache) = load_bytes(dir.path(), &bytes[..len]);
+        assert_refused(&loaded, &cache, &format!("truncated at {len}"));
+    }
+    let (loaded, cache) = load_bytes(dir.path(), &bytes);
+    assert_eq!(loaded.warning, None);
+    assert_eq!(cache.stats().plans, 3);
+}
+
+#[test]
+fn a_file_with_any_bit_flipped_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = saved(dir.path());
+    for byte in 0..bytes.len() {
+        for bit in 0..8 {
+            let mut b = bytes.clone();
+            b[byte] ^= 1 << bit;
+            let (loaded, cache) = load_bytes(dir.path(), &b);
+            assert_refused(&loaded, &cache, &format!("byte {byte} bit {bit}"));
+        }
+    }
+}
+
+#[test]
+fn another_models_runtimes_or_options_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = saved(dir.path());
+    let others = [
+        (
+            ModelKey::new(b"other model", "test-runtime 1.0", "threads=1"),
+            "model",
+        ),
+        (
+            ModelKey::new(b"model bytes", "test-runtime 1.1", "threads=1"),
+            "runtime",
+        ),
+        (
+            ModelKey::new(b"model bytes", "test-runtime 1.0", "threads=4"),
+            "options",
+        ),
+    ];
+    for (other, what) in others {
+        let s = PlanStore::new(dir.path(), other);
+        std::fs::write(s.path(), &bytes).unwrap();
+        let cache = PlanCache::<String>::new(16);
+        let loaded = s.load(&cache);
+        assert_refused(&loaded, &cache, what);
+        assert!(loaded.warning.unwrap().contains(what), "{what}");
+    }
+}
+
+#[test]
+fn another_format_versions_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = saved(dir.path());
+    bytes[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    let (loaded, cache) = load_bytes(dir.path(), &bytes);
+    assert_refused(&loaded, &cache, "version");
+    assert!(loaded.warning.unwrap().contains("format version 2"));
+}
+
+#[test]
+fn a_foreign_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (loaded, cache) = load_bytes(dir.path(), b"{\"plans\": []}\n and more text than a header");
+    assert_refused(&loaded, &cache, "foreign");
+    assert!(loaded.warning.unwrap().contains("not a plan store"));
+}
+
+#[test]
+fn another_key_kinds_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    saved(dir.path());
+    let cache = PlanCache::<Vec<usize>>::new(16);
+    let loaded = store(dir.path()).load(&cache);
+    assert!(loaded.warning.unwrap().contains("kind"));
+    assert_eq!(cache.stats().plans, 0);
+}
+
+/// The events of `recording(_, _)` as the file writes them: offsets
+/// follow a plan's events.
+fn events_bytes() -> Vec<u8> {
+    let codes: [u32; 8] = [0, 1, 1 << 31, 2, 1 | 1 << 31, 3, 2 | 1 << 31, 0];
+    let mut v = 8u32.to_le_bytes().to_vec();
+    let mut n = 0;
+    for c in codes.iter().take(7) {
+        v.extend_from_slice(&c.to_le_bytes());
+        n += 1;
+    }
+    v[..4].copy_from_slice(&(n as u32).to_le_bytes());
+    v
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+#[test]
+fn a_plan_whose_offsets_overlap_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = PlanCache::new(16);
+    learn(&cache, &[(1, 8)]);
+    store(dir.path()).save(&cache).unwrap();
+    let mut bytes = std::fs::read(store(dir.path()).path()).unwrap();
+    let events = events_bytes();
+    let at = find(&bytes, &events).expect("the plan's events") + events.len();
+    // Blocks 0 and 1 are live together; put both at offset 0.
+    bytes[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+    bytes[at + 8..at + 16].copy_from_slice(&0u64.to_le_bytes());
+    fix_checksum(&mut bytes);
+    let (loaded, cache) = load_bytes(dir.path(), &bytes);
+    assert_refused(&loaded, &cache, "overlap");
+    assert!(loaded.warning.unwrap().contains("invalid plan"));
+}
+
+#[test]
+fn a_shape_no_run_could_make_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = PlanCache::new(16);
+    learn(&cache, &[(1, 8)]);
+    store(dir.path()).save(&cache).unwrap();
+    let mut bytes = std::fs::read(store(dir.path()).path()).unwrap();
+    let events = events_bytes();
+    // The second copy of the events is the family structure's: make its
+    // last free free block 0 again.
+    let first = find(&bytes, &events).unwrap();
+    let second = first + 1 + find(&bytes[first + 1..], &events).expect("the structure's events");
+    let last = second + events.len() - 4;
+    bytes[last..last + 4].copy_from_slice(&(1u32 << 31).to_le_bytes());
+    fix_checksum(&mut bytes);
+    let (loaded, cache) = load_bytes(dir.path(), &bytes);
+    assert_refused(&loaded, &cache, "hostile shape");
+    assert!(loaded.warning.unwrap().contains("already freed"));
+}
+
+#[test]
+fn saves_merge_what_replicas_learned() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = PlanCache::new(16);
+    learn(&one, &[(1, 8), (2, 8)]);
+    let two = PlanCache::new(16);
+    learn(&two, &[(2, 8), (4, 32)]);
+    store(dir.path()).save(&one).unwrap();
+    let saved = store(dir.path()).save(&two).unwrap();
+    assert_eq!((saved.plans, saved.merged_plans, saved.families), (3, 1, 1));
+
+    let three = PlanCache::<String>::new(16);
+    let loaded = store(dir.path()).load(&three);
+    assert_eq!((loaded.plans, loaded.shapes), (3, 3), "{loaded:?}");
+    for k in ["1x8", "2x8", "4x32"] {
+        assert_eq!(three.lookup(k).source, PlanSource::Exact, "{k}");
+    }
+    // Nothing but the store's file is left in the directory.
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, [std::ffi::OsString::from(model_key().file_name())]);
+}
+
+#[test]
+fn a_save_replaces_a_file_it_cannot_merge() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(store(dir.path()).path(), b"garbage").unwrap();
+    let cache = PlanCache::new(16);
+    learn(&cache, &[(1, 8)]);
+    let saved = store(dir.path()).save(&cache).unwrap();
+    assert_eq!((saved.plans, saved.merged_plans), (1, 0));
+    let fresh = PlanCache::<String>::new(16);
+    assert_eq!(store(dir.path()).load(&fresh).warning, None);
+    assert_eq!(fresh.stats().plans, 1);
+}
+
+#[test]
+fn a_load_keeps_the_most_recent_plans_within_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = PlanCache::new(16);
+    learn(&big, &[(1, 8), (2, 8), (3, 8), (4, 8)]);
+    store(dir.path()).save(&big).unwrap();
+    let small = PlanCache::<String>::new(2);
+    let loaded = store(dir.path()).load(&small);
+    assert_eq!(loaded.plans, 4);
+    assert_eq!(small.stats().plans, 2);
+    assert!(small.contains("4x8") && small.contains("3x8"));
+}
+
+#[test]
+fn seal_makes_the_header_encode_makes() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = saved(dir.path());
+    assert_eq!(seal(&bytes[HEADER..]), bytes);
+}

@@ -1,0 +1,125 @@
+//! Plans that outlive the process: with `configure(plans="DIR")` or
+//! `TENSOR_ARENA_PLANS=DIR`, each session's plans start from its model's
+//! plan store in DIR (crates/ort's `Plans::with_store`) and are saved back
+//! to it, merged with what other processes (uvicorn workers, replicas)
+//! saved there, every `TENSOR_ARENA_PLANS_EVERY` seconds (default 30) on a
+//! thread of their own and once more at exit: never on a run's thread.
+//!
+//! | call | what it does |
+//! |---|---|
+//! | `configure(plans="DIR")` | sessions opened after it use DIR's stores (`False`: none) |
+//! | `save_plans()` | saves every session's plans now; returns how many stores were written |
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tensor_arena_ort::{model_key, PlanSaver, PlanStore, Plans};
+
+/// Plans kept per model, as crates/ort's default.
+const CAPACITY: usize = 64;
+
+struct State {
+    /// The directory set by `configure`: `None` until set (then the
+    /// environment's), `Some(None)` for none.
+    dir: Option<Option<PathBuf>>,
+    /// Every store-backed session's plans, while alive.
+    live: Vec<Weak<Plans>>,
+    /// The saving thread, started with the first store-backed session.
+    saver: Option<PlanSaver>,
+}
+
+static STATE: Mutex<State> = Mutex::new(State {
+    dir: None,
+    live: Vec::new(),
+    saver: None,
+});
+
+/// Sets the directory of the stores of sessions opened from now on.
+pub(crate) fn set_dir(dir: Option<PathBuf>) {
+    STATE.lock().dir = Some(dir);
+}
+
+/// The directory configured, else `TENSOR_ARENA_PLANS`, if any.
+pub(crate) fn dir() -> Option<PathBuf> {
+    let configured = STATE.lock().dir.clone();
+    configured.unwrap_or_else(|| {
+        std::env::var_os("TENSOR_ARENA_PLANS")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
+}
+
+/// Seconds between saves: `TENSOR_ARENA_PLANS_EVERY`, default 30.
+fn every() -> Duration {
+    let secs = std::env::var("TENSOR_ARENA_PLANS_EVERY")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(30.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// The plans of a new session: from its model's store when a directory is
+/// set (`model` gives the model's bytes, read only then; `options` the
+/// session options that change the allocation order), else empty.
+pub(crate) fn for_model(
+    py: Python<'_>,
+    model: impl FnOnce() -> std::io::Result<Vec<u8>>,
+    runtime_version: &str,
+    options: &str,
+) -> PyResult<Arc<Plans>> {
+    let Some(dir) = dir() else {
+        return Ok(Arc::new(Plans::new(CAPACITY)));
+    };
+    let bytes = model().map_err(|e| crate::errors::NoSuchFile::new_err(e.to_string()))?;
+    let store = PlanStore::new(dir, model_key(&bytes, runtime_version, options));
+    let plans = Arc::new(py.detach(|| Plans::with_store(CAPACITY, store)));
+    let start = {
+        let mut st = STATE.lock();
+        st.live.retain(|w| w.strong_count() > 0);
+        st.live.push(Arc::downgrade(&plans));
+        st.saver.is_none()
+    };
+    if start {
+        let saver = PlanSaver::start(every(), || {
+            save_all();
+        })
+        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+        STATE.lock().saver = Some(saver);
+        // The last save at exit (off any run: runs have ended).
+        let save = wrap_pyfunction!(save_plans, py)?;
+        py.import("atexit")?.call_method1("register", (save,))?;
+    }
+    Ok(plans)
+}
+
+/// Saves every live store-backed session's plans that learned something;
+/// returns how many stores were written. A store that cannot be written
+/// is reported in one line on stderr.
+fn save_all() -> usize {
+    let live: Vec<Arc<Plans>> = STATE.lock().live.iter().filter_map(Weak::upgrade).collect();
+    let mut written = 0;
+    for plans in live {
+        match plans.save() {
+            Some(Ok(_)) => written += 1,
+            Some(Err(e)) => eprintln!("tensor_arena: plans not saved: {e}"),
+            None => {}
+        }
+    }
+    written
+}
+
+/// Saves every session's plans to its store now (they are also saved
+/// every `TENSOR_ARENA_PLANS_EVERY` seconds and at exit); returns how many
+/// stores were written.
+#[pyfunction]
+fn save_plans(py: Python<'_>) -> usize {
+    py.detach(save_all)
+}
+
+pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(save_plans, m)?)?;
+    Ok(())
+}
