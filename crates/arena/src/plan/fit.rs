@@ -40,12 +40,14 @@
 //! A dimension that never varied among the shapes seen says nothing by how
 //! sizes moved with it; but sizes are products of the input's dimensions,
 //! so a varying block whose every size is a multiple of the dimension's
-//! value (or of a strided variant of it) with an odd factor follows it:
-//! 736 (`23 * 32`) divides every feature map of a 736-high image. Such
-//! blocks scale with it; a key is refused ([`NoPrediction::Unvaried`])
-//! only where nothing can tell (the value 1, or a power of two, which
-//! divides sizes by chance) or where the blocks that show nothing hold
-//! more than an eighth of the varying bytes (`Fit::unvaried_scale`).
+//! value (or of a strided variant of it) with a prime factor of 11 or more
+//! follows it: 736 (`23 * 32`) divides every feature map of a 736-high
+//! image. Such blocks scale with it; a key is refused
+//! ([`NoPrediction::Unvaried`]) where nothing can tell (the value 1, a
+//! power of two, or one whose odd factors are those of channel counts, 3,
+//! 5, 7: 192 divides per-channel blocks of MobileNetV3 that do not follow
+//! the width) or where the blocks that show nothing hold more than an
+//! eighth of the varying bytes (`Fit::unvaried_scale`).
 //!
 //! Keys must explain the sizes: where a shape seen at dimensions at most
 //! another's needed more than it (a key made of request counters), nothing

@@ -75,17 +75,17 @@ impl Fit {
     /// that never varied says nothing by how sizes moved; but sizes are
     /// products of the input's dimensions, so a block whose every size
     /// seen is a multiple of the dimension's value (or of a strided
-    /// variant of it, `ceil(h / 4)`) that has an odd factor (which a
-    /// power-of-two size has by chance only as often as that factor
-    /// divides it) follows it: `736` (`23 · 32`) in every size of a
-    /// feature map of a 736-high image. Such a block scales by the
-    /// dimension's growth (the largest among the variants that divide it);
-    /// a constant block stays; a block that varied with the other
-    /// dimensions and shows no such factor stays too (it falls back if it
-    /// grows). Where those hold more than an eighth of the varying blocks'
-    /// bytes, or the dimension's value has no odd factor (1, or a power of
-    /// two: nothing to tell), the key is not predicted
-    /// ([`NoPrediction::Unvaried`]): its run teaches the family.
+    /// variant of it, `ceil(h / 4)`) that has a prime factor of 11 or more
+    /// (which a size has by chance about as rarely as it divides it)
+    /// follows it: `736` (`23 · 32`) in every size of a feature map of a
+    /// 736-high image. Such a block scales by the dimension's growth (the
+    /// largest among the variants that divide it); a constant block stays;
+    /// a block that varied with the other dimensions and shows no such
+    /// factor stays too (it falls back if it grows). Where those hold more
+    /// than an eighth of the varying blocks' bytes, or the dimension's
+    /// value has no such factor (1, a power of two, 192 = 3 x 64: nothing
+    /// to tell), the key is not predicted ([`NoPrediction::Unvaried`]): its
+    /// run teaches the family.
     pub(crate) fn unvaried_scale(&self, dims: &[u64]) -> Result<Option<Vec<f64>>, NoPrediction> {
         let changed: Vec<usize> = (0..dims.len())
             .filter(|&d| !self.varied[d] && dims[d] != self.base[d])
@@ -116,21 +116,21 @@ impl Fit {
     }
 
     /// If every size seen of block `b` is a multiple of a strided variant
-    /// of `seen` (a dimension's value at every shape seen) that has an odd
-    /// factor (or such a multiple plus one intercept under a quantum, the
-    /// variant being over a quantum), the block's growth when the dimension becomes `now`: the
-    /// largest over such variants of at least 16 (which stride a block
-    /// follows is unknown, and a larger slot costs a few bytes where a
-    /// smaller one falls back), else the least strided one's (`ceil(6 / 4)`
-    /// is too coarse to scale by).
+    /// of `seen` (a dimension's value at every shape seen) of at least 4
+    /// with a telling factor ([`telling`]) (or such a multiple plus one intercept under
+    /// a quantum, the variant being over a quantum), the block's growth
+    /// when the dimension becomes `now`: the largest over such variants.
+    /// Which stride a block follows is unknown (channel counts are powers
+    /// of two, so a map at stride 32 is a multiple of the full width too),
+    /// and a slot too large costs bytes where one too small falls back:
+    /// `192` becoming `100` scales by `ceil(100 / 32) / 6`, two thirds.
     fn follows(&self, b: usize, seen: u64, now: u64) -> Option<f64> {
-        let mut coarse: Option<f64> = None;
-        let mut fine: Option<f64> = None;
+        let mut best: Option<f64> = None;
         for shift in 0..=MAX_SHIFT {
             let top = (1u64 << shift) - 1;
             for offset in [0, top] {
                 let g = seen.saturating_add(offset) >> shift;
-                if g < 3 || (g >> g.trailing_zeros()) == 1 {
+                if g < 4 || !telling(g) {
                     continue;
                 }
                 // The same remainder at every shape: none, or an intercept
@@ -142,16 +142,31 @@ impl Fit {
                 let same = self.obs.iter().all(|o| o.sizes[b] as u64 % g == rest);
                 if same && (rest == 0 || (rest <= q && g > q)) {
                     let growth = (now.saturating_add(offset) >> shift) as f64 / g as f64;
-                    if g >= 16 {
-                        fine = Some(fine.map_or(growth, |x: f64| x.max(growth)));
-                    } else if coarse.is_none() {
-                        coarse = Some(growth);
-                    }
+                    best = Some(best.map_or(growth, |x: f64| x.max(growth)));
                 }
             }
         }
-        fine.or(coarse)
+        best
     }
+}
+
+/// Whether `g` has a prime factor of 11 or more: one that a tensor's size
+/// has by chance about as rarely as it divides it. Channel counts are
+/// powers of two times 3, 5, 7 or 9 (96, 160, 112, 576 in MobileNetV3): a
+/// width of 192 (3 x 64) divides the size of a per-channel block that does
+/// not follow it, and one of 736 (23 x 32) does not.
+fn telling(g: u64) -> bool {
+    let mut n = g >> g.trailing_zeros();
+    let mut largest = 1;
+    let mut p = 3;
+    while p * p <= n && p < 1 << 16 {
+        while n % p == 0 {
+            largest = p;
+            n /= p;
+        }
+        p += 2;
+    }
+    largest.max(n) >= 11
 }
 
 /// The largest and the least, over the tiers among `fits` (consecutive

@@ -144,29 +144,35 @@ fn a_data_dependent_size_has_no_model() {
 
 #[test]
 fn a_dimension_not_seen_varying_is_predicted_where_the_sizes_show_it() {
-    // Batch 6 at two widths, then batch 3 or 12: every size of the first
-    // block is a multiple of 6 (it is `b * w * 64`), so it follows the
-    // batch; the constant stays.
+    // Batch 22 at two widths, then batch 11 or 44: every size of the first
+    // block is a multiple of 22 (it is `b * w * 64`), whose factor 11 no
+    // channel count has by chance, so it follows the batch; the constant
+    // stays.
     let s = |b: u64, w: u64| (b * w * 64) as usize;
     let f = Fit::new(
         &[
-            obs(&[6, 320], &[s(6, 320), 1024]),
-            obs(&[6, 480], &[s(6, 480), 1024]),
+            obs(&[22, 320], &[s(22, 320), 1024]),
+            obs(&[22, 480], &[s(22, 480), 1024]),
         ],
         64,
     );
-    assert_eq!(f.predict(&[6, 400]).unwrap().sizes, [s(6, 400), 1024]);
-    assert_eq!(f.predict(&[3, 400]).unwrap().sizes, [s(3, 400), 1024]);
-    assert_eq!(f.predict(&[12, 400]).unwrap().sizes, [s(12, 400), 1024]);
+    assert_eq!(f.predict(&[22, 400]).unwrap().sizes, [s(22, 400), 1024]);
+    // Down, the largest of the strided variants that divide the sizes
+    // (`ceil(22 / 2) = 11` becomes `ceil(11 / 2) = 6`): on the safe side.
+    let down = f.predict(&[11, 400]).unwrap().sizes;
+    assert!(down[0] >= s(11, 400) && down[0] <= s(12, 400), "{down:?}");
+    assert_eq!(down[1], 1024);
+    assert_eq!(f.predict(&[44, 400]).unwrap().sizes, [s(44, 400), 1024]);
     assert_eq!(f.predict(&[12]), Err(NoPrediction::Unpredictable));
 }
 
 #[test]
 fn a_dimension_with_nothing_to_tell_is_not_predicted() {
-    // Batch 1 (or any power of two) divides every size: the sizes cannot
-    // show whether a block follows it.
+    // Batch 1 (or any power of two, or 6 = 2 x 3, whose factor channel
+    // counts share) divides sizes by chance: the sizes cannot show whether
+    // a block follows it.
     let s = |b: u64, w: u64| (b * w * 64) as usize;
-    for batch in [1, 8] {
+    for batch in [1, 8, 6] {
         let f = Fit::new(
             &[
                 obs(&[batch, 320], &[s(batch, 320)]),
