@@ -51,13 +51,18 @@ impl Problem {
         let Some(last) = self.items.iter().map(|it| it.end).max() else {
             return;
         };
-        let top = self
+        // Every item ends at or under `top`, which no sum here passes; a
+        // placement past `usize::MAX` (saturated: not a valid plan) is
+        // left as it is.
+        let Some(top) = self
             .items
             .iter()
             .zip(offset.iter())
-            .map(|(it, &at)| at.saturating_add(it.size))
-            .max()
-            .unwrap_or(0);
+            .map(|(it, &at)| at.checked_add(it.size))
+            .try_fold(0usize, |top, end| end.map(|e| top.max(e)))
+        else {
+            return;
+        };
         let (mut reach, mut mirrored) = (0usize, 0usize);
         for (it, &at) in self.items.iter().zip(offset.iter()) {
             if it.end == last {
