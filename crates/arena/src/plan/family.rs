@@ -462,7 +462,10 @@ impl Families {
                 (lo.min(v), hi.max(v))
             });
         let widens = here < widens.0 || here > widens.1;
-        if !refit && !widens && s.fit.is_some() {
+        // A fit that keeps models the shapes could not tell apart learns
+        // from every shape (the one that tells them apart ends it).
+        let ambiguous = s.fit.as_ref().is_some_and(|f| f.ambiguous());
+        if !refit && !widens && !ambiguous && s.fit.is_some() {
             return;
         }
         let obs: Vec<Observation> = s.obs.iter().cloned().collect();

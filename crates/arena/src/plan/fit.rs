@@ -200,11 +200,11 @@ pub(super) fn model_of(
     }
     let proportional =
         |m: &Monomial, values: &[f64]| scaled(values, &sizes, q).map(|v| (m.clone(), v));
-    if let Some(fits) = first_class(tiers, proportional) {
+    if let Some(fits) = first_class(tiers, false, proportional) {
         return Some(SizeModel::Scaled(fits));
     }
     let affine = |m: &Monomial, values: &[f64]| affine(values, &sizes, q).map(|v| (m.clone(), v));
-    first_class(tiers, affine).map(SizeModel::Affine)
+    first_class(tiers, true, affine).map(SizeModel::Affine)
 }
 
 /// Monomials that fit a block, each with the vertices `(a, c)` of what the
@@ -212,31 +212,60 @@ pub(super) fn model_of(
 pub(super) type Fits = Vec<(Monomial, Vec<(f64, f64)>)>;
 
 /// The fits of the first tier that has any, and of every tier of its class
-/// after it (as simple, so the shapes seen cannot tell them from it: the
-/// batch and the sequence when they only varied together), tier by tier.
-/// `None` when no tier fits.
+/// after it whose values at the shapes seen are those of one of the first
+/// tier's fits, scaled (`affine`: scaled and shifted): the shapes cannot
+/// tell such a tier from the first (the batch and the sequence when they
+/// only varied together, or any two monomials at two shapes for an affine
+/// size). A tier of the class that fits only within the rounding, its
+/// values unrelated, is told apart by the shapes and left out. Tier by
+/// tier; `None` when no tier fits.
 fn first_class(
     tiers: &[Tier],
+    affine: bool,
     mut fit: impl FnMut(&Monomial, &[f64]) -> Option<(Monomial, Vec<(f64, f64)>)>,
 ) -> Option<Fits> {
-    let mut found: Option<((i32, bool), Fits)> = None;
+    let mut with_values =
+        |m: &Monomial, values: &[f64]| fit(m, values).map(|f| (f, values.to_vec()));
+    // The first fitting tier's class and its fits' values.
+    let mut class: Option<(i32, bool)> = None;
+    let mut first: Vec<Vec<f64>> = Vec::new();
+    let mut fits: Fits = Vec::new();
     for tier in tiers {
-        match &mut found {
-            Some((class, fits)) => {
-                if tier.class != *class {
+        match class {
+            Some(c) => {
+                if tier.class != c {
                     break;
                 }
-                fits.extend(least_strided(tier, &mut fit));
+                let related = least_strided(tier, &mut with_values)
+                    .into_iter()
+                    .filter(|(_, v)| first.iter().any(|f| alike(f, v, affine)))
+                    .map(|(f, _)| f);
+                fits.extend(related);
             }
             None => {
-                let fits = least_strided(tier, &mut fit);
+                (fits, first) = least_strided(tier, &mut with_values).into_iter().unzip();
                 if !fits.is_empty() {
-                    found = Some((tier.class, fits));
+                    class = Some(tier.class);
                 }
             }
         }
     }
-    found.map(|(_, fits)| fits)
+    class.map(|_| fits)
+}
+
+/// Whether `b` is `c * a` (`affine`: `d + c * a`) at every shape, to a
+/// float's precision: two monomials the shapes cannot tell apart.
+fn alike(a: &[f64], b: &[f64], affine: bool) -> bool {
+    let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0);
+    if affine {
+        // Collinear points `(a_k, b_k)`: through the first and one other.
+        let Some(j) = (1..a.len()).find(|&j| a[j] != a[0]) else {
+            return b.iter().all(|&y| close(y, b[0]));
+        };
+        (0..a.len()).all(|k| close((b[k] - b[0]) * (a[j] - a[0]), (b[j] - b[0]) * (a[k] - a[0])))
+    } else {
+        (0..a.len()).all(|k| close(b[k] * a[0], a[k] * b[0]))
+    }
 }
 
 /// One tier of monomials, each with its values at the shapes fitted (in
@@ -447,6 +476,17 @@ impl Fit {
             }
         }
         None
+    }
+
+    /// Whether a block keeps models of several tiers (the shapes seen could
+    /// not tell them apart).
+    pub(crate) fn ambiguous(&self) -> bool {
+        self.models.iter().any(|m| match m {
+            Some(SizeModel::Scaled(fits) | SizeModel::Affine(fits)) => {
+                fits.windows(2).any(|w| !w[0].0.same_tier(&w[1].0))
+            }
+            _ => false,
+        })
     }
 
     /// The power of two the sizes are known to.

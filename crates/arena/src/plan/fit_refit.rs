@@ -65,10 +65,12 @@ impl Fit {
 }
 
 /// Whether `kept` (what of `fits` still explains every shape, in order)
-/// keeps a fit of every tier `fits` had. A tier left with none may still be
-/// explained by strided variants the first fit did not keep (it kept the
-/// least strided only), so the block is then fitted from scratch, as
-/// [`Fit::new`] would.
+/// is the block's model made afresh: one tier before and after. A tier
+/// left with none may still be explained by strided variants the first
+/// fit did not keep (it kept the least strided only), and tiers the shapes
+/// could not tell apart may be told apart now, or fit only within the
+/// rounding: the block is then fitted from scratch, as [`Fit::new`] would
+/// (rare: where dimensions varied together).
 fn every_tier_kept(
     fits: &[(Monomial, Vec<(f64, f64)>)],
     kept: &[(Monomial, Vec<(f64, f64)>)],
@@ -82,5 +84,5 @@ fn every_tier_kept(
         }
         out.len()
     };
-    !kept.is_empty() && tiers(fits) == tiers(kept)
+    tiers(fits) == 1 && tiers(kept) == 1
 }
