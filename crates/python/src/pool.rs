@@ -186,10 +186,12 @@ impl Budget {
 /// gives everything back (`0` or `False`: never); `shrink`: `"window"`
 /// (crates/ort's default: the largest need of the last second),
 /// `"follow"` (the last run's need), `"keep_largest"` or `"never"`;
-/// `outputs`: `"copy"` (default) or `"view"`; `huge_pages`: whether
-/// arenas use transparent huge pages where the system offers them
-/// (default `True`, crates/ort's; `False`: 4 KiB pages, cheaper for a
-/// process whose first run is very large: BENCHMARKS.md).
+/// `outputs`: `"copy"` (default) or `"view"`; `huge_pages`: `"auto"`
+/// (default, crates/ort's: transparent huge pages only where the system's
+/// THP `defrag` setting keeps direct compaction off the run's thread,
+/// `defer` or `never`; 4 KiB pages elsewhere), `True` (huge pages wherever
+/// THP is on: a first run may wait for the kernel to compact memory), or
+/// `False` (4 KiB pages).
 #[pyfunction]
 #[pyo3(signature = (*, workers = None, budget = None, decay = None, shrink = None, outputs = None,
     huge_pages = None))]
@@ -199,7 +201,7 @@ fn configure(
     decay: Option<Bound<'_, PyAny>>,
     shrink: Option<&str>,
     outputs: Option<&str>,
-    huge_pages: Option<bool>,
+    huge_pages: Option<Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let mut config = with_state(|st| st.config.clone());
     if let Some(n) = workers {
@@ -254,11 +256,20 @@ fn configure(
             }
         };
     }
-    if let Some(on) = huge_pages {
-        config.options.pages.huge_pages = if on {
-            tensor_arena::memory::HugePages::Auto
+    if let Some(h) = huge_pages {
+        use tensor_arena::memory::HugePages;
+        config.options.pages.huge_pages = if let Ok(on) = h.extract::<bool>() {
+            if on {
+                HugePages::Advise
+            } else {
+                HugePages::Never
+            }
+        } else if h.extract::<String>().is_ok_and(|s| s == "auto") {
+            HugePages::Auto
         } else {
-            tensor_arena::memory::HugePages::Never
+            return Err(InvalidArgument::new_err(format!(
+                "huge_pages must be 'auto', True or False, not {h}"
+            )));
         };
     }
     let pool = WorkerPool::new(config.workers, config.options.clone())
@@ -286,10 +297,10 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         _ => "never",
     };
     d.set_item("shrink", shrink)?;
-    d.set_item(
-        "huge_pages",
-        c.options.pages.huge_pages != tensor_arena::memory::HugePages::Never,
-    )?;
+    match c.options.pages.huge_pages {
+        tensor_arena::memory::HugePages::Auto => d.set_item("huge_pages", "auto")?,
+        h => d.set_item("huge_pages", h == tensor_arena::memory::HugePages::Advise)?,
+    }
     d.set_item(
         "outputs",
         if c.outputs == OutputMode::View {

@@ -222,14 +222,27 @@ pub unsafe trait HostMemory: Memory<Ptr = NonNull<u8>> {}
 pub const DEFAULT_RESERVATION: usize = 64 << 30;
 
 /// Whether `Pages` asks for transparent huge pages.
+///
+/// Advice (`MADV_HUGEPAGE`) makes a first touch of 2 MiB one page fault
+/// instead of 512, but where the system's THP `defrag` setting is
+/// `madvise` (the kernel's default), `defer+madvise` or `always`, a fault
+/// in an advised range that finds no free huge page compacts memory
+/// directly, on the faulting thread: the run that first touches its memory
+/// waits for it (magika's first run 1.4x slower, `BENCHMARKS.md`,
+/// "Python"). So the default advises only where that cannot happen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HugePages {
-    /// When the system offers them (`/sys/kernel/mm/transparent_hugepage/
-    /// enabled` is `always` or `madvise`): the reservation is advised with
-    /// `MADV_HUGEPAGE` and the granule is the huge page size (2 MiB on
-    /// x86-64).
+    /// Where the system offers them (`/sys/kernel/mm/transparent_hugepage/
+    /// enabled` is `always` or `madvise`) and its `defrag` setting never
+    /// stalls a fault on compaction (`defer` or `never`): the reservation
+    /// is advised with `MADV_HUGEPAGE` and the granule is the huge page
+    /// size (2 MiB on x86-64). Elsewhere, as [`HugePages::Never`].
     #[default]
     Auto,
+    /// Where the system offers them, whatever its `defrag` setting: first
+    /// touches may pay direct compaction; later runs of a kept arena fault
+    /// less.
+    Advise,
     /// Never: the granule is the base page size (4 KiB).
     Never,
 }

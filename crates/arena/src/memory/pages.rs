@@ -68,7 +68,8 @@ impl Pages {
         let page = rustix::param::page_size();
         let huge = match config.huge_pages {
             HugePages::Never => None,
-            HugePages::Auto => thp_size(),
+            HugePages::Auto => thp_size(false),
+            HugePages::Advise => thp_size(true),
         };
         Self {
             config,
@@ -179,11 +180,20 @@ impl Default for Pages {
 }
 
 /// The huge page size if transparent huge pages may be used with
-/// `madvise` (mode `always` or `madvise`), else `None`.
-fn thp_size() -> Option<usize> {
-    let enabled = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
-    let mode = enabled.split('[').nth(1)?.split(']').next()?;
+/// `madvise` (mode `always` or `madvise`) and, unless `even_if_it_stalls`,
+/// the `defrag` setting lets advised faults go without direct compaction;
+/// else `None`.
+fn thp_size(even_if_it_stalls: bool) -> Option<usize> {
+    let setting = |name: &str| -> Option<String> {
+        let text =
+            std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{name}")).ok()?;
+        Some(text.split('[').nth(1)?.split(']').next()?.to_string())
+    };
+    let mode = setting("enabled")?;
     if mode != "always" && mode != "madvise" {
+        return None;
+    }
+    if !even_if_it_stalls && !defrag_never_stalls(&setting("defrag")?) {
         return None;
     }
     let size = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
@@ -191,6 +201,14 @@ fn thp_size() -> Option<usize> {
         .and_then(|s| s.trim().parse::<usize>().ok())
         .unwrap_or(2 << 20);
     size.is_power_of_two().then_some(size)
+}
+
+/// Whether THP's `defrag` setting `mode` leaves a fault in a
+/// `MADV_HUGEPAGE` range free of direct compaction (`Documentation/admin-
+/// guide/mm/transhuge.rst`: `defer` and `never` do; `madvise`,
+/// `defer+madvise` and `always` compact on the faulting thread).
+fn defrag_never_stalls(mode: &str) -> bool {
+    mode == "defer" || mode == "never"
 }
 
 /// Bytes of address space the process may still map under a finite
@@ -394,3 +412,18 @@ impl Memory for Pages {
 // initialized and does not change under a reader; 3. `at` offsets `base`
 // with its provenance.
 unsafe impl HostMemory for Pages {}
+
+#[cfg(test)]
+mod huge_page_tests {
+    use super::defrag_never_stalls;
+
+    #[test]
+    fn only_defrag_settings_without_direct_compaction_allow_advice() {
+        for mode in ["defer", "never"] {
+            assert!(defrag_never_stalls(mode), "{mode}");
+        }
+        for mode in ["always", "madvise", "defer+madvise", ""] {
+            assert!(!defrag_never_stalls(mode), "{mode}");
+        }
+    }
+}
