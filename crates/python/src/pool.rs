@@ -187,11 +187,12 @@ impl Budget {
 /// (crates/ort's default: the largest need of the last second),
 /// `"follow"` (the last run's need), `"keep_largest"` or `"never"`;
 /// `outputs`: `"copy"` (default) or `"view"`; `huge_pages`: `"auto"`
-/// (default, crates/ort's: transparent huge pages only where the system's
-/// THP `defrag` setting keeps direct compaction off the run's thread,
-/// `defer` or `never`; 4 KiB pages elsewhere), `True` (huge pages wherever
-/// THP is on: a first run may wait for the kernel to compact memory), or
-/// `False` (4 KiB pages).
+/// (default, crates/ort's: where the system's THP `defrag` setting could
+/// compact memory on the run's thread, fresh memory is touched in 4 KiB
+/// pages and memory given back and committed again, reused across runs,
+/// in huge pages; where it could not, huge pages throughout), `True`
+/// (huge pages wherever THP is on: a first run may wait for the kernel to
+/// compact memory), or `False` (4 KiB pages).
 #[pyfunction]
 #[pyo3(signature = (*, workers = None, budget = None, decay = None, shrink = None, outputs = None,
     huge_pages = None))]
