@@ -18,8 +18,14 @@ ONNX Runtime itself is the ``libonnxruntime.so`` of the installed
 or ``load(path)`` overrides), so outputs are bitwise those of
 ``onnxruntime.InferenceSession`` with the same options.
 
-``patch()`` makes ``onnxruntime.InferenceSession`` this class, for
-libraries that create their sessions themselves (rapidocr, magika).
+``patch()`` makes ``onnxruntime.InferenceSession`` this class (its
+``PatchedInferenceSession``, which leaves sessions asking for another
+provider to onnxruntime), for libraries that create their sessions
+themselves (rapidocr, magika). Sessions here are the CPU's: asking for
+another provider raises ``InvalidArgument``.
+
+Forking (gunicorn --preload, multiprocessing with fork) is safe: the
+child gets a pool and idle decay of its own (``os.register_at_fork``).
 """
 
 from __future__ import annotations
