@@ -5,7 +5,8 @@
 #   1. the wheel with numpy only: `import tensor_arena` works and
 #      `import tensor_arena.onnxruntime` raises a clear ImportError;
 #   2. the wheel with crates/python/tests/requirements.txt (onnxruntime,
-#      onnx, pytest, rapidocr-onnxruntime; pinned): the pytest suite, run
+#      onnx, pytest, rapidocr-onnxruntime, fastapi, uvicorn, gunicorn;
+#      pinned): the pytest suite (with examples/servers), run
 #      from a directory outside the source tree so the installed package is
 #      the one imported (checked);
 #   3. the example service's install step (examples/ocr-service/install.sh)
@@ -58,6 +59,8 @@ py="$work/venv/bin/python"
 
 mkdir "$work/run"
 cp crates/python/tests/*.py "$work/run/"
+# test_servers.py starts the example servers from their folder.
+cp -r crates/python/examples/servers "$work/run/servers"
 cd "$work/run"
 "$py" - <<'PY'
 import tensor_arena, tensor_arena.onnxruntime as ta

@@ -66,7 +66,9 @@ pub fn run_pages(ops: &[Op]) {
         },
         PagesConfig {
             reservation: 2 * CAP,
-            huge_pages: HugePages::Auto,
+            // Advice whatever the system's defrag setting: the huge page
+            // paths are checked wherever THP is on.
+            huge_pages: HugePages::Advise,
             give_back: GiveBack::Lazily,
         },
     );

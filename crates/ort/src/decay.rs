@@ -48,7 +48,13 @@ struct Entry {
 }
 
 static ENTRIES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
-static THREAD: OnceLock<Option<Thread>> = OnceLock::new();
+/// The decay thread, once started (`None` inside: it could not be); reset
+/// in a forked child, where it does not exist ([`crate::fork`]).
+static THREAD: Mutex<Option<Option<Thread>>> = Mutex::new(None);
+/// Held for each pass of the decay thread, so that a fork
+/// ([`crate::fork::prepare`]) never copies a pass midway (a worker's
+/// core locked by a thread the child does not have).
+static PASS: Mutex<()> = Mutex::new(());
 /// Workers decayed by the thread (for tests and stats).
 pub(crate) static DECAYED: AtomicU64 = AtomicU64::new(0);
 
@@ -94,7 +100,8 @@ impl Decay {
 /// cannot be started leaves decay off (memory then follows the shrink
 /// policy only); nothing else depends on it.
 fn wake() {
-    let thread = THREAD.get_or_init(|| {
+    let mut thread = THREAD.lock();
+    let thread = thread.get_or_insert_with(|| {
         std::thread::Builder::new()
             .name("tensor-arena-decay".into())
             .spawn(run)
@@ -103,6 +110,69 @@ fn wake() {
     });
     if let Some(t) = thread {
         t.unpark();
+    }
+}
+
+/// [`crate::fork::prepare`]: the pass, then the registry.
+pub(crate) fn prepare_fork() {
+    std::mem::forget(PASS.lock());
+    std::mem::forget(ENTRIES.lock());
+}
+
+/// [`crate::fork::prepare`]: the thread's handle (taken last: `wake` is
+/// called with no other lock of this crate held).
+pub(crate) fn prepare_fork_thread() {
+    std::mem::forget(THREAD.lock());
+}
+
+/// Releases what [`prepare_fork`] took.
+///
+/// # Safety
+/// [`prepare_fork`] took the locks on this thread (in this process or the
+/// parent that forked it) and nothing released them since.
+pub(crate) unsafe fn release_fork() {
+    // SAFETY: the caller vouches that this thread holds both locks, their
+    // guards forgotten by `prepare_fork`.
+    unsafe {
+        ENTRIES.force_unlock(Default::default());
+        PASS.force_unlock(Default::default());
+    }
+}
+
+/// Releases what [`prepare_fork_thread`] took.
+///
+/// # Safety
+/// As [`release_fork`], for [`prepare_fork_thread`].
+pub(crate) unsafe fn release_fork_thread() {
+    // SAFETY: the caller vouches that this thread holds the lock, its
+    // guard forgotten by `prepare_fork_thread`.
+    unsafe { THREAD.force_unlock(Default::default()) }
+}
+
+/// In a forked child: the parent's decay thread does not exist here;
+/// forgets it (the next worker waiting to decay starts one) and releases
+/// the handle's lock.
+///
+/// # Safety
+/// As [`release_fork_thread`], in the child right after the fork.
+pub(crate) unsafe fn child_after_fork() {
+    // SAFETY: this thread holds the lock (`prepare_fork_thread` in the
+    // parent, copied into the child), so the data is ours to reset.
+    unsafe {
+        *THREAD.data_ptr() = None;
+        THREAD.force_unlock(Default::default());
+    }
+}
+
+/// Starts (or wakes) the decay thread if a worker is waiting to decay: in
+/// a forked child, workers that ran in the parent shortly before the fork.
+pub(crate) fn wake_if_due() {
+    let due = ENTRIES
+        .lock()
+        .iter()
+        .any(|e| e.decay.last.load(Ordering::Acquire) != 0 && e.slot.strong_count() > 0);
+    if due {
+        wake();
     }
 }
 
@@ -120,6 +190,7 @@ fn run() {
 /// Decays every worker whose idle time has passed; returns how long until
 /// the next deadline (`None`: no worker is waiting to decay).
 fn decay_due() -> Option<Duration> {
+    let _pass = PASS.lock();
     let now = now_ns();
     let mut next: Option<u64> = None;
     // Collected under the lock, decayed outside it (a worker's arena is

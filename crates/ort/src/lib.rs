@@ -12,6 +12,7 @@ mod cuda;
 mod decay;
 mod error;
 mod follow;
+pub mod fork;
 mod heaps;
 mod key;
 mod limit;

@@ -167,6 +167,53 @@ impl WorkerPool<()> {
     pub fn new(size: usize, options: WorkerOptions) -> Result<Self, OrtArenaError> {
         Self::with_states(options, (0..size).map(|_| ()).collect())
     }
+
+    /// The pool as a child process has it after `fork()` (call it there,
+    /// after [`fork::child`](crate::fork::child), before other threads use
+    /// the pool): a new pool of the same size whose workers are this
+    /// pool's idle ones (their memory, decaying as before) and, in place of
+    /// those checked out by threads the child does not have, new ones made
+    /// with `options`. A worker whose locks a thread of the parent held at
+    /// the fork, or a pool whose own lock was held, is left alone (never
+    /// locked again; its memory stays mapped in the child): the child never
+    /// waits for a thread it does not have.
+    ///
+    /// # Errors
+    /// [`OrtArenaError::Arena`] if `options.arena` is invalid.
+    pub fn after_fork(self, options: WorkerOptions) -> Result<Self, OrtArenaError> {
+        let mut kept: Vec<Worker> = Vec::new();
+        let took = self.inner.state.try_lock().map(|mut st| {
+            let idle = std::mem::take(&mut st.idle);
+            let handed = std::mem::take(&mut st.handed);
+            // Nobody waits in the child: the waiters were threads of the
+            // parent (their wakers are the parent's executors': not dropped).
+            std::mem::forget(std::mem::take(&mut st.waiting));
+            for (w, ()) in idle.into_iter().chain(handed.into_iter().map(|(_, p)| p)) {
+                if w.is_free() {
+                    kept.push(w);
+                } else {
+                    // Dropping it would lock what a thread of the parent holds.
+                    std::mem::forget(w);
+                }
+            }
+        });
+        let size = self.inner.size;
+        if took.is_none() {
+            // Its lock was held: it keeps its workers, never used again
+            // (dropping them could wait on that lock's holder).
+            std::mem::forget(self);
+        }
+        kept.truncate(size);
+        while kept.len() < size {
+            kept.push(Worker::new(options.clone())?);
+        }
+        Ok(Self::from_workers(kept))
+    }
+
+    /// A pool of these workers (at least one).
+    fn from_workers(workers: Vec<Worker>) -> Self {
+        Self::of(workers.into_iter().map(|w| (w, ())).collect())
+    }
 }
 
 impl<S> WorkerPool<S> {
@@ -184,14 +231,18 @@ impl<S> WorkerPool<S> {
                 "a pool needs at least one worker".into(),
             ));
         }
-        let size = states.len();
         let idle = states
             .into_iter()
             .map(|s| Ok((Worker::new(options.clone())?, s)))
             .collect::<Result<Vec<_>, OrtArenaError>>()?;
-        Ok(Self {
+        Ok(Self::of(idle))
+    }
+
+    /// A pool of these workers and states, all idle.
+    fn of(idle: Vec<(Worker, S)>) -> Self {
+        Self {
             inner: Arc::new(Inner {
-                size,
+                size: idle.len(),
                 state: Mutex::new(State {
                     idle,
                     waiting: VecDeque::new(),
@@ -203,7 +254,7 @@ impl<S> WorkerPool<S> {
                 returned: Condvar::new(),
                 runners: Runners::default(),
             }),
-        })
+        }
     }
 
     /// Workers in the pool.
@@ -472,6 +523,22 @@ mod tests {
         fn wake(self: Arc<Self>) {
             self.0.store(true, std::sync::atomic::Ordering::SeqCst);
         }
+    }
+
+    #[test]
+    fn after_fork_keeps_idle_workers_and_replaces_checked_out_ones() {
+        let pool = WorkerPool::new(3, WorkerOptions::default()).unwrap();
+        // Held by a "thread of the parent": in a child it is never returned.
+        let held = pool.checkout();
+        let waiter = pool.try_checkout().unwrap();
+        drop(waiter);
+        let child = pool.clone().after_fork(WorkerOptions::default()).unwrap();
+        assert_eq!(child.size(), 3);
+        let all: Vec<_> = (0..3).map(|_| child.try_checkout().unwrap()).collect();
+        assert!(child.try_checkout().is_none());
+        drop(all);
+        assert_eq!(child.stats().idle, 3);
+        drop(held);
     }
 
     fn flag() -> (Arc<Flag>, Waker) {

@@ -364,6 +364,53 @@ pub(crate) fn free(owner: Arc<Slot>, user: usize) {
     drop(owner);
 }
 
+/// [`crate::fork::prepare`]: the registry.
+pub(crate) fn prepare_fork() {
+    std::mem::forget(REGISTRY.lock());
+}
+
+/// Releases what [`prepare_fork`] took.
+///
+/// # Safety
+/// [`prepare_fork`] took the lock on this thread (in this process or the
+/// parent that forked it) and nothing released it since.
+pub(crate) unsafe fn release_fork() {
+    // SAFETY: the caller vouches that this thread holds the lock, its guard
+    // forgotten by `prepare_fork`.
+    unsafe { REGISTRY.force_unlock(Default::default()) }
+}
+
+/// In a forked child, with the registry held ([`prepare_fork`]): a run cut
+/// off by the fork may have held its slot's published stats; that thread
+/// does not exist here, so the lock is let go (the stats are plain numbers:
+/// at worst one publication is torn). Other locks of such a slot stay held:
+/// [`Slot::is_free`] keeps it out of the child's pool.
+///
+/// # Safety
+/// In the child right after the fork, before any other thread runs, with
+/// the registry held by this thread.
+pub(crate) unsafe fn child_after_fork() {
+    // SAFETY: the caller vouches that this thread holds the registry.
+    let reg = unsafe { &*REGISTRY.data_ptr() };
+    for s in reg.iter().filter_map(Weak::upgrade) {
+        if s.published.is_locked() {
+            // SAFETY: its holder was a thread of the parent; no thread of
+            // the child holds it or can (no other runs yet), and `Stats`
+            // has no invariant a torn write breaks.
+            unsafe { s.published.force_unlock(Default::default()) }
+        }
+    }
+}
+
+impl Slot {
+    /// Whether no thread holds any of the slot's locks: in a forked child,
+    /// a slot that is not free was in use by a thread the child does not
+    /// have, and is never locked again.
+    pub(crate) fn is_free(&self) -> bool {
+        !self.core.is_locked() && !self.pending.is_locked() && !self.published.is_locked()
+    }
+}
+
 /// Sum of the published stats of every arena alive, and their number.
 pub(crate) fn all_stats() -> (Stats, usize) {
     let reg = REGISTRY.lock();

@@ -284,6 +284,12 @@ fn count_worker() {
 }
 
 impl Worker {
+    /// Whether no thread holds any of the worker's locks (after a fork:
+    /// see [`WorkerPool::after_fork`](crate::WorkerPool::after_fork)).
+    pub(crate) fn is_free(&self) -> bool {
+        self.slot.is_free()
+    }
+
     /// A worker with an empty arena (nothing is reserved until its first
     /// run).
     ///

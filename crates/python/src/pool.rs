@@ -12,7 +12,7 @@
 
 use crate::arrays::OutputMode;
 use crate::errors::InvalidArgument;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::Arc;
@@ -42,6 +42,20 @@ struct State {
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+/// Held (shared) by every thread inside ONNX Runtime on this package's
+/// behalf (a run, a session's creation), and (exclusive) by a fork
+/// ([`_fork_prepare`]): ONNX Runtime's own locks are not fork-safe (a
+/// child forked while another thread ran inside it can wait forever on a
+/// lock that thread held: 2 children in 100 did, `test_fork.py`), so a fork
+/// waits for the runs in flight (at most one run each) and holds new ones
+/// until it is done. Fair: a waiting fork keeps new runs out.
+static IN_ORT: RwLock<()> = RwLock::new(());
+
+/// A thread's stay inside ONNX Runtime ([`IN_ORT`]).
+pub(crate) fn in_onnxruntime() -> RwLockReadGuard<'static, ()> {
+    IN_ORT.read()
+}
 
 fn default_workers() -> usize {
     std::env::var("TENSOR_ARENA_WORKERS")
@@ -173,12 +187,15 @@ impl Budget {
 /// gives everything back (`0` or `False`: never); `shrink`: `"window"`
 /// (crates/ort's default: the largest need of the last second),
 /// `"follow"` (the last run's need), `"keep_largest"` or `"never"`;
-/// `outputs`: `"copy"` (default) or `"view"`; `huge_pages`: whether
-/// arenas use transparent huge pages where the system offers them
-/// (default `True`, crates/ort's; `False`: 4 KiB pages, cheaper for a
-/// process whose first run is very large: BENCHMARKS.md); `plans`: a
-/// directory of plan stores for the sessions opened after the call
-/// (`False`: none; default `TENSOR_ARENA_PLANS`): see the `plans` module.
+/// `outputs`: `"copy"` (default) or `"view"`; `huge_pages`: `"auto"`
+/// (default, crates/ort's: where the system's THP `defrag` setting could
+/// compact memory on the run's thread, fresh memory is touched in 4 KiB
+/// pages and memory given back and committed again, reused across runs,
+/// in huge pages; where it could not, huge pages throughout), `True`
+/// (huge pages wherever THP is on: a first run may wait for the kernel to
+/// compact memory), or `False` (4 KiB pages); `plans`: a directory of plan
+/// stores for the sessions opened after the call (`False`: none; default
+/// `TENSOR_ARENA_PLANS`): see the `plans` module.
 #[pyfunction]
 #[pyo3(signature = (*, workers = None, budget = None, decay = None, shrink = None, outputs = None,
     huge_pages = None, plans = None))]
@@ -189,7 +206,7 @@ fn configure(
     decay: Option<Bound<'_, PyAny>>,
     shrink: Option<&str>,
     outputs: Option<&str>,
-    huge_pages: Option<bool>,
+    huge_pages: Option<Bound<'_, PyAny>>,
     plans: Option<Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let plans_dir = match plans {
@@ -252,11 +269,20 @@ fn configure(
             }
         };
     }
-    if let Some(on) = huge_pages {
-        config.options.pages.huge_pages = if on {
-            tensor_arena::memory::HugePages::Auto
+    if let Some(h) = huge_pages {
+        use tensor_arena::memory::HugePages;
+        config.options.pages.huge_pages = if let Ok(on) = h.extract::<bool>() {
+            if on {
+                HugePages::Advise
+            } else {
+                HugePages::Never
+            }
+        } else if h.extract::<String>().is_ok_and(|s| s == "auto") {
+            HugePages::Auto
         } else {
-            tensor_arena::memory::HugePages::Never
+            return Err(InvalidArgument::new_err(format!(
+                "huge_pages must be 'auto', True or False, not {h}"
+            )));
         };
     }
     let pool = WorkerPool::new(config.workers, config.options.clone())
@@ -291,10 +317,10 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         "plans",
         crate::plans::dir().map(|p| p.display().to_string()),
     )?;
-    d.set_item(
-        "huge_pages",
-        c.options.pages.huge_pages != tensor_arena::memory::HugePages::Never,
-    )?;
+    match c.options.pages.huge_pages {
+        tensor_arena::memory::HugePages::Auto => d.set_item("huge_pages", "auto")?,
+        h => d.set_item("huge_pages", h == tensor_arena::memory::HugePages::Advise)?,
+    }
     d.set_item(
         "outputs",
         if c.outputs == OutputMode::View {
@@ -376,6 +402,62 @@ fn shrink(py: Python<'_>, everything: bool) -> usize {
     })
 }
 
+/// `os.register_at_fork(before=...)`: waits for the runs inside ONNX
+/// Runtime ([`IN_ORT`]) and keeps new ones out, then takes the pool's lock
+/// and crates/ort's process-wide locks ([`tensor_arena_ort::fork`]), so
+/// that the child has none held by a thread it does not have. The GIL is
+/// let go while the runs finish (they do not need it inside ONNX Runtime,
+/// and other Python threads go on meanwhile), and held from then on.
+#[pyfunction]
+fn _fork_prepare(py: Python<'_>) {
+    py.detach(|| std::mem::forget(IN_ORT.write()));
+    // With the GIL: a thread that holds the GIL may wait for STATE
+    // (`pool()`), so STATE is taken only once this thread has it back.
+    std::mem::forget(STATE.lock());
+    tensor_arena_ort::fork::prepare();
+}
+
+/// `after_in_parent`: lets the locks [`_fork_prepare`] took go.
+#[pyfunction]
+fn _fork_parent() {
+    // SAFETY: CPython calls `after_in_parent` on the thread that called the
+    // `before` hooks (`_fork_prepare`, which took these locks and forgot
+    // their guards), right after the fork, once.
+    unsafe {
+        tensor_arena_ort::fork::parent();
+        STATE.force_unlock(Default::default());
+        IN_ORT.force_unlock_write(Default::default());
+    }
+}
+
+/// `after_in_child`: in the forked child, lets the locks go, restarts idle
+/// decay where a worker waits for it, and gives the child a pool of its
+/// own: the parent's idle workers (their memory decays as before) and new
+/// ones for those that threads of the parent held.
+#[pyfunction]
+fn _fork_child() {
+    // SAFETY: CPython calls `after_in_child` in the child, on the thread
+    // that forked (the only one), right after the fork, once; `_fork_prepare`
+    // took the locks in the parent just before.
+    unsafe { tensor_arena_ort::fork::child() };
+    // SAFETY: this thread holds STATE (`_fork_prepare`, copied into the
+    // child), so the data is ours until the unlock below.
+    let st = unsafe { &mut *STATE.data_ptr() };
+    if let Some(st) = st.as_mut() {
+        if let Some(old) = st.pool.take() {
+            // `after_fork` fails only for invalid options, which made the
+            // old pool: then the next run makes one (`pool()`).
+            st.pool = old.after_fork(st.config.options.clone()).ok();
+        }
+    }
+    // SAFETY: as above: this thread holds both locks, their guards
+    // forgotten by `_fork_prepare`.
+    unsafe {
+        STATE.force_unlock(Default::default());
+        IN_ORT.force_unlock_write(Default::default());
+    }
+}
+
 /// Adds the pool's functions and `Budget` to the module.
 pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Budget>()?;
@@ -384,5 +466,8 @@ pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add_function(wrap_pyfunction!(reset_peak_stats, m)?)?;
     m.add_function(wrap_pyfunction!(shrink, m)?)?;
+    m.add_function(wrap_pyfunction!(_fork_prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(_fork_parent, m)?)?;
+    m.add_function(wrap_pyfunction!(_fork_child, m)?)?;
     Ok(())
 }

@@ -184,6 +184,7 @@ impl Session {
             }
         }
         let session = py.detach(|| -> PyResult<ort::session::Session> {
+            let _in_ort = pool::in_onnxruntime();
             let mut b =
                 ort::session::Session::builder(rt.environment()).map_err(errors::from_ort)?;
             b = b.with_optimization_level(level).map_err(errors::from_ort)?;
@@ -327,9 +328,11 @@ impl Session {
         let result = py.detach(|| {
             let mut checkout = workers.checkout();
             let (worker, ()) = checkout.parts();
+            let in_ort = pool::in_onnxruntime();
             let out = worker.run(&self.plans, &key, || {
                 tensor_arena_ort::run_shared(&self.session, &feed_values, None)
             });
+            drop(in_ort);
             let info = worker.last_run().cloned().unwrap_or_default();
             pool::after_run(worker, &info);
             drop(checkout);

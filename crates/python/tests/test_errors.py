@@ -98,12 +98,6 @@ def test_bad_options(assets):
     assert so is not None
 
 
-def test_other_providers_are_ignored_with_a_warning(assets):
-    with pytest.warns(RuntimeWarning, match="CUDAExecutionProvider"):
-        s = ta.InferenceSession(str(assets / "ppocr_cls.onnx"), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
-    assert s.get_providers() == ["CPUExecutionProvider"]
-
-
 def test_budget_refusal_fails_the_run_and_the_session_goes_on(assets):
     path = str(assets / "ppocr_det.onnx")
     sess = ta.InferenceSession(path)

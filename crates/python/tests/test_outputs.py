@@ -95,3 +95,19 @@ def test_configure_round_trips(assets):
     finally:
         ta.configure(workers=before["workers"], decay=before["decay"] or False, shrink=before["shrink"],
                      huge_pages=before["huge_pages"], budget=False)
+
+
+def test_huge_pages_default_follows_the_system(assets):
+    # The default is "auto": huge pages only where the system's THP defrag
+    # setting keeps direct compaction off the run's thread.
+    before = ta.config()["huge_pages"]
+    assert before == "auto"
+    try:
+        for value in (True, False, "auto"):
+            ta.configure(huge_pages=value)
+            assert ta.config()["huge_pages"] == value
+        for bad in ("always", 1, None.__class__):
+            with pytest.raises((ta.InvalidArgument, TypeError)):
+                ta.configure(huge_pages=bad)
+    finally:
+        ta.configure(huge_pages=before)

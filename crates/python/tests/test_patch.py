@@ -19,11 +19,11 @@ def ocr(engine, imgs):
 def test_patch_is_a_context_manager_and_a_call():
     original = onnxruntime.InferenceSession
     with ta.patch():
-        assert onnxruntime.InferenceSession is ta.InferenceSession
+        assert onnxruntime.InferenceSession is ta.PatchedInferenceSession
     assert onnxruntime.InferenceSession is original
     p = ta.patch()
     try:
-        assert onnxruntime.InferenceSession is ta.InferenceSession
+        assert onnxruntime.InferenceSession is ta.PatchedInferenceSession
     finally:
         p.undo()
     assert onnxruntime.InferenceSession is original
@@ -40,7 +40,7 @@ def test_rapidocr_under_patch_equals_onnxruntime():
     assert any(expected), "the rendered images should have text"
     before = ta.stats()["checkouts"]
     with ta.patch():
-        assert infer_engine.InferenceSession is ta.InferenceSession
+        assert infer_engine.InferenceSession is ta.PatchedInferenceSession
         engine = RapidOCR()
     assert infer_engine.InferenceSession is onnxruntime.InferenceSession
     assert isinstance(engine.text_det.infer.session, ta.InferenceSession)

@@ -222,14 +222,31 @@ pub unsafe trait HostMemory: Memory<Ptr = NonNull<u8>> {}
 pub const DEFAULT_RESERVATION: usize = 64 << 30;
 
 /// Whether `Pages` asks for transparent huge pages.
+///
+/// Advice (`MADV_HUGEPAGE`) makes a first touch of 2 MiB one page fault
+/// instead of 512, but where the system's THP `defrag` setting is
+/// `madvise` (the kernel's default), `defer+madvise` or `always`, a fault
+/// in an advised range that finds no free huge page compacts memory
+/// directly, on the faulting thread: the run that first touches its memory
+/// waits for it (magika's one large run 1.3x to 1.9x slower,
+/// `BENCHMARKS.md`, "Python"). So by default fresh memory is not advised
+/// there.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HugePages {
-    /// When the system offers them (`/sys/kernel/mm/transparent_hugepage/
-    /// enabled` is `always` or `madvise`): the reservation is advised with
-    /// `MADV_HUGEPAGE` and the granule is the huge page size (2 MiB on
-    /// x86-64).
+    /// Where the system offers them (`/sys/kernel/mm/transparent_hugepage/
+    /// enabled` is `always` or `madvise`), the granule is the huge page
+    /// size (2 MiB on x86-64). Where `defrag` never stalls a fault (`defer`,
+    /// `never`), the whole reservation is advised `MADV_HUGEPAGE`.
+    /// Elsewhere a first commit is touched in base pages (no advice: no
+    /// direct compaction on a first run), and a range given back is
+    /// advised as it goes, so that committing it again, memory reused
+    /// across runs, takes huge pages.
     #[default]
     Auto,
+    /// Where the system offers them, the whole reservation is advised,
+    /// whatever the `defrag` setting: first touches may pay direct
+    /// compaction.
+    Advise,
     /// Never: the granule is the base page size (4 KiB).
     Never,
 }

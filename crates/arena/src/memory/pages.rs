@@ -56,6 +56,10 @@ pub struct Pages {
     page: usize,
     /// The huge page size, or 0 without transparent huge pages.
     huge: usize,
+    /// Whether a new reservation is advised `MADV_HUGEPAGE` at once (else
+    /// only ranges given back and committed again are: see
+    /// [`HugePages::Auto`]).
+    advise_on_reserve: bool,
     /// Address ranges `[start, end)` given back with `MADV_FREE` and not
     /// committed since (disjoint, in no order; [`GiveBack::Lazily`] only).
     lazy: Vec<(usize, usize)>,
@@ -66,14 +70,19 @@ impl Pages {
     /// and whether transparent huge pages are offered.
     pub fn new(config: PagesConfig) -> Self {
         let page = rustix::param::page_size();
-        let huge = match config.huge_pages {
-            HugePages::Never => None,
-            HugePages::Auto => thp_size(),
+        let (huge, advise_on_reserve) = match config.huge_pages {
+            HugePages::Never => (None, false),
+            HugePages::Auto => match thp() {
+                Some((size, defrag)) => (Some(size), defrag_never_stalls(&defrag)),
+                None => (None, false),
+            },
+            HugePages::Advise => (thp().map(|(size, _)| size), true),
         };
         Self {
             config,
             page,
             huge: huge.filter(|&h| h > page).unwrap_or(0),
+            advise_on_reserve,
             lazy: Vec::new(),
         }
     }
@@ -103,8 +112,9 @@ impl Pages {
             Err(e) => return Err(os_error(MemoryOp::Decommit, len, e)),
         }
         if self.huge > 0 {
-            // The new mapping lost the reservation's huge page advice;
-            // advice only, as in `reserve`.
+            // Advised (again) as it is given back: the range has been used,
+            // so its next commit is memory reused across runs, which gets
+            // huge pages (`HugePages::Auto`); advice only, as in `reserve`.
             // SAFETY: the range is the part of the reservation just mapped.
             let _ = unsafe { mm::madvise(at, len, Advice::LinuxHugepage) };
         }
@@ -178,11 +188,16 @@ impl Default for Pages {
     }
 }
 
-/// The huge page size if transparent huge pages may be used with
-/// `madvise` (mode `always` or `madvise`), else `None`.
-fn thp_size() -> Option<usize> {
-    let enabled = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
-    let mode = enabled.split('[').nth(1)?.split(']').next()?;
+/// The huge page size and THP's `defrag` setting, if transparent huge
+/// pages may be used with `madvise` (mode `always` or `madvise`), else
+/// `None`.
+fn thp() -> Option<(usize, String)> {
+    let setting = |name: &str| -> Option<String> {
+        let text =
+            std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{name}")).ok()?;
+        Some(text.split('[').nth(1)?.split(']').next()?.to_string())
+    };
+    let mode = setting("enabled")?;
     if mode != "always" && mode != "madvise" {
         return None;
     }
@@ -190,7 +205,16 @@ fn thp_size() -> Option<usize> {
         .ok()
         .and_then(|s| s.trim().parse::<usize>().ok())
         .unwrap_or(2 << 20);
-    size.is_power_of_two().then_some(size)
+    size.is_power_of_two()
+        .then_some((size, setting("defrag").unwrap_or_default()))
+}
+
+/// Whether THP's `defrag` setting `mode` leaves a fault in a
+/// `MADV_HUGEPAGE` range free of direct compaction (`Documentation/admin-
+/// guide/mm/transhuge.rst`: `defer` and `never` do; `madvise`,
+/// `defer+madvise` and `always` compact on the faulting thread).
+fn defrag_never_stalls(mode: &str) -> bool {
+    mode == "defer" || mode == "never"
 }
 
 /// Bytes of address space the process may still map under a finite
@@ -301,7 +325,7 @@ impl Memory for Pages {
             let _ = unsafe { mm::munmap(raw.wrapping_byte_add(head + len), tail) };
         }
         let base = raw.wrapping_byte_add(head);
-        if self.huge > 0 {
+        if self.huge > 0 && self.advise_on_reserve {
             // Advice only: without it the range still works, in base pages.
             // SAFETY: the range is the reservation just made.
             let _ = unsafe { mm::madvise(base, len, Advice::LinuxHugepage) };
@@ -394,3 +418,18 @@ impl Memory for Pages {
 // initialized and does not change under a reader; 3. `at` offsets `base`
 // with its provenance.
 unsafe impl HostMemory for Pages {}
+
+#[cfg(test)]
+mod huge_page_tests {
+    use super::defrag_never_stalls;
+
+    #[test]
+    fn only_defrag_settings_without_direct_compaction_allow_advice() {
+        for mode in ["defer", "never"] {
+            assert!(defrag_never_stalls(mode), "{mode}");
+        }
+        for mode in ["always", "madvise", "defer+madvise", ""] {
+            assert!(!defrag_never_stalls(mode), "{mode}");
+        }
+    }
+}

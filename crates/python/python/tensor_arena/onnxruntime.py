@@ -18,8 +18,14 @@ ONNX Runtime itself is the ``libonnxruntime.so`` of the installed
 or ``load(path)`` overrides), so outputs are bitwise those of
 ``onnxruntime.InferenceSession`` with the same options.
 
-``patch()`` makes ``onnxruntime.InferenceSession`` this class, for
-libraries that create their sessions themselves (rapidocr, magika).
+``patch()`` makes ``onnxruntime.InferenceSession`` this class (its
+``PatchedInferenceSession``, which leaves sessions asking for another
+provider to onnxruntime), for libraries that create their sessions
+themselves (rapidocr, magika). Sessions here are the CPU's: asking for
+another provider raises ``InvalidArgument``.
+
+Forking (gunicorn --preload, multiprocessing with fork) is safe: the
+child gets a pool and idle decay of its own (``os.register_at_fork``).
 """
 
 from __future__ import annotations
@@ -37,6 +43,18 @@ from . import _library
 _LIBRARY = _library.find()
 
 from . import _native  # noqa: E402
+
+# Fork safety (gunicorn --preload, multiprocessing with fork): the hooks
+# take the package's own locks around os.fork() and give the child a pool
+# and an idle-decay thread of its own (crates/ort's `fork` module). They
+# touch nothing but this package's state; nothing else in the process
+# changes (no pthread_atfork, no signal, no thread).
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_native._fork_prepare,
+        after_in_parent=_native._fork_parent,
+        after_in_child=_native._fork_child,
+    )
 
 Error = _native.Error
 InvalidArgument = _native.InvalidArgument
@@ -61,7 +79,7 @@ __all__ = [
     "Budget",
     "Error", "InvalidArgument", "NoSuchFile", "InvalidProtobuf", "Fail", "OutOfMemory",
     "LibraryError", "get_available_providers", "memory_limit", "set_memory_limit",
-    "out_of_memory",
+    "out_of_memory", "PatchedInferenceSession", "ProviderNotice",
 ]
 
 _CPU = "CPUExecutionProvider"
@@ -157,26 +175,48 @@ def _read_options(so: Any) -> Dict[str, int]:
     return out
 
 
-def _check_providers(providers: Any) -> List[str]:
-    """CPU is the only provider here. Others are dropped with a warning (as
-    onnxruntime drops a provider its build lacks), so applications that ask
-    for CUDA-then-CPU run on the CPU."""
+def _provider_names(providers: Any) -> List[str]:
+    """The provider names in ``providers`` (names, or (name, options)
+    pairs, as onnxruntime takes them); None is the CPU's."""
     if providers is None:
         return [_CPU]
+    if isinstance(providers, (str, bytes)):
+        raise InvalidArgument(f"providers must be a list of names, not {providers!r}")
     names = []
     for p in providers:
-        name = p[0] if isinstance(p, (tuple, list)) else p
+        name = p[0] if isinstance(p, (tuple, list)) and p else p
         if not isinstance(name, str):
             raise InvalidArgument(f"providers: {p!r} is not a provider name")
         names.append(name)
-    others = [n for n in names if n != _CPU]
+    return names
+
+
+def _accelerators(providers: Any) -> List[str]:
+    """The providers asked for that are not the CPU's."""
+    return [n for n in _provider_names(providers) if n != _CPU]
+
+
+def _check_providers(providers: Any) -> List[str]:
+    """CPU is the only provider here. A session asking for another one
+    (CUDA, TensorRT, ...) is refused with ``InvalidArgument``: running it
+    on the CPU instead would make a GPU service many times slower without
+    an error. (``patch()`` hands such sessions to onnxruntime instead.)"""
+    others = _accelerators(providers)
     if others:
-        warnings.warn(
-            f"tensor_arena.onnxruntime runs on the CPU only; ignoring {', '.join(others)}",
-            RuntimeWarning,
-            stacklevel=3,
+        raise InvalidArgument(
+            f"tensor_arena.onnxruntime.InferenceSession runs on the CPU only, and "
+            f"{', '.join(others)} was asked for: make this session with "
+            "onnxruntime.InferenceSession (under patch(), sessions asking for "
+            "another provider are left to onnxruntime by themselves)"
         )
     return [_CPU]
+
+
+class ProviderNotice(UserWarning):
+    """Warned (once per call site, as warnings are) when a session made
+    under ``patch()`` asks for a provider other than the CPU's and is left
+    to onnxruntime. Silence it with
+    ``warnings.filterwarnings("ignore", category=ProviderNotice)``."""
 
 
 class NodeArg:
@@ -215,8 +255,9 @@ class InferenceSession:
     ``onnxruntime.SessionOptions`` (or ours); intra/inter-op threads, graph
     optimization level, execution mode and log severity are read off it
     (ONNX Runtime's CPU arena and memory pattern settings are not: the
-    arena is tensor-arena's). ``providers``: CPU; others are ignored with a
-    warning. Errors are this module's exceptions (``NoSuchFile``,
+    arena is tensor-arena's). ``providers``: the CPU's; asking for another
+    (CUDA, ...) raises ``InvalidArgument`` rather than run on the CPU
+    (``patch()`` leaves such sessions to onnxruntime). Errors are this module's exceptions (``NoSuchFile``,
     ``InvalidProtobuf``, ``InvalidArgument``, ``Fail``, ``OutOfMemory``).
     """
 
@@ -288,7 +329,8 @@ class InferenceSession:
         return self._sess_options
 
     def set_providers(self, providers: Optional[Sequence[Any]] = None, provider_options: Any = None) -> None:
-        """Only CPU; other providers are ignored with a warning."""
+        """Only the CPU's: another provider raises ``InvalidArgument`` (this
+        session cannot move to it; make an ``onnxruntime.InferenceSession``)."""
         self._providers = _check_providers(providers)
 
     # tensor-arena's own.
@@ -310,33 +352,84 @@ class InferenceSession:
         return shrink(everything)
 
 
+class PatchedInferenceSession(InferenceSession):
+    """What ``patch()`` puts in place of ``onnxruntime.InferenceSession``:
+    this module's ``InferenceSession`` for CPU sessions; a session asking
+    for another provider (``providers=["CUDAExecutionProvider", ...]``) is
+    made by onnxruntime's own class, untouched, with a ``ProviderNotice``
+    warning. Its own class (not ``InferenceSession`` itself) so that
+    undoing the patch finds every name that took it, and a direct
+    ``InferenceSession(..., providers=["CUDAExecutionProvider"])`` still
+    raises."""
+
+    def __new__(cls, path_or_bytes: Any = None, sess_options: Any = None,
+                providers: Optional[Sequence[Any]] = None, *args: Any, **kwargs: Any) -> Any:
+        others = _accelerators(providers)
+        if others and _ORT_CLASS is not None:
+            warnings.warn(
+                f"tensor_arena.onnxruntime.patch(): a session asking for {', '.join(others)} "
+                "is left to onnxruntime (tensor-arena manages CPU sessions)",
+                ProviderNotice,
+                stacklevel=2,
+            )
+            return _ORT_CLASS(path_or_bytes, sess_options, providers, *args, **kwargs)
+        return super().__new__(cls)
+
+
+# onnxruntime's own class, noted by the first patch().
+_ORT_CLASS: Any = None
+
+
+def _module_bindings(value: Any, skip: Sequence[str]) -> List[tuple]:
+    """Every (module, name) of ``sys.modules`` whose global ``name`` is
+    ``value`` (modules named in ``skip``, and their submodules, left out)."""
+    found = []
+    for mname, mod in list(sys.modules.items()):
+        if mod is None or any(mname == s or mname.startswith(s + ".") for s in skip):
+            continue
+        try:
+            names = [k for k, v in list(vars(mod).items()) if v is value]
+        except Exception:  # a lazy or odd module: leave it
+            continue
+        found.extend((mod, k) for k in names)
+    return found
+
+
 class _Patch:
     """What ``patch()`` returns: undone by ``undo()`` or on leaving a
     ``with`` block."""
 
     def __init__(self) -> None:
+        global _ORT_CLASS
         import onnxruntime  # the user's application uses it: patching it is the point
 
-        self._original = onnxruntime.InferenceSession
-        self._replaced: List[tuple] = []
-        if self._original is InferenceSession:
+        original = onnxruntime.InferenceSession
+        # A patch inside a patch: the outer one undoes.
+        self._active = not (isinstance(original, type) and issubclass(original, InferenceSession))
+        if not self._active:
             return
-        # onnxruntime's own attribute, and every module that did
-        # `from onnxruntime import InferenceSession` before the patch.
-        for mod in list(sys.modules.values()):
+        _ORT_CLASS = original
+        self._original = original
+        # Its defining module keeps it (its own code may name it).
+        self._skip = ("tensor_arena", getattr(original, "__module__", ""))
+        for mod, name in _module_bindings(original, self._skip):
             try:
-                if getattr(mod, "InferenceSession", None) is self._original:
-                    setattr(mod, "InferenceSession", InferenceSession)
-                    self._replaced.append((mod, self._original))
-            except Exception:  # a lazy or odd module: leave it
+                setattr(mod, name, PatchedInferenceSession)
+            except Exception:
                 continue
 
     def undo(self) -> None:
-        """Puts the original class back where it was replaced."""
-        for mod, original in self._replaced:
-            if getattr(mod, "InferenceSession", None) is InferenceSession:
-                setattr(mod, "InferenceSession", original)
-        self._replaced = []
+        """Puts onnxruntime's class back under every module global that
+        holds the patched class: those the patch replaced and those bound
+        while it was in place (a library imported inside the block)."""
+        if not self._active:
+            return
+        self._active = False
+        for mod, name in _module_bindings(PatchedInferenceSession, self._skip):
+            try:
+                setattr(mod, name, self._original)
+            except Exception:
+                continue
 
     def __enter__(self) -> "_Patch":
         return self
@@ -346,12 +439,22 @@ class _Patch:
 
 
 def patch() -> _Patch:
-    """Makes ``onnxruntime.InferenceSession`` (and the name in every module
-    already imported that took it with ``from onnxruntime import
-    InferenceSession``) resolve to this module's ``InferenceSession``.
-    Works as a call (undo with ``.undo()``) or as a context manager::
+    """Makes ``onnxruntime.InferenceSession``, and every module global bound
+    to it (``from onnxruntime import InferenceSession``, under any name),
+    ``PatchedInferenceSession``: CPU sessions are this module's, sessions
+    asking for another provider are left to onnxruntime with a
+    ``ProviderNotice``. Works as a call (undo with ``.undo()``) or as a
+    context manager::
 
         with tensor_arena.onnxruntime.patch():
             engine = RapidOCR()
+
+    Undoing puts onnxruntime's class back under every module global that
+    holds the patched class, including those bound inside the block (a
+    library first imported there). Not undone: sessions made meanwhile
+    (they stay tensor-arena's, which is the point), and the class where it
+    was kept elsewhere than in a module global (a class attribute, a
+    default argument, a closure, a container). A ``patch()`` inside
+    another does nothing; the outer one undoes.
     """
     return _Patch()

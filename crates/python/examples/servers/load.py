@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Starts a server of this folder, sends it requests, checks every answer
+against onnxruntime in this process, and reports each worker's memory:
+with the sessions made, its peak (VmHWM), after the load, and after idle.
+The server is stopped (its whole process group) on every path.
+
+    python load.py uvicorn  [--runtime ta|ort] [--requests 200] [--clients 8] [--idle 15]
+    python load.py gunicorn [--runtime ta|ort] ...
+
+uvicorn: `uvicorn fastapi_app:app --workers 2` (workers spawned, each
+makes its sessions); gunicorn: `gunicorn --preload --workers 2 --threads 4
+wsgi_app:app` (sessions made in the master, workers forked). Prints one
+JSON line."""
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(kind: str, port: int, workers: int) -> list:
+    if kind == "uvicorn":
+        return [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "fastapi_app:app",
+                "--workers", str(workers), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    if kind == "gunicorn":
+        return [sys.executable, "-m", "gunicorn", "--chdir", str(HERE), "--preload", "--workers", str(workers),
+                "--threads", "4", "--bind", f"127.0.0.1:{port}", "--log-level", "warning", "wsgi_app:app"]
+    raise SystemExit(f"unknown server {kind!r}")
+
+
+def call(port: int, path: str, body=None, timeout=60.0) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def status_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def workers_of(master: int) -> list:
+    """The server's worker processes: children of the master that serve
+    (uvicorn's are spawned `spawn_main`; multiprocessing's resource tracker
+    is left out)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == master and "resource_tracker" not in cmd:
+            out.append(int(d))
+    return sorted(out)
+
+
+def expected(seeds, batch_of, model_path) -> dict:
+    import numpy as np
+    import onnxruntime
+
+    sess = onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+    out = {}
+    for s in seeds:
+        x = np.random.default_rng(s).random((batch_of(s), 3, 48, 192), dtype=np.float32)
+        out[s] = hashlib.sha256(sess.run(None, {"x": x})[0].tobytes()).hexdigest()
+    return out
+
+
+def arenas(port: int, pids: list, runtime: str) -> dict:
+    """Each worker's arena (bytes reserved), asking /memory until every
+    worker has answered (which worker answers is the server's choice)."""
+    if runtime != "ta":
+        return {}
+    seen = {}
+    for _ in range(200):
+        m = call(port, "/memory")
+        seen[m["pid"]] = m["reserved"]
+        if set(pids) <= set(seen):
+            break
+    return seen
+
+
+def run(kind: str, runtime: str, requests: int, clients: int, idle: float, workers: int = 2,
+        ready_s: float = 120.0, settle_s: float = 0.0, log=None) -> dict:
+    """The load and the figures; after `idle` seconds, with `settle_s`,
+    polls up to that long more until every worker's arena reserves
+    nothing (tensor-arena only)."""
+    port = free_port()
+    env = dict(os.environ, SERVER_RUNTIME=runtime)
+    env.setdefault("TENSOR_ARENA_ORT_ASSETS", str(HERE.parents[3] / "target" / "ort-assets"))
+    model_path = os.path.join(env["TENSOR_ARENA_ORT_ASSETS"], "ppocr_cls.onnx")
+
+    def batch_of(s: int) -> int:
+        return 1 + s % 8
+
+    seeds = list(range(requests))
+    want = expected(seeds, batch_of, model_path)
+    proc = subprocess.Popen(command(kind, port, workers), env=env, start_new_session=True,
+                            stdout=log or subprocess.DEVNULL, stderr=log or subprocess.DEVNULL)
+    try:
+        t0 = time.monotonic()
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{kind} exited with {proc.returncode} before serving")
+            try:
+                call(port, "/memory", timeout=5)
+                break
+            except OSError:
+                if time.monotonic() - t0 > ready_s:
+                    raise RuntimeError(f"{kind} did not answer within {ready_s} s")
+                time.sleep(0.3)
+        pids = workers_of(proc.pid)
+        if len(pids) != workers:
+            # uvicorn may still be starting one: wait for all.
+            deadline = time.monotonic() + ready_s
+            while len(pids) != workers and time.monotonic() < deadline:
+                time.sleep(0.3)
+                pids = workers_of(proc.pid)
+        sessions = {}
+        for _ in range(100):
+            m = call(port, "/memory")
+            sessions[m["pid"]] = m["sessions_rss_kib"]
+            if set(pids) <= set(sessions):
+                break
+        with ThreadPoolExecutor(clients) as pool:
+            got = list(pool.map(lambda s: call(port, "/infer", {"seed": s, "batch": batch_of(s)}), seeds))
+        identical = all(g["sha256"] == want[s] for s, g in zip(seeds, got))
+        served = {p: sum(g["pid"] == p for g in got) for p in pids}
+        after = {p: status_kib(p, "VmRSS") for p in pids}
+        time.sleep(idle)
+        reserved = arenas(port, pids, runtime)
+        t1 = time.monotonic()
+        while settle_s and any(reserved.get(p, 1) for p in pids) and time.monotonic() - t1 < settle_s:
+            time.sleep(0.5)
+            reserved = arenas(port, pids, runtime)
+        per = [{"pid": p, "served": served[p], "sessions_mib": round(sessions.get(p, 0) / 1024, 1),
+                "peak_mib": round(status_kib(p, "VmHWM") / 1024, 1),
+                "after_load_mib": round(after[p] / 1024, 1),
+                "idle_mib": round(status_kib(p, "VmRSS") / 1024, 1),
+                "reserved": reserved.get(p)} for p in pids]
+        return {"server": kind, "runtime": runtime, "requests": requests, "clients": clients,
+                "idle_s": idle, "identical": identical, "workers": per}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("server", choices=["uvicorn", "gunicorn"])
+    ap.add_argument("--runtime", choices=["ta", "ort"], default="ta")
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--idle", type=float, default=15.0)
+    a = ap.parse_args()
+    print(json.dumps(run(a.server, a.runtime, a.requests, a.clients, a.idle)))
+
+
+if __name__ == "__main__":
+    main()

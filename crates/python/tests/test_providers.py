@@ -1,0 +1,112 @@
+"""Providers and the scope of patch(): a session asking for an accelerator
+is never silently moved to the CPU, and leaving `with ta.patch():` puts
+onnxruntime's class back everywhere the patch put its own, libraries
+imported inside the block included."""
+
+import importlib
+import sys
+import warnings
+
+import numpy as np
+import onnxruntime
+import pytest
+
+from conftest import same
+from tensor_arena import onnxruntime as ta
+
+ACCEL = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+def test_direct_session_asking_for_an_accelerator_raises(assets):
+    path = str(assets / "ppocr_cls.onnx")
+    for providers in (ACCEL, [("CUDAExecutionProvider", {"device_id": 0})], ["TensorrtExecutionProvider"]):
+        with pytest.raises(ta.InvalidArgument, match="CPU only") as e:
+            ta.InferenceSession(path, providers=providers)
+        assert "onnxruntime.InferenceSession" in str(e.value)
+    s = ta.InferenceSession(path, providers=[("CPUExecutionProvider", {})])
+    assert s.get_providers() == ["CPUExecutionProvider"]
+    with pytest.raises(ta.InvalidArgument, match="CUDAExecutionProvider"):
+        s.set_providers(ACCEL)
+    assert s.get_providers() == ["CPUExecutionProvider"]
+    with pytest.raises(ta.InvalidArgument):
+        ta.InferenceSession(path, providers="CPUExecutionProvider")
+
+
+def test_patched_session_asking_for_an_accelerator_is_left_to_onnxruntime(assets):
+    path = str(assets / "ppocr_cls.onnx")
+    x = np.random.default_rng(3).random((2, 3, 48, 192), dtype=np.float32)
+    ref = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    original = onnxruntime.InferenceSession
+    with ta.patch():
+        with pytest.warns(ta.ProviderNotice, match="CUDAExecutionProvider.*left to onnxruntime"):
+            gpu = onnxruntime.InferenceSession(path, providers=ACCEL)
+        # onnxruntime's own session, made exactly as asked (this CPU-only
+        # build then runs it on the CPU, as onnxruntime itself decides).
+        assert type(gpu) is original
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            cpu = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+            default = onnxruntime.InferenceSession(path)
+    assert isinstance(cpu, ta.InferenceSession) and isinstance(default, ta.InferenceSession)
+    same(ref, gpu.run(None, {"x": x}))
+    same(ref, cpu.run(None, {"x": x}))
+
+
+def test_patch_scope_covers_modules_imported_inside_the_block(tmp_path, monkeypatch):
+    # A library imported for the first time inside the block binds the
+    # patched class (as rapidocr does with `from onnxruntime import
+    # InferenceSession`), under its own name or another.
+    (tmp_path / "lib_in_block.py").write_text(
+        "from onnxruntime import InferenceSession\n"
+        "from onnxruntime import InferenceSession as OrtSession\n"
+        "import onnxruntime as ort\n"
+        "def make():\n    return ort.InferenceSession\n"
+    )
+    (tmp_path / "lib_before.py").write_text("from onnxruntime import InferenceSession as Renamed\n")
+    (tmp_path / "lib_chooses_ours.py").write_text(
+        "from tensor_arena.onnxruntime import InferenceSession\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for m in ("lib_in_block", "lib_before", "lib_chooses_ours"):
+        sys.modules.pop(m, None)
+    original = onnxruntime.InferenceSession
+    before = importlib.import_module("lib_before")
+    try:
+        with ta.patch():
+            inside = importlib.import_module("lib_in_block")
+            ours = importlib.import_module("lib_chooses_ours")
+            assert inside.InferenceSession is ta.PatchedInferenceSession
+            assert inside.OrtSession is ta.PatchedInferenceSession
+            assert before.Renamed is ta.PatchedInferenceSession
+            with ta.patch():  # nested: a no-op, the outer one undoes
+                pass
+            assert onnxruntime.InferenceSession is ta.PatchedInferenceSession
+        assert onnxruntime.InferenceSession is original
+        assert inside.InferenceSession is original
+        assert inside.OrtSession is original
+        assert inside.make() is original
+        assert before.Renamed is original
+        # A module that chose tensor-arena's class keeps it.
+        assert ours.InferenceSession is ta.InferenceSession
+        # onnxruntime's defining module was never touched.
+        capi = sys.modules[original.__module__]
+        assert capi.InferenceSession is original
+    finally:
+        for m in ("lib_in_block", "lib_before", "lib_chooses_ours"):
+            sys.modules.pop(m, None)
+
+
+def test_rapidocr_imported_inside_the_block_is_unpatched_after(assets):
+    # The README's pattern: rapidocr imported inside the block. A fresh
+    # import (its modules dropped first) binds the name while patched.
+    for m in [m for m in sys.modules if m == "rapidocr_onnxruntime" or m.startswith("rapidocr_onnxruntime.")]:
+        del sys.modules[m]
+    with ta.patch():
+        from rapidocr_onnxruntime import RapidOCR
+        from rapidocr_onnxruntime.utils import infer_engine
+
+        engine = RapidOCR()
+    assert isinstance(engine.text_det.infer.session, ta.InferenceSession)
+    assert infer_engine.InferenceSession is onnxruntime.InferenceSession
+    later = RapidOCR()
+    assert type(later.text_det.infer.session) is onnxruntime.InferenceSession
