@@ -3,22 +3,13 @@
 //! off the runs' threads ([`Plans::save`], [`PlanSaver`]), so that a new
 //! replica of a server is planned from its first request.
 
-use crate::worker::Plans;
+use crate::worker::{Plans, Stored};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tensor_arena::plan::store::{Saved, StoreError};
 use tensor_arena::{ModelKey, PlanStore};
-
-/// A [`Plans`]' store, and the plans' generation its file last saw.
-#[derive(Debug)]
-pub(crate) struct Stored {
-    store: PlanStore,
-    /// [`PlanStats::inserts`](tensor_arena::PlanStats::inserts) when last
-    /// loaded or saved: a save with nothing new is skipped.
-    saved: AtomicU64,
-}
 
 impl Plans {
     /// Plans for up to `capacity` shapes that start from `store`: its

@@ -29,7 +29,17 @@ pub struct Plans {
     cache: PlanCache<RunKey>,
     /// Where the plans are loaded from and saved to, and what the last
     /// save saw (`crate::store`).
-    pub(crate) store: Option<crate::store::Stored>,
+    pub(crate) store: Option<Stored>,
+}
+
+/// A [`Plans`]' store (`crate::store`), and the plans' generation its file
+/// last saw.
+#[derive(Debug)]
+pub(crate) struct Stored {
+    pub(crate) store: tensor_arena::PlanStore,
+    /// [`PlanStats::inserts`](tensor_arena::PlanStats::inserts) when last
+    /// loaded or saved: a save with nothing new is skipped.
+    pub(crate) saved: std::sync::atomic::AtomicU64,
 }
 
 static NEXT_PLANS: AtomicU64 = AtomicU64::new(1);
