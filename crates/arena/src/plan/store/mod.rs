@@ -253,17 +253,21 @@ impl PlanStore {
         K: PlanKey + Hash + Eq + Clone,
     {
         let path = self.path();
-        let refused = |why: String| Loaded {
-            warning: Some(format!(
-                "plan store {}: {why}; starting with no saved plans",
-                path.display()
-            )),
-            ..Loaded::default()
-        };
         match file::read(&path) {
             Ok(Some(bytes)) => self.load_bytes(&bytes, cache),
             Ok(None) => Loaded::default(),
-            Err(e) => refused(e.to_string()),
+            Err(e) => self.refused(e.to_string()),
+        }
+    }
+
+    /// A load that adds nothing, with one warning naming the store and why.
+    fn refused(&self, why: String) -> Loaded {
+        Loaded {
+            warning: Some(format!(
+                "plan store {}: {why}; starting with no saved plans",
+                self.path().display()
+            )),
+            ..Loaded::default()
         }
     }
 
@@ -273,20 +277,12 @@ impl PlanStore {
     where
         K: PlanKey + Hash + Eq + Clone,
     {
-        let path = self.path();
-        let refused = |why: String| Loaded {
-            warning: Some(format!(
-                "plan store {}: {why}; starting with no saved plans",
-                path.display()
-            )),
-            ..Loaded::default()
-        };
         let (contents, ids_match) = match decode::<K>(bytes) {
             Ok(c) => c,
-            Err(e) => return refused(e.to_string()),
+            Err(e) => return self.refused(e.to_string()),
         };
         if let Some(why) = self.key.mismatch(&contents.key) {
-            return refused(why);
+            return self.refused(why);
         }
         let mut loaded = Loaded {
             plans: contents.plans.len(),
@@ -298,7 +294,7 @@ impl PlanStore {
             loaded.warning = Some(format!(
                 "plan store {}: its families were saved by a build that hashes keys \
                  otherwise; loading its exact plans only",
-                path.display()
+                self.path().display()
             ));
             Vec::new()
         };
