@@ -23,8 +23,8 @@
 //! | ran at `t`         | `t` (ns since start, >0)   | decays it at `t + idle`     |
 //! | running again      | `t` of its previous run    | `try_lock` fails; re-armed by the run's end |
 
+use crate::forklock::{hold, ForkMutex};
 use crate::slot::Slot;
-use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::Thread;
@@ -47,14 +47,14 @@ struct Entry {
     decay: Arc<Decay>,
 }
 
-static ENTRIES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+static ENTRIES: ForkMutex<Vec<Entry>> = ForkMutex::new(Vec::new());
 /// The decay thread, once started (`None` inside: it could not be); reset
 /// in a forked child, where it does not exist ([`crate::fork`]).
-static THREAD: Mutex<Option<Option<Thread>>> = Mutex::new(None);
+static THREAD: ForkMutex<Option<Option<Thread>>> = ForkMutex::new(None);
 /// Held for each pass of the decay thread, so that a fork
 /// ([`crate::fork::prepare`]) never copies a pass midway (a worker's
 /// core locked by a thread the child does not have).
-static PASS: Mutex<()> = Mutex::new(());
+static PASS: ForkMutex<()> = ForkMutex::new(());
 /// Workers decayed by the thread (for tests and stats).
 pub(crate) static DECAYED: AtomicU64 = AtomicU64::new(0);
 
@@ -113,55 +113,24 @@ fn wake() {
     }
 }
 
-/// [`crate::fork::prepare`]: the pass, then the registry.
+/// [`crate::fork::prepare`]: the pass, then the registry, kept until
+/// [`crate::forklock::release`].
 pub(crate) fn prepare_fork() {
-    std::mem::forget(PASS.lock());
-    std::mem::forget(ENTRIES.lock());
+    hold(PASS.lock());
+    hold(ENTRIES.lock());
 }
 
 /// [`crate::fork::prepare`]: the thread's handle (taken last: `wake` is
 /// called with no other lock of this crate held).
 pub(crate) fn prepare_fork_thread() {
-    std::mem::forget(THREAD.lock());
+    hold(THREAD.lock());
 }
 
-/// Releases what [`prepare_fork`] took.
-///
-/// # Safety
-/// [`prepare_fork`] took the locks on this thread (in this process or the
-/// parent that forked it) and nothing released them since.
-pub(crate) unsafe fn release_fork() {
-    // SAFETY: the caller vouches that this thread holds both locks, their
-    // guards forgotten by `prepare_fork`.
-    unsafe {
-        ENTRIES.force_unlock(Default::default());
-        PASS.force_unlock(Default::default());
-    }
-}
-
-/// Releases what [`prepare_fork_thread`] took.
-///
-/// # Safety
-/// As [`release_fork`], for [`prepare_fork_thread`].
-pub(crate) unsafe fn release_fork_thread() {
-    // SAFETY: the caller vouches that this thread holds the lock, its
-    // guard forgotten by `prepare_fork_thread`.
-    unsafe { THREAD.force_unlock(Default::default()) }
-}
-
-/// In a forked child: the parent's decay thread does not exist here;
-/// forgets it (the next worker waiting to decay starts one) and releases
-/// the handle's lock.
-///
-/// # Safety
-/// As [`release_fork_thread`], in the child right after the fork.
-pub(crate) unsafe fn child_after_fork() {
-    // SAFETY: this thread holds the lock (`prepare_fork_thread` in the
-    // parent, copied into the child), so the data is ours to reset.
-    unsafe {
-        *THREAD.data_ptr() = None;
-        THREAD.force_unlock(Default::default());
-    }
+/// In a forked child, once the fork's locks are released and before any
+/// other thread of the child runs: the parent's decay thread does not
+/// exist here; forgets it (the next worker waiting to decay starts one).
+pub(crate) fn child_after_fork() {
+    *THREAD.lock() = None;
 }
 
 /// Starts (or wakes) the decay thread if a worker is waiting to decay: in
@@ -274,6 +243,7 @@ fn trim_system_heap() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parking_lot::Mutex;
     use tensor_arena::ArenaConfig;
 
     type Hook = (usize, Box<dyn FnOnce() + Send>);

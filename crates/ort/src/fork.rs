@@ -13,6 +13,7 @@
 //!
 //! | lock (taken in this order)  | held by others for                    |
 //! |-----------------------------|---------------------------------------|
+//! | the default budget          | a worker's creation                   |
 //! | the decay pass              | one pass of the decay thread (< 1 ms) |
 //! | the decay registry          | a worker's registration, a pass's collection |
 //! | the arena registry          | a worker's creation, `arenas()`       |
@@ -21,55 +22,52 @@
 //! Nothing here waits for a run: a worker a run held at the fork belongs to
 //! a thread the child does not have, and is left out of the child's pool
 //! (its memory stays mapped in the child, shared copy-on-write with the
-//! parent, and counted in [`arenas`](crate::arenas)).
+//! parent, and counted in [`arenas`](crate::arenas) unless the fork cut
+//! off the publication of its stats).
 //!
 //! Nothing is registered with the C library: the caller calls these from
-//! its own fork hooks (the Python package from `os.register_at_fork`).
+//! its own fork hooks (the Python package from `os.register_at_fork`). A
+//! caller with process-wide locks of its own takes them with the same
+//! protection: a [`ForkMutex`] or [`ForkRwLock`] (whose waiters leave
+//! nothing behind in the child), its guard kept by [`hold`] before
+//! [`prepare`], and let go with this crate's by [`parent`] or [`child`].
 
-use crate::{decay, slot};
+use crate::{decay, limit, slot};
+
+pub use crate::forklock::{hold, ForkMutex, ForkRwLock};
 
 /// Takes this crate's process-wide locks, in the parent, just before
-/// `fork()`. Must be followed by [`parent`] in the parent and [`child`] in
-/// the child (or by [`parent`] alone if the fork failed), on the same
-/// thread, with no call into this crate in between.
+/// `fork()`, and keeps their guards on this thread. Must be followed by
+/// [`parent`] in the parent and [`child`] in the child (or by [`parent`]
+/// alone if the fork failed), on the same thread, with no call into this
+/// crate in between.
 pub fn prepare() {
+    limit::prepare_fork();
     decay::prepare_fork();
     slot::prepare_fork();
     decay::prepare_fork_thread();
 }
 
-/// Lets the locks [`prepare`] took go, in the parent after `fork()`.
-///
-/// # Safety
-/// - [`prepare`] was called on this thread just before, and neither
-///   [`parent`] nor [`child`] since.
-pub unsafe fn parent() {
-    // SAFETY: the caller vouches that `prepare` took the locks on this
-    // thread and nothing released them since.
-    unsafe {
-        decay::release_fork_thread();
-        slot::release_fork();
-        decay::release_fork();
-    }
+/// Lets go, in the parent after `fork()`, the locks [`prepare`] and
+/// [`hold`] kept on this thread, last taken first.
+pub fn parent() {
+    crate::forklock::release();
 }
 
-/// In the child after `fork()`: lets the locks [`prepare`] took go, frees
-/// the stats locks of workers whose runs were cut off by the fork, forgets
-/// the parent's decay thread, and starts one for this process if a worker
-/// is waiting to decay.
+/// In the child after `fork()`: lets go the locks [`prepare`] and [`hold`]
+/// kept on this thread, frees the stats locks of workers whose runs were
+/// cut off by the fork, forgets the parent's decay thread, and starts one
+/// for this process if a worker is waiting to decay.
 ///
 /// # Safety
 /// - Called in the child process right after `fork()`, on the thread that
 ///   forked, before any other thread of the child calls into this crate;
 /// - [`prepare`] was called in the parent just before the fork.
 pub unsafe fn child() {
-    // SAFETY: as the caller vouches, this is the forking thread in the
-    // child, which holds the locks `prepare` took; no other thread runs.
-    unsafe {
-        decay::child_after_fork();
-        slot::child_after_fork();
-        slot::release_fork();
-        decay::release_fork();
-    }
+    crate::forklock::release();
+    decay::child_after_fork();
+    // SAFETY: as the caller vouches, this is the only thread of the child
+    // and none other has run yet.
+    unsafe { slot::child_after_fork() };
     decay::wake_if_due();
 }

@@ -13,6 +13,7 @@ mod decay;
 mod error;
 mod follow;
 pub mod fork;
+mod forklock;
 mod heaps;
 mod key;
 mod limit;

@@ -26,8 +26,8 @@
 //! own is made; a worker given [`WorkerOptions::budget`](crate::WorkerOptions::budget)
 //! uses that budget instead.
 
+use crate::forklock::{hold, ForkMutex};
 use crate::OrtArenaError;
-use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tensor_arena::Budget;
@@ -73,7 +73,13 @@ enum Default {
     Made(Option<(MemoryLimit, Arc<Budget>)>),
 }
 
-static DEFAULT: Mutex<Default> = Mutex::new(Default::Unchosen);
+static DEFAULT: ForkMutex<Default> = ForkMutex::new(Default::Unchosen);
+
+/// [`crate::fork::prepare`]: the default budget's lock (a worker's
+/// creation), kept until [`crate::forklock::release`].
+pub(crate) fn prepare_fork() {
+    hold(DEFAULT.lock());
+}
 
 /// Sets the default limit of the process's workers (`None`: no limit), in
 /// place of the environment's and the system's. Call it before the first

@@ -10,6 +10,7 @@
 //! | anyone, after the worker was dropped        | lock the core, free; the last block drops the slot and its arena |
 
 use crate::block::{Header, ALIGN, HEADER};
+use crate::forklock::{hold, ForkMutex};
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -147,7 +148,7 @@ impl Drop for Core {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Every slot alive, for process-wide stats.
-static REGISTRY: Mutex<Vec<Weak<Slot>>> = Mutex::new(Vec::new());
+static REGISTRY: ForkMutex<Vec<Weak<Slot>>> = ForkMutex::new(Vec::new());
 
 impl Slot {
     /// A slot whose arena commits under `budget`, if any (and is then one
@@ -364,42 +365,37 @@ pub(crate) fn free(owner: Arc<Slot>, user: usize) {
     drop(owner);
 }
 
-/// [`crate::fork::prepare`]: the registry.
+/// [`crate::fork::prepare`]: the registry, kept until
+/// [`crate::forklock::release`].
 pub(crate) fn prepare_fork() {
-    std::mem::forget(REGISTRY.lock());
+    hold(REGISTRY.lock());
 }
 
-/// Releases what [`prepare_fork`] took.
+/// In a forked child, once the fork's locks are released and before any
+/// other thread of the child runs: a run cut off by the fork may have held
+/// its slot's published stats; that thread does not exist here, so the lock
+/// is let go (the stats are plain numbers: at worst one publication is
+/// torn). A slot whose lock is still held after that (handed to a waiter
+/// of the parent) leaves the registry, whose sums would wait for it. Other
+/// locks of such a slot stay held: [`Slot::is_free`] keeps it out of the
+/// child's pool.
 ///
 /// # Safety
-/// [`prepare_fork`] took the lock on this thread (in this process or the
-/// parent that forked it) and nothing released it since.
-pub(crate) unsafe fn release_fork() {
-    // SAFETY: the caller vouches that this thread holds the lock, its guard
-    // forgotten by `prepare_fork`.
-    unsafe { REGISTRY.force_unlock(Default::default()) }
-}
-
-/// In a forked child, with the registry held ([`prepare_fork`]): a run cut
-/// off by the fork may have held its slot's published stats; that thread
-/// does not exist here, so the lock is let go (the stats are plain numbers:
-/// at worst one publication is torn). Other locks of such a slot stay held:
-/// [`Slot::is_free`] keeps it out of the child's pool.
-///
-/// # Safety
-/// In the child right after the fork, before any other thread runs, with
-/// the registry held by this thread.
+/// In the child right after the fork, before any other thread runs.
 pub(crate) unsafe fn child_after_fork() {
-    // SAFETY: the caller vouches that this thread holds the registry.
-    let reg = unsafe { &*REGISTRY.data_ptr() };
-    for s in reg.iter().filter_map(Weak::upgrade) {
+    let mut reg = REGISTRY.lock();
+    reg.retain(|w| {
+        let Some(s) = w.upgrade() else {
+            return false;
+        };
         if s.published.is_locked() {
             // SAFETY: its holder was a thread of the parent; no thread of
-            // the child holds it or can (no other runs yet), and `Stats`
-            // has no invariant a torn write breaks.
+            // the child holds it or can (no other thread runs yet), and
+            // `Stats` has no invariant a torn write breaks.
             unsafe { s.published.force_unlock(Default::default()) }
         }
-    }
+        !s.published.is_locked()
+    });
 }
 
 impl Slot {

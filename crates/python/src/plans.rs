@@ -10,11 +10,11 @@
 //! | `configure(plans="DIR")` | sessions opened after it use DIR's stores (`False`: none) |
 //! | `save_plans()` | saves every session's plans now; returns how many stores were written |
 
-use parking_lot::Mutex;
 use pyo3::prelude::*;
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+use tensor_arena_ort::fork::{self, ForkMutex};
 use tensor_arena_ort::{model_key, PlanSaver, PlanStore, Plans};
 
 /// Plans kept per model, as crates/ort's default.
@@ -30,11 +30,38 @@ struct State {
     saver: Option<PlanSaver>,
 }
 
-static STATE: Mutex<State> = Mutex::new(State {
+static STATE: ForkMutex<State> = ForkMutex::new(State {
     dir: None,
     live: Vec::new(),
     saver: None,
 });
+
+/// Held for each save ([`save_all`]), so that a fork never copies a save
+/// midway (a session's plans locked by the saving thread, which the child
+/// does not have).
+static SAVING: ForkMutex<()> = ForkMutex::new(());
+
+/// The fork's `before` hook: waits for a save in progress, then takes the
+/// state, both kept until crates/ort's `fork::parent` or `fork::child`.
+pub(crate) fn prepare_fork() {
+    fork::hold(SAVING.lock());
+    fork::hold(STATE.lock());
+}
+
+/// In a forked child, after the locks are let go: the parent's saving
+/// thread does not exist here (its handle is forgotten: stopping it would
+/// wait for it); the child saves on a thread of its own.
+pub(crate) fn child_after_fork() {
+    let mut st = STATE.lock();
+    std::mem::forget(st.saver.take());
+    st.live.retain(|w| w.strong_count() > 0);
+    if !st.live.is_empty() {
+        st.saver = PlanSaver::start(every(), || {
+            save_all();
+        })
+        .ok();
+    }
+}
 
 /// Sets the directory of the stores of sessions opened from now on.
 pub(crate) fn set_dir(dir: Option<PathBuf>) {
@@ -99,6 +126,7 @@ pub(crate) fn for_model(
 /// returns how many stores were written. A store that cannot be written
 /// is reported in one line on stderr.
 fn save_all() -> usize {
+    let _saving = SAVING.lock();
     let live: Vec<Arc<Plans>> = STATE.lock().live.iter().filter_map(Weak::upgrade).collect();
     let mut written = 0;
     for plans in live {

@@ -12,13 +12,14 @@
 
 use crate::arrays::OutputMode;
 use crate::errors::InvalidArgument;
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::Arc;
+use std::sync::RwLockReadGuard;
 use std::time::Duration;
 use tensor_arena::Budget as ArenaBudget;
-use tensor_arena_ort::{Checkout, RunInfo, Shrink, Worker, WorkerOptions, WorkerPool};
+use tensor_arena_ort::fork::{ForkMutex, ForkRwLock};
+use tensor_arena_ort::{fork, Checkout, RunInfo, Shrink, Worker, WorkerOptions, WorkerPool};
 
 /// The pool's settings.
 #[derive(Clone, Debug)]
@@ -41,7 +42,7 @@ struct State {
     ooms: u64,
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
+static STATE: ForkMutex<Option<State>> = ForkMutex::new(None);
 
 /// Held (shared) by every thread inside ONNX Runtime on this package's
 /// behalf (a run, a session's creation), and (exclusive) by a fork
@@ -49,8 +50,10 @@ static STATE: Mutex<Option<State>> = Mutex::new(None);
 /// child forked while another thread ran inside it can wait forever on a
 /// lock that thread held: 2 children in 100 did, `test_fork.py`), so a fork
 /// waits for the runs in flight (at most one run each) and holds new ones
-/// until it is done. Fair: a waiting fork keeps new runs out.
-static IN_ORT: RwLock<()> = RwLock::new(());
+/// until it is done. A waiting fork keeps new runs out. The standard
+/// library's lock ([`ForkRwLock`]): the runs waiting for it at the fork
+/// leave nothing behind in the child.
+static IN_ORT: ForkRwLock<()> = ForkRwLock::new(());
 
 /// A thread's stay inside ONNX Runtime ([`IN_ORT`]).
 pub(crate) fn in_onnxruntime() -> RwLockReadGuard<'static, ()> {
@@ -403,59 +406,54 @@ fn shrink(py: Python<'_>, everything: bool) -> usize {
 }
 
 /// `os.register_at_fork(before=...)`: waits for the runs inside ONNX
-/// Runtime ([`IN_ORT`]) and keeps new ones out, then takes the pool's lock
-/// and crates/ort's process-wide locks ([`tensor_arena_ort::fork`]), so
-/// that the child has none held by a thread it does not have. The GIL is
-/// let go while the runs finish (they do not need it inside ONNX Runtime,
-/// and other Python threads go on meanwhile), and held from then on.
+/// Runtime ([`IN_ORT`]) and keeps new ones out, then takes the pool's lock,
+/// the plan saver's and crates/ort's process-wide locks
+/// ([`tensor_arena_ort::fork`]), so that the child has none held by a
+/// thread it does not have. The GIL is let go while the runs finish (they
+/// do not need it inside ONNX Runtime, and other Python threads go on
+/// meanwhile), and held from then on.
 #[pyfunction]
 fn _fork_prepare(py: Python<'_>) {
-    py.detach(|| std::mem::forget(IN_ORT.write()));
-    // With the GIL: a thread that holds the GIL may wait for STATE
-    // (`pool()`), so STATE is taken only once this thread has it back.
-    std::mem::forget(STATE.lock());
-    tensor_arena_ort::fork::prepare();
+    // The guards stay on this thread (`detach` runs the closure here). The
+    // plan saver's locks are taken without the GIL too: a save may be
+    // under way, and it does not need the GIL to finish.
+    py.detach(|| {
+        fork::hold(IN_ORT.write());
+        crate::plans::prepare_fork();
+    });
+    // With the GIL, and never let go from here: a thread that holds the
+    // GIL may wait for STATE (`pool()`), so STATE is taken only once this
+    // thread has the GIL back, and the GIL is not let go while STATE is
+    // held.
+    fork::hold(STATE.lock());
+    fork::prepare();
 }
 
 /// `after_in_parent`: lets the locks [`_fork_prepare`] took go.
 #[pyfunction]
 fn _fork_parent() {
-    // SAFETY: CPython calls `after_in_parent` on the thread that called the
-    // `before` hooks (`_fork_prepare`, which took these locks and forgot
-    // their guards), right after the fork, once.
-    unsafe {
-        tensor_arena_ort::fork::parent();
-        STATE.force_unlock(Default::default());
-        IN_ORT.force_unlock_write(Default::default());
-    }
+    fork::parent();
 }
 
 /// `after_in_child`: in the forked child, lets the locks go, restarts idle
 /// decay where a worker waits for it, and gives the child a pool of its
 /// own: the parent's idle workers (their memory decays as before) and new
-/// ones for those that threads of the parent held.
+/// ones for those that threads of the parent held; and a plan saver of its
+/// own.
 #[pyfunction]
 fn _fork_child() {
     // SAFETY: CPython calls `after_in_child` in the child, on the thread
-    // that forked (the only one), right after the fork, once; `_fork_prepare`
-    // took the locks in the parent just before.
-    unsafe { tensor_arena_ort::fork::child() };
-    // SAFETY: this thread holds STATE (`_fork_prepare`, copied into the
-    // child), so the data is ours until the unlock below.
-    let st = unsafe { &mut *STATE.data_ptr() };
-    if let Some(st) = st.as_mut() {
+    // that forked (the only one), right after the fork, once;
+    // `_fork_prepare` took the locks in the parent just before.
+    unsafe { fork::child() };
+    if let Some(st) = STATE.lock().as_mut() {
         if let Some(old) = st.pool.take() {
             // `after_fork` fails only for invalid options, which made the
             // old pool: then the next run makes one (`pool()`).
             st.pool = old.after_fork(st.config.options.clone()).ok();
         }
     }
-    // SAFETY: as above: this thread holds both locks, their guards
-    // forgotten by `_fork_prepare`.
-    unsafe {
-        STATE.force_unlock(Default::default());
-        IN_ORT.force_unlock_write(Default::default());
-    }
+    crate::plans::child_after_fork();
 }
 
 /// Adds the pool's functions and `Budget` to the module.

@@ -328,15 +328,17 @@ impl Session {
         let result = py.detach(|| {
             let mut checkout = workers.checkout();
             let (worker, ()) = checkout.parts();
+            // Held until the run is counted: a fork waits for all of it,
+            // so the child finds none of the locks below held.
             let in_ort = pool::in_onnxruntime();
             let out = worker.run(&self.plans, &key, || {
                 tensor_arena_ort::run_shared(&self.session, &feed_values, None)
             });
-            drop(in_ort);
             let info = worker.last_run().cloned().unwrap_or_default();
             pool::after_run(worker, &info);
-            drop(checkout);
             self.record(&info);
+            drop(in_ort);
+            drop(checkout);
             out.map_err(|e| match e {
                 tensor_arena_ort::OrtArenaError::Ort(m)
                     if info.out_of_memory() || m.contains("bad_alloc") =>
