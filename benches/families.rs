@@ -12,7 +12,10 @@
 //! a run that kept to its prediction; `fell-back-to-learned` the same for a
 //! run that left it (its own plan solved, the family refitted): the worst
 //! case. Each iteration starts from a cache that learned the first three
-//! runs (made outside the timing).
+//! runs (made outside the timing). The `-deferred` variants time the same
+//! with the refit left to `PlanCache::learn` (`set_deferred_learning`, as
+//! crates/ort's plans do, whose background thread makes it): what the
+//! run's thread pays there.
 
 use benches::{Op, Trace, ALIGN};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -72,8 +75,9 @@ fn families(c: &mut Criterion) {
             &next.label,
             |b, key| b.iter(|| cache.lookup(black_box(key.as_str()))),
         );
-        let warm = || {
+        let warm = |defer: bool| {
             let cache: PlanCache<String> = PlanCache::new(64);
+            cache.set_deferred_learning(defer);
             for run in &trace.runs[..3] {
                 let lookup = cache.lookup(run.label.as_str());
                 cache.after_run(
@@ -84,10 +88,16 @@ fn families(c: &mut Criterion) {
                     true,
                 );
             }
+            cache.learn();
             cache
         };
         let own = recording(next);
-        for (id, deviated) in [("lookup-to-learned", false), ("fell-back-to-learned", true)] {
+        for (id, deviated, defer) in [
+            ("lookup-to-learned", false, false),
+            ("fell-back-to-learned", true, false),
+            ("lookup-to-learned-deferred", false, true),
+            ("fell-back-to-learned-deferred", true, true),
+        ] {
             let report = RunReport {
                 planned: true,
                 deviated,
@@ -99,7 +109,7 @@ fn families(c: &mut Criterion) {
                 &next.label,
                 |b, key| {
                     b.iter_batched(
-                        warm,
+                        || warm(defer),
                         |cache| {
                             let lookup = cache.lookup(black_box(key.as_str()));
                             cache.after_run(key.as_str(), &lookup, &report, &own, true);

@@ -1,5 +1,7 @@
 //! Idle decay: memory a worker has not used for a while goes back to the
-//! kernel with no call from the server, as jemalloc's decay does.
+//! kernel with no call from the server, as jemalloc's decay does. The same
+//! thread makes the plan refits runs left to it (`crate::learn`), first in
+//! each pass.
 //!
 //! One thread per process (started with the first worker that decays)
 //! sleeps until the earliest deadline among workers that ran since they
@@ -91,15 +93,16 @@ impl Decay {
     /// decay (once per busy spell, not once per run).
     pub(crate) fn used(&self) {
         if self.last.swap(now_ns(), Ordering::AcqRel) == 0 {
-            wake();
+            let _ = wake();
         }
     }
 }
 
-/// Wakes the decay thread, starting it the first time. A thread that
-/// cannot be started leaves decay off (memory then follows the shrink
-/// policy only); nothing else depends on it.
-fn wake() {
+/// Wakes the decay thread, starting it the first time; whether it runs. A
+/// thread that cannot be started leaves decay off (memory then follows the
+/// shrink policy only) and refits to the run's thread; nothing else
+/// depends on it.
+pub(crate) fn wake() -> bool {
     let mut thread = THREAD.lock();
     let thread = thread.get_or_insert_with(|| {
         std::thread::Builder::new()
@@ -111,6 +114,7 @@ fn wake() {
     if let Some(t) = thread {
         t.unpark();
     }
+    thread.is_some()
 }
 
 /// [`crate::fork::prepare`]: the pass, then the registry, kept until
@@ -140,8 +144,8 @@ pub(crate) fn wake_if_due() {
         .lock()
         .iter()
         .any(|e| e.decay.last.load(Ordering::Acquire) != 0 && e.slot.strong_count() > 0);
-    if due {
-        wake();
+    if due || crate::learn::is_owed() {
+        let _ = wake();
     }
 }
 
@@ -160,6 +164,9 @@ fn run() {
 /// the next deadline (`None`: no worker is waiting to decay).
 fn decay_due() -> Option<Duration> {
     let _pass = PASS.lock();
+    // The refits runs left (`crate::learn`) first: a run is waiting for
+    // them (its next prediction), none waits for a decay.
+    crate::learn::pass();
     let now = now_ns();
     let mut next: Option<u64> = None;
     // Collected under the lock, decayed outside it (a worker's arena is

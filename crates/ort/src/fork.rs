@@ -14,8 +14,9 @@
 //! | lock (taken in this order)  | held by others for                    |
 //! |-----------------------------|---------------------------------------|
 //! | the default budget          | a worker's creation                   |
-//! | the decay pass              | one pass of the decay thread (< 1 ms) |
+//! | the decay pass              | one pass of the background thread: its refits (< 1 ms each) and decay |
 //! | the decay registry          | a worker's registration, a pass's collection |
+//! | the refits owed             | a run's end, a pass's collection      |
 //! | the arena registry          | a worker's creation, `arenas()`       |
 //! | the decay thread's handle   | waking it                             |
 //!
@@ -32,7 +33,7 @@
 //! nothing behind in the child), its guard kept by [`hold`] before
 //! [`prepare`], and let go with this crate's by [`parent`] or [`child`].
 
-use crate::{decay, limit, slot};
+use crate::{decay, learn, limit, slot};
 
 pub use crate::forklock::{hold, ForkMutex, ForkRwLock};
 
@@ -44,6 +45,7 @@ pub use crate::forklock::{hold, ForkMutex, ForkRwLock};
 pub fn prepare() {
     limit::prepare_fork();
     decay::prepare_fork();
+    learn::prepare_fork();
     slot::prepare_fork();
     decay::prepare_fork_thread();
 }

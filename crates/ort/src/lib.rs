@@ -16,6 +16,7 @@ pub mod fork;
 mod forklock;
 mod heaps;
 mod key;
+mod learn;
 mod limit;
 mod pool;
 mod raw;

@@ -26,7 +26,7 @@ use tensor_arena::{
 /// dynamically, and the key is planned again.
 pub struct Plans {
     id: u64,
-    cache: PlanCache<RunKey>,
+    cache: Arc<PlanCache<RunKey>>,
     /// Where the plans are loaded from and saved to, and what the last
     /// save saw (`crate::store`).
     pub(crate) store: Option<Stored>,
@@ -47,12 +47,26 @@ static NEXT_PLANS: AtomicU64 = AtomicU64::new(1);
 impl Plans {
     /// Plans for up to `capacity` shapes (least recently used out; at least
     /// 1).
+    ///
+    /// A family's refit is made off the run's path, by the process's
+    /// background thread (`crate::learn`); [`Plans::learn_now`] makes
+    /// what is owed on the caller's thread.
     pub fn new(capacity: usize) -> Self {
+        let cache = PlanCache::new(capacity.max(1));
+        cache.set_deferred_learning(true);
         Self {
             id: NEXT_PLANS.fetch_add(1, Ordering::Relaxed),
-            cache: PlanCache::new(capacity.max(1)),
+            cache: Arc::new(cache),
             store: None,
         }
+    }
+
+    /// Makes the refits the runs left to the background thread now, on
+    /// this thread ([`PlanCache::learn`]); returns how many were made.
+    /// For a caller that wants the next prediction to know every shape
+    /// run so far (a test, a warm-up).
+    pub fn learn_now(&self) -> usize {
+        self.cache.learn()
     }
 
     /// The plan cache (hits, misses, plans held: [`PlanCache::stats`]).
@@ -422,6 +436,13 @@ impl Worker {
         drop(core);
         if let Some(d) = &self.decay {
             d.used();
+        }
+        // A refit this run asked for is made off its path.
+        if plans.cache.owes() {
+            crate::learn::owe(&plans.cache);
+            if !crate::decay::wake() {
+                plans.cache.learn();
+            }
         }
         let plan = not_served.is_none().then_some(lookup.source);
         self.last = Some(RunInfo {

@@ -1,7 +1,7 @@
 //! [`PlanCache`]: plans by exact key, bounded, least recently used out,
 //! and the families those keys belong to, which plan keys never seen.
 
-use super::family::{Families, FamilyCounts, FamilyStats};
+use super::family::{Families, FamilyCounts, FamilyStats, Learning};
 use super::store::FamilySnapshot;
 use super::{DynamicReason, KeyDims, Plan, PlanSource, Recording};
 use crate::RunReport;
@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Counters of a [`PlanCache`].
@@ -33,6 +33,8 @@ pub struct PlanStats {
     pub runs: FamilyCounts,
     /// Families held now.
     pub families: usize,
+    /// Refits made off the run's path ([`PlanCache::learn`]).
+    pub refits_learned: u64,
 }
 
 struct Entry {
@@ -68,6 +70,12 @@ pub struct PlanCache<K> {
     evictions: AtomicU64,
     deviations: AtomicU64,
     families: Mutex<Families>,
+    /// Whether [`PlanCache::after_run`] leaves refits to [`PlanCache::learn`].
+    defer: AtomicBool,
+    /// Whether a refit was left since the last [`PlanCache::learn`].
+    owes: AtomicBool,
+    /// Refits made by [`PlanCache::learn`].
+    refits_learned: AtomicU64,
 }
 
 /// The plan to serve a run with, from [`PlanCache::lookup`].
@@ -106,7 +114,51 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             evictions: AtomicU64::new(0),
             deviations: AtomicU64::new(0),
             families: Mutex::new(Families::new(FAMILIES)),
+            defer: AtomicBool::new(false),
+            owes: AtomicBool::new(false),
+            refits_learned: AtomicU64::new(0),
         }
+    }
+
+    /// Whether [`after_run`](Self::after_run) refits a family on the run's
+    /// thread (`false`, the default) or leaves the refit to
+    /// [`learn`](Self::learn), called off the run's path (a background
+    /// thread, an idle moment). Either way a run's own plan is learned by
+    /// `after_run`, and a family's first fit is made there (so that the
+    /// next shape is predicted); a deferred refit (a shape past the range
+    /// seen, a prediction that failed or was loose) leaves the family
+    /// predicting from its previous fit until it is learned.
+    pub fn set_deferred_learning(&self, on: bool) {
+        self.defer.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether refits were left to [`learn`](Self::learn) since it last ran.
+    pub fn owes(&self) -> bool {
+        self.owes.load(Ordering::Acquire)
+    }
+
+    /// Makes the refits runs left ([`set_deferred_learning`](Self::set_deferred_learning)),
+    /// outside the families' lock (lookups and runs go on meanwhile), and
+    /// installs each whose family saw no new shape since it was taken (one
+    /// that did is made again, up to three rounds). Returns the refits
+    /// installed. Safe to call from any thread, at any time, concurrently.
+    pub fn learn(&self) -> usize {
+        let mut installed = 0;
+        for _ in 0..3 {
+            self.owes.store(false, Ordering::Release);
+            let owed = self.families.lock().owed();
+            if owed.is_empty() {
+                break;
+            }
+            let made: Vec<_> = owed.iter().map(|o| o.refit()).collect();
+            let mut families = self.families.lock();
+            for (o, fit) in owed.iter().zip(made) {
+                installed += usize::from(families.install(o, fit));
+            }
+        }
+        self.refits_learned
+            .fetch_add(installed as u64, Ordering::Relaxed);
+        installed
     }
 
     /// The plan for `key`, if any (counted as a hit or a miss).
@@ -234,6 +286,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             plans: self.map.load().len(),
             runs,
             families,
+            refits_learned: self.refits_learned.load(Ordering::Relaxed),
         }
     }
 
@@ -388,9 +441,17 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         } else {
             plan.recording()
         };
-        self.families
-            .lock()
-            .observe(id, || key.family_name(), dims, seen, hint, !tight);
+        let learning = Learning {
+            refit: !tight,
+            defer: self.defer.load(Ordering::Relaxed),
+        };
+        let owed =
+            self.families
+                .lock()
+                .observe(id, || key.family_name(), dims, seen, hint, learning);
+        if owed {
+            self.owes.store(true, Ordering::Release);
+        }
         Some(plan)
     }
 

@@ -204,6 +204,61 @@ struct Structure {
     obs: VecDeque<Observation>,
     fit: Option<Arc<Fit>>,
     last_used: u64,
+    /// A refit its shapes asked for that was left to a learner
+    /// ([`Families::owed`]): `Some(afresh)`, `afresh` when a shape was
+    /// replaced or evicted since the fit (then the fit is made anew, not
+    /// block by block).
+    owed: Option<bool>,
+    /// Bumped by every shape observed: a refit made from an older set of
+    /// shapes is not installed ([`Families::install`]).
+    generation: u64,
+}
+
+/// How [`Families::observe`] learns a shape: `refit` when its prediction
+/// failed or was loose (a shape past the range seen, or an ambiguous fit,
+/// refits anyway); `defer` to leave the refit to a learner
+/// ([`Families::owed`]) where the structure has a fit to go on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Learning {
+    pub(crate) refit: bool,
+    pub(crate) defer: bool,
+}
+
+/// A refit left to a learner: the structure's shapes and fit when it was
+/// taken ([`Families::owed`]), to be made outside the lock and installed
+/// with [`Families::install`].
+pub(crate) struct Owed {
+    family: u64,
+    shape: Arc<Shape>,
+    generation: u64,
+    obs: Vec<Observation>,
+    fit: Option<Arc<Fit>>,
+    afresh: bool,
+    rounding: usize,
+}
+
+impl Owed {
+    /// Makes the refit (the costly part: no lock is held).
+    pub(crate) fn refit(&self) -> Option<Arc<Fit>> {
+        fit_of(self.fit.as_ref(), self.afresh, &self.obs, self.rounding)
+    }
+}
+
+/// The fit of `obs` (none under two shapes): block by block from `fit`
+/// (only the blocks a new shape contradicts are fitted from scratch), or
+/// anew when `afresh` or there is none.
+fn fit_of(
+    fit: Option<&Arc<Fit>>,
+    afresh: bool,
+    obs: &[Observation],
+    rounding: usize,
+) -> Option<Arc<Fit>> {
+    (obs.len() >= 2).then(|| {
+        Arc::new(match fit {
+            Some(fit) if !afresh => fit.refit(obs, rounding),
+            _ => Fit::new(obs, rounding),
+        })
+    })
 }
 
 struct Family {
@@ -374,8 +429,9 @@ impl Families {
         dims: Vec<u64>,
         rec: &Recording,
         hint: Option<Hint>,
-        refit: bool,
-    ) {
+        learning: Learning,
+    ) -> bool {
+        let Learning { refit, defer } = learning;
         let now = self.tick();
         self.counts(id, name);
         let family = self.map.get_mut(&id).expect("made by counts");
@@ -402,6 +458,8 @@ impl Families {
                     obs: VecDeque::new(),
                     fit: None,
                     last_used: now,
+                    owed: None,
+                    generation: 0,
                 });
                 family.structures.last_mut().expect("just pushed")
             }
@@ -446,6 +504,12 @@ impl Families {
             sizes,
             lower_bound,
         });
+        s.generation += 1;
+        // A refit owed from scratch stays so until it is made.
+        let afresh = !only_added || s.owed == Some(true);
+        if afresh && s.owed.is_some() {
+            s.owed = Some(true);
+        }
         // A shape past the range seen so far (by the product of its
         // dimensions) widens what the fit knows: it refits even when its
         // prediction held, so that later extrapolations start from it. A
@@ -466,18 +530,69 @@ impl Families {
         // from every shape (the one that tells them apart ends it).
         let ambiguous = s.fit.as_ref().is_some_and(|f| f.ambiguous());
         if !refit && !widens && !ambiguous && s.fit.is_some() {
-            return;
+            return false;
+        }
+        // With a fit to go on, the refit is left to a learner when asked
+        // (the run's thread then pays bookkeeping only); the first fit is
+        // made here, so the next shape is predicted.
+        if defer && s.fit.is_some() && s.obs.len() >= 2 {
+            s.owed = Some(afresh);
+            return true;
         }
         let obs: Vec<Observation> = s.obs.iter().cloned().collect();
         let rounding = s.shape.aligns.iter().copied().min().unwrap_or(1);
-        s.fit = (obs.len() >= 2).then(|| {
-            Arc::new(match &s.fit {
-                // Block by block: only the blocks whose model this shape
-                // contradicts are fitted from scratch.
-                Some(fit) if only_added => fit.refit(&obs, rounding),
-                _ => Fit::new(&obs, rounding),
-            })
-        });
+        s.fit = fit_of(s.fit.as_ref(), afresh, &obs, rounding);
+        s.owed = None;
+        false
+    }
+
+    /// The refits owed by every structure ([`Families::observe`] with
+    /// `defer`), to make outside the lock. A structure stays owing until
+    /// its refit is installed.
+    pub(crate) fn owed(&self) -> Vec<Owed> {
+        let mut out = Vec::new();
+        for (&family, f) in &self.map {
+            for s in &f.structures {
+                if let Some(afresh) = s.owed {
+                    out.push(Owed {
+                        family,
+                        shape: Arc::clone(&s.shape),
+                        generation: s.generation,
+                        obs: s.obs.iter().cloned().collect(),
+                        fit: s.fit.clone(),
+                        afresh,
+                        rounding: s.shape.aligns.iter().copied().min().unwrap_or(1),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Installs a refit made from `owed`, if its structure is still held
+    /// and owing. A structure that saw shapes since keeps owing (the next
+    /// refit adds them) but predicts from this fit meanwhile: it explains
+    /// more shapes than the one it replaces. Whether the structure owes
+    /// nothing now.
+    pub(crate) fn install(&mut self, owed: &Owed, fit: Option<Arc<Fit>>) -> bool {
+        let Some(f) = self.map.get_mut(&owed.family) else {
+            return false;
+        };
+        let Some(s) = f.structures.iter_mut().find(|s| {
+            s.owed.is_some()
+                && (Arc::ptr_eq(&s.shape, &owed.shape) || s.shape.events == owed.shape.events)
+        }) else {
+            return false;
+        };
+        if fit.is_some() {
+            s.fit = fit;
+        }
+        if s.generation == owed.generation {
+            s.owed = None;
+            return true;
+        }
+        // Shapes added since (not replaced): block by block from here.
+        false
     }
 
     /// Every family's state.
@@ -582,7 +697,11 @@ impl Families {
                 for (i, shape) in s.shapes.iter().enumerate() {
                     let rec = s.recording(shape);
                     let name = || f.name.clone();
-                    self.observe(f.id, name, shape.dims.clone(), &rec, None, i == last);
+                    let learning = Learning {
+                        refit: i == last,
+                        defer: false,
+                    };
+                    let _ = self.observe(f.id, name, shape.dims.clone(), &rec, None, learning);
                 }
             }
         }
