@@ -65,13 +65,15 @@ thread_local! {
 }
 
 /// Keeps `guard` (a lock taken for the fork) on this thread until
-/// [`release`].
+/// [`fork::parent`](crate::fork::parent) or
+/// [`fork::child`](crate::fork::child) drops it (last taken, first
+/// dropped).
 pub fn hold<G: 'static>(guard: G) {
     HELD.with(|h| h.borrow_mut().push(Box::new(guard)));
 }
 
 /// Drops the guards [`hold`] kept on this thread, last taken first.
-pub fn release() {
+pub(crate) fn release() {
     while let Some(g) = HELD.with(|h| h.borrow_mut().pop()) {
         drop(g);
     }
