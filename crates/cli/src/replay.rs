@@ -104,6 +104,12 @@ pub trait Backend {
     /// Closes the run; `smaller` says its lower bound was below the previous
     /// run's.
     fn end_run(&mut self, smaller: bool) -> EndOfRun;
+    /// What a server does between runs, off the runs' clock: the
+    /// planner's refits, which `tensor-arena-ort` leaves to its background
+    /// thread. Returns how long it took (nothing by default).
+    fn between_runs(&mut self) -> Duration {
+        Duration::ZERO
+    }
     /// Bytes in use now, as the strategy counts them.
     fn in_use(&self) -> u64;
     /// Bytes reserved now, if known.
@@ -166,6 +172,11 @@ pub struct Summary {
     /// Planning strategies: runs by how they were served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plans: Option<PlanCounts>,
+    /// Planning strategies: the time of the refits the runs left, made
+    /// between runs (not in `total_nanos`: `tensor-arena-ort` makes them
+    /// on its background thread, off the runs' threads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learn_nanos: Option<u64>,
 }
 
 /// Runs of a planning strategy by how they were served.
@@ -296,6 +307,7 @@ pub fn replay<B: Backend>(
         samples.reserve(workload.events() + workload.runs.len());
     }
     let mut x = 0u64;
+    let mut between = Duration::ZERO;
     let mut previous_lb: Option<usize> = None;
     let rss = os::Rss::new();
     let baseline_rss_bytes = rss.bytes();
@@ -305,6 +317,7 @@ pub fn replay<B: Backend>(
         let run_start = x;
         let mut sampling = Duration::ZERO;
         let mut error = None;
+        between += backend.between_runs();
         let faults_before = os::minor_faults();
         let start = Instant::now();
         backend.begin_run(allocs);
@@ -357,7 +370,9 @@ pub fn replay<B: Backend>(
         });
         progress.run_done(name, i + 1, workload.runs.len());
     }
-    let summary = summarize(&runs);
+    let mut summary = summarize(&runs);
+    summary.learn_nanos =
+        (!between.is_zero()).then(|| u64::try_from(between.as_nanos()).unwrap_or(u64::MAX));
     StrategyResult {
         name: name.to_owned(),
         reserved_is: reserved_is.to_owned(),
@@ -390,6 +405,7 @@ pub fn summarize(runs: &[RunResult]) -> Summary {
         backing_calls: sum(|r| r.backing_calls),
         failed_runs: runs.iter().filter(|r| r.error.is_some()).count() as u64,
         plans: None,
+        learn_nanos: None,
     }
 }
 

@@ -235,7 +235,10 @@ pub fn plain(report: &Report<'_>) -> String {
             let m = &s.summary;
             vec![
                 s.name.clone(),
-                duration(m.total_nanos),
+                match m.learn_nanos {
+                    Some(l) => format!("{} (+{} learning)", duration(m.total_nanos), duration(l)),
+                    None => duration(m.total_nanos),
+                },
                 or_dash(m.max_reserved.map(bytes)),
                 bytes(m.max_lower_bound),
                 or_dash(m.reserved_over_lower_bound.map(|r| format!("{r:.2}"))),

@@ -296,6 +296,9 @@ fn replay_on_arena(
     let mut backend = ArenaBackend::new(&arena, settings.shrink, max_ids);
     if let Some(store) = planned {
         let cache = PlanCache::new(256);
+        // As `tensor-arena-ort`'s plans: refits are left to the time
+        // between runs (`Backend::between_runs`), timed apart.
+        cache.set_deferred_learning(true);
         if let Some(w) = store.and_then(|s| s.load(&cache).warning) {
             eprintln!("tensor-arena: {w}");
         }
@@ -489,6 +492,17 @@ impl Backend for ArenaBackend<'_> {
             backing_calls: Some(self.backing_calls() - self.backing_at_run_start),
             plan: served,
             high_water: Some(report.high_water as u64),
+        }
+    }
+
+    fn between_runs(&mut self) -> std::time::Duration {
+        match &self.plans {
+            Some(p) if p.cache.owes() => {
+                let t = std::time::Instant::now();
+                p.cache.learn();
+                t.elapsed()
+            }
+            _ => std::time::Duration::ZERO,
         }
     }
 

@@ -682,3 +682,23 @@ fn a_crashed_child_is_reported_with_its_signal_and_the_others_still_run() {
         "{text}"
     );
 }
+
+/// The planned strategy leaves its refits to the time between runs, timed
+/// apart from the runs (`learn_nanos`, "+... learning" in the table), as
+/// `tensor-arena-ort`'s background thread makes them; rec's widths widen
+/// the range seen, so refits are made.
+#[test]
+fn refits_are_made_between_runs_and_timed_apart() {
+    let path = trace("ort/ppocr-rec-widths.trace");
+    let path = path.to_str().unwrap();
+    let doc = replay_json(&["--trace", path, "--strategy", "planned,arena"]);
+    let all = strategies(&doc);
+    let planned = all.iter().find(|(n, _)| *n == "planned").unwrap().1;
+    let learn = planned["summary"]["learn_nanos"].as_u64();
+    assert!(learn.is_some_and(|l| l > 0), "{}", planned["summary"]);
+    let arena = all.iter().find(|(n, _)| *n == "arena").unwrap().1;
+    assert!(arena["summary"].get("learn_nanos").is_none());
+    let out = run(&["replay", "--trace", path, "--strategy", "planned"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains(" learning)"), "{text}");
+}
