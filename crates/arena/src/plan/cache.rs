@@ -139,22 +139,32 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
 
     /// Makes the refits runs left ([`set_deferred_learning`](Self::set_deferred_learning)),
     /// outside the families' lock (lookups and runs go on meanwhile), and
-    /// installs each whose family saw no new shape since it was taken (one
-    /// that did is made again, up to three rounds). Returns the refits
-    /// installed. Safe to call from any thread, at any time, concurrently.
+    /// installs each. A family that saw new shapes while its refit was made
+    /// predicts from it and keeps owing the rest, made again, up to three
+    /// rounds (then [`owes`](Self::owes) stays true). Returns the refits
+    /// that left nothing owed. Safe to call from any thread, at any time,
+    /// concurrently.
     pub fn learn(&self) -> usize {
         let mut installed = 0;
+        let mut left = false;
         for _ in 0..3 {
             self.owes.store(false, Ordering::Release);
             let owed = self.families.lock().owed();
             if owed.is_empty() {
+                left = false;
                 break;
             }
             let made: Vec<_> = owed.iter().map(|o| o.refit()).collect();
             let mut families = self.families.lock();
+            let mut settled = 0;
             for (o, fit) in owed.iter().zip(made) {
-                installed += usize::from(families.install(o, fit));
+                settled += usize::from(families.install(o, fit));
             }
+            installed += settled;
+            left = settled < owed.len();
+        }
+        if left {
+            self.owes.store(true, Ordering::Release);
         }
         self.refits_learned
             .fetch_add(installed as u64, Ordering::Relaxed);
