@@ -187,6 +187,11 @@ pub(crate) struct Shape {
 }
 
 impl Shape {
+    /// What a fit rounds sizes to: the structure's smallest alignment.
+    fn rounding(&self) -> usize {
+        self.aligns.iter().copied().min().unwrap_or(1)
+    }
+
     /// Plans `rec` (a run of this structure), its search started where the
     /// last one ended, and keeps where this one ends.
     pub(crate) fn plan(&self, rec: &Recording) -> Option<Plan> {
@@ -234,13 +239,17 @@ pub(crate) struct Owed {
     obs: Vec<Observation>,
     fit: Option<Arc<Fit>>,
     afresh: bool,
-    rounding: usize,
 }
 
 impl Owed {
     /// Makes the refit (the costly part: no lock is held).
     pub(crate) fn refit(&self) -> Option<Arc<Fit>> {
-        fit_of(self.fit.as_ref(), self.afresh, &self.obs, self.rounding)
+        fit_of(
+            self.fit.as_ref(),
+            self.afresh,
+            &self.obs,
+            self.shape.rounding(),
+        )
     }
 }
 
@@ -540,8 +549,7 @@ impl Families {
             return true;
         }
         let obs: Vec<Observation> = s.obs.iter().cloned().collect();
-        let rounding = s.shape.aligns.iter().copied().min().unwrap_or(1);
-        s.fit = fit_of(s.fit.as_ref(), afresh, &obs, rounding);
+        s.fit = fit_of(s.fit.as_ref(), afresh, &obs, s.shape.rounding());
         s.owed = None;
         false
     }
@@ -561,7 +569,6 @@ impl Families {
                         obs: s.obs.iter().cloned().collect(),
                         fit: s.fit.clone(),
                         afresh,
-                        rounding: s.shape.aligns.iter().copied().min().unwrap_or(1),
                     });
                 }
             }
