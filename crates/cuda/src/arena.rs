@@ -100,7 +100,9 @@ pub struct DeviceArena {
     driver: Arc<dyn Driver>,
     live: HashMap<u64, Live>,
     streams: Streams,
-    plans: PlanCache<Vec<u8>>,
+    /// Plans by run key (shared with `plan_store`, which loads and saves
+    /// them).
+    pub(crate) plans: PlanCache<Vec<u8>>,
     /// The open run's key, and the plan it was opened with (its key's own,
     /// predicted from its family, or none).
     run: Option<(Vec<u8>, Lookup)>,
@@ -110,8 +112,8 @@ pub struct DeviceArena {
     /// Consecutive runs below the mapped bytes, and the largest need among
     /// them (for `ShrinkPolicy::AfterRunsBelow`).
     below: (u32, usize),
-    /// Size of the largest plan learned.
-    largest_plan: usize,
+    /// Size of the largest plan learned (or loaded from a store).
+    pub(crate) largest_plan: usize,
     out_of_memory: u64,
     stranded: u64,
     stranded_bytes: usize,
@@ -207,6 +209,12 @@ impl DeviceArena {
     /// The driver.
     pub fn driver(&self) -> &Arc<dyn Driver> {
         &self.driver
+    }
+
+    /// The granule device memory is mapped in (the driver's recommended
+    /// allocation granularity): every mapping is a multiple of it.
+    pub fn granule(&self) -> usize {
+        self.raw.memory().props().granule
     }
 
     /// Allocates `len > 0` bytes for work on `stream`, aligned to

@@ -5,8 +5,10 @@
 mod arena;
 pub mod driver;
 mod ffi;
+mod ffi_plans;
 mod memory;
 pub mod ort_cuda;
+mod plan_store;
 mod stats_parity;
 mod streams;
 
@@ -15,6 +17,7 @@ pub use driver::{DevicePtr, Driver, DriverError, SimConfig, SimDriver, Stream};
 #[doc(hidden)]
 pub use ffi::panic_in_caller_lookup as __panic_in_caller_lookup_for_tests;
 pub use memory::{DeviceCalls, DeviceMemory};
+pub use plan_store::{plan_store_key, RUNTIME};
 pub use stats_parity::TorchStats;
 pub use streams::StreamStats;
 
@@ -69,6 +72,11 @@ pub enum CudaError {
         /// The device.
         device: i32,
     },
+    /// A plan store could not be used: its directory is missing or not a
+    /// directory, its file was refused (corrupt, another format version,
+    /// another model's or setting's: one line says which), or it could not
+    /// be written. Nothing was loaded.
+    PlanStore(String),
 }
 
 impl fmt::Display for CudaError {
@@ -103,6 +111,7 @@ impl fmt::Display for CudaError {
                  (ort_cuda::set_stream, tensor_arena_cuda_ort_set_stream, or stream= in \
                  Python's ort_cuda_provider_options, which sets user_compute_stream)"
             ),
+            Self::PlanStore(why) => f.write_str(why),
         }
     }
 }

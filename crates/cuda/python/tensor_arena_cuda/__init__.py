@@ -100,6 +100,11 @@ class Arena:
         lib.tensor_arena_cuda_stats_json.restype = c_ssize
         lib.tensor_arena_cuda_last_error.argtypes = [ctypes.c_char_p, c_size]
         lib.tensor_arena_cuda_last_error.restype = c_ssize
+        store_args = [c_int, ctypes.c_char_p, c_size, ctypes.c_char_p, c_size, ctypes.c_char_p, c_size]
+        lib.tensor_arena_cuda_plans_load.argtypes = store_args
+        lib.tensor_arena_cuda_plans_load.restype = ctypes.c_int64
+        lib.tensor_arena_cuda_plans_save.argtypes = store_args
+        lib.tensor_arena_cuda_plans_save.restype = ctypes.c_int64
         lib.tensor_arena_cuda_ort_set_device.argtypes = [c_int]
         lib.tensor_arena_cuda_ort_set_device.restype = c_int
         lib.tensor_arena_cuda_ort_set_stream.argtypes = [ctypes.c_void_p]
@@ -243,6 +248,48 @@ class Arena:
         if n < 0:
             raise RuntimeError(self.last_error())
         return n
+
+    # -- plan store ------------------------------------------------------
+
+    @staticmethod
+    def default_plan_options():
+        """The options a plan store is keyed by when none are given:
+        PyTorch's version where torch is imported ('' otherwise). The store's
+        key also holds the arena's granule, alignment and driver."""
+        torch = sys.modules.get("torch")
+        return f"torch={torch.__version__}" if torch is not None else ""
+
+    def _store_call(self, fn, directory, model, options, device):
+        d = os.fsencode(os.fspath(directory))
+        m = str(model).encode()
+        o = (self.default_plan_options() if options is None else str(options)).encode()
+        n = fn(self._device(device), d, len(d), m, len(m), o, len(o))
+        if n < 0:
+            raise RuntimeError(self.last_error())
+        return n
+
+    def load_plans(self, directory, model, options=None, device=None):
+        """Loads ``model``'s plans from the plan store in ``directory`` (saved
+        by an earlier process with ``save_plans``): a key among them is
+        served from its plan at its first run, and a shape never seen is
+        predicted from its family. Returns the number of plans loaded (0 when
+        the directory has no file for the model yet).
+
+        ``options`` (text) names what changes the model's allocations
+        (default: PyTorch's version, ``default_plan_options()``); pass the same
+        to ``save_plans``. Raises ``RuntimeError`` with one line saying why
+        when the directory does not exist or the file is refused (corrupt,
+        another format, another model's or setting's); nothing is loaded
+        then."""
+        return self._store_call(self.lib.tensor_arena_cuda_plans_load, directory, model, options, device)
+
+    def save_plans(self, directory, model, options=None, device=None):
+        """Saves the device's plans as ``model``'s to the plan store in
+        ``directory`` (made if missing; merged with what the file holds,
+        written atomically). Returns the bytes of the file. Call it outside
+        runs (it reads and writes the whole file). Raises ``RuntimeError``
+        when it cannot be written."""
+        return self._store_call(self.lib.tensor_arena_cuda_plans_save, directory, model, options, device)
 
     # -- stats -----------------------------------------------------------
 

@@ -4,6 +4,7 @@ no torch): ``python -m tensor_arena_cuda.selftest [LIBRARY]`` prints
 Run it in a fresh process: it picks the simulated driver, which must
 happen before the library's first allocation."""
 
+import os
 import sys
 
 import tensor_arena_cuda
@@ -160,6 +161,29 @@ def main(path=None):
         raise AssertionError("a device out of range must raise")
     except RuntimeError as e:
         assert "99" in str(e), e
+
+    # Plans outlive the process: device 0's saved, loaded by device 3 (as
+    # the next process would), which is planned from its first run.
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        assert arena.load_plans(d, "batch-model", device=3) == 0, "no file yet: nothing, no error"
+        assert arena.save_plans(d, "batch-model", device=0) > 0
+        assert arena.load_plans(d, "batch-model", device=3) >= 2
+        one_run3 = [n * 4 for n in sizes]
+        with arena.run(("batch", 16), device=3):
+            live = [arena.alloc(n, 3, 0) for n in one_run3]
+            for p, n in zip(live, one_run3):
+                arena.free(p, n, 3, 0)
+        s3 = arena.stats(3)
+        assert s3["last_plan"] == "Exact" and s3["last_run"]["planned"], s3["last_run"]
+        for bad, why in ((os.path.join(d, "missing"), "does not exist"), (d, "options")):
+            try:
+                arena.load_plans(bad, "batch-model", options="torch=other", device=4)
+                raise AssertionError("an unusable store must raise")
+            except RuntimeError as e:
+                assert why in str(e), e
+        assert arena.stats(4)["plans"]["plans"] == 0
     print("tensor_arena_cuda selftest: ok")
 
 

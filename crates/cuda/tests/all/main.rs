@@ -6,5 +6,6 @@ mod driver;
 mod forged_handles;
 mod memory;
 mod ops;
+mod plan_store;
 
 mod streams;
