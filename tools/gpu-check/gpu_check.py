@@ -122,6 +122,16 @@ def child(args):
         model = model.to(dev).eval()
     scope = arena.pool if args.child == "mempool" else (arena.run if arena else None)
     batches = MODELS[args.model]
+    plans = {}
+    if args.plans and arena is not None:
+        # The model's plans saved by an earlier process (--plans DIR): loaded
+        # after the weights, before the first batch; saved after the last.
+        plans["options"] = f"torch={torch.__version__} device={torch.cuda.get_device_name()}"
+        try:
+            plans["loaded"] = arena.load_plans(args.plans, args.model, plans["options"])
+        except RuntimeError as e:
+            plans.update(loaded=0, load_error=str(e))
+            print(f"{args.model}: plan store not loaded: {e}", file=sys.stderr)
     # Inputs stay on the host; each batch copies its own in, inside the run,
     # so the live peak is weights + one batch's tensors.
     xs = inputs(args.model, batches)
@@ -193,7 +203,7 @@ def child(args):
             calls_planned = arena.stats()["calls"]["total"] - before
             rows[0]["planned_runs"] = arena.stats()["arena"]["planned_runs"]
         # 3. Shrink after each batch smaller than the one before it.
-        for i in range(len(batches)):
+        for i in range(len(batches) if not args.light else 0):
             _, live, _ = forward(i, False)
             if i > 0 and batches[i] < batches[i - 1]:
                 if arena is None:
@@ -203,11 +213,11 @@ def child(args):
                 rows[i].update(live_shrunk=live, reserved_shrunk=reserved())
         # ... and the peaks that follow (native: its later peak after
         # empty_cache; the arena: plans drawn again where shrunk).
-        for i in range(len(batches)):
+        for i in range(len(batches) if not args.light else 0):
             _, _, res = forward(i, False)
             rows[i]["reserved_after_shrinks"] = res
         # 4. Time per batch after warm-up: median of `--repeat` runs.
-        for i in range(len(batches)):
+        for i in range(len(batches) if not args.light else 0):
             times = []
             for _ in range(args.repeat):
                 torch.cuda.synchronize()
@@ -229,18 +239,29 @@ def child(args):
     }
     if arena:
         result["arena_stats"] = arena.stats()
+    if "options" in plans:
+        try:
+            plans["saved_bytes"] = arena.save_plans(args.plans, args.model, plans["options"])
+        except RuntimeError as e:
+            plans["save_error"] = str(e)
+            print(f"{args.model}: plan store not saved: {e}", file=sys.stderr)
+        result["plans"] = plans
     torch.save(outputs, args.out + ".pt")
     with open(args.out, "w") as f:
         json.dump(result, f)
 
 
-def run_child(model, allocator, lib, repeat, tmp):
-    out = os.path.join(tmp, f"{model}-{allocator}.json")
+def run_child(model, allocator, lib, repeat, tmp, plans=None, light=False, tag=""):
+    out = os.path.join(tmp, f"{model}-{allocator}{tag}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", allocator,
            "--model", model, "--out", out, "--repeat", str(repeat)]
-    print(f"-- {model}: {allocator}", file=sys.stderr, flush=True)
+    print(f"-- {model}: {allocator}{tag}", file=sys.stderr, flush=True)
     if lib:
         cmd += ["--lib", lib]
+    if plans:
+        cmd += ["--plans", plans]
+    if light:
+        cmd += ["--light"]
     proc = subprocess.run(cmd)
     if proc.returncode != 0:
         raise SystemExit(f"{model} with the {allocator} allocator failed (exit {proc.returncode})")
@@ -319,6 +340,53 @@ def report_mempool(model, native, arena, mempool, same):
     print(f"footprint within 2% of install(): {'yes' if worst <= 0.02 else 'no'} (largest gap {worst:.1%})")
 
 
+def report_plans(model, first, second, same):
+    """Two install() processes, the second loading the plans the first
+    saved (--plans-twice): each one's first sight."""
+    print(f"\n== {model} ({first['device']}, torch {first['torch']}): the plan store across two "
+          f"processes; outputs of the second identical to the first's: {same}")
+    print("{:>7} {:>8} {:>8} {:>12} {:>12} {:>12}  {}".format(
+        "process", "loaded", "saved", "live MiB", "1st res MiB", "first sight", "how each batch was planned at first sight"))
+    for n, r in ((1, first), (2, second)):
+        p = r.get("plans", {})
+        how = " ".join(f"{x['batch']}:{plan_name(x.get('plan_first'))}" for x in r["rows"])
+        print("{:>7} {:>8} {:>8} {:>12.1f} {:>12.1f} {:>12.3f}  {}".format(
+            n, p.get("loaded", "-"), p.get("saved_bytes", "-"), r["live_max"] / MIB, r["reserved_max"] / MIB,
+            ratio(r["reserved_max"], r["live_max"]), how))
+        for k in ("load_error", "save_error"):
+            if k in p:
+                print(f"  process {n} {k.replace('_', ' ')}: {p[k]}")
+    print(f"first sight (max reserved / max live): process 1 {ratio(first['reserved_max'], first['live_max']):.3f}, "
+          f"process 2 with the store {ratio(second['reserved_max'], second['live_max']):.3f}")
+
+
+def plan_name(p):
+    """A PlanSource as the stats give it (\"Exact\", {\"Dynamic\": \"NoFamily\"}), short."""
+    if isinstance(p, dict):
+        k, v = next(iter(p.items()))
+        return f"{k}({v})"
+    return str(p)
+
+
+def plans_twice(models, lib, tmp, plans_dir):
+    """Per model, two install() processes: the first loads from an empty
+    store and saves, the second loads what the first saved."""
+    everything, all_same = {}, True
+    for model in models:
+        d = plans_dir or os.path.join(tmp, "plans")
+        os.makedirs(d, exist_ok=True)
+        first, pt1 = run_child(model, "arena", lib, 1, tmp, plans=d, light=True, tag="-process1")
+        second, pt2 = run_child(model, "arena", lib, 1, tmp, plans=d, light=True, tag="-process2")
+        import torch
+
+        a, b = torch.load(pt1), torch.load(pt2)
+        same = len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+        all_same &= same
+        report_plans(model, first, second, same)
+        everything[model] = {"arena_process1": first, "arena_process2": second, "identical": same}
+    return everything, all_same
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lib", help="path to libtensor_arena_cuda.so (default: the installed wheel's)")
@@ -327,6 +395,14 @@ def main():
     p.add_argument("--json", help="write all figures to this file")
     p.add_argument("--routes", default="install,mempool",
                    help="which tensor-arena routes to compare with native: install, mempool or both")
+    p.add_argument("--plans", metavar="DIR",
+                   help="install() route: load the model's plans from the plan store in DIR before the "
+                        "first batch, save them there after the last")
+    p.add_argument("--plans-twice", action="store_true",
+                   help="instead of the comparison: per model, two install() processes, the second "
+                        "loading the plans the first saved (to --plans DIR, default a fresh temporary "
+                        "directory); reports each one's first sight (no native process, no timing)")
+    p.add_argument("--light", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child", choices=["native", "arena", "mempool"], help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -369,9 +445,15 @@ def main():
         print(f"unknown models {bad}; known: {list(MODELS)}", file=sys.stderr)
         return 2
     lib = os.path.abspath(args.lib)
+    plans_dir = os.path.abspath(args.plans) if args.plans else None
+    if plans_dir:
+        os.makedirs(plans_dir, exist_ok=True)  # a missing directory is refused by the load
     everything = {}
     all_same = True
     with tempfile.TemporaryDirectory() as tmp:
+        if args.plans_twice:
+            everything, all_same = plans_twice(models, lib, tmp, plans_dir)
+            models = []
         for model in models:
             native, native_pt = run_child(model, "native", None, args.repeat, tmp)
             a = torch.load(native_pt)
@@ -380,7 +462,8 @@ def main():
             for route, child_name in (("install", "arena"), ("mempool", "mempool")):
                 if route not in routes:
                     continue
-                figures, pt = run_child(model, child_name, lib, args.repeat, tmp)
+                figures, pt = run_child(model, child_name, lib, args.repeat, tmp,
+                                        plans=plans_dir if route == "install" else None)
                 b = torch.load(pt)
                 same = len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
                 if not same:
@@ -392,6 +475,11 @@ def main():
                 everything[model][f"identical_{route}"] = same
             if "install" in results:
                 report(model, native, results["install"][0], results["install"][1])
+                p = results["install"][0].get("plans")
+                if p:
+                    print(f"plan store ({plans_dir}): loaded {p.get('loaded')} plans before the first batch, "
+                          f"saved {p.get('saved_bytes', '-')} bytes after the last"
+                          + "".join(f"; {k}: {p[k]}" for k in ("load_error", "save_error") if k in p))
             if "mempool" in results:
                 if "install" in results:
                     report_mempool(model, native, results["install"][0], *results["mempool"])

@@ -46,3 +46,63 @@ fn record_traces_conversion_makes_valid_traces() {
     // The workspace alive at the end overlaps the largest activations.
     assert_eq!(parsed.runs[0].lower_bound(), 1000 + 512 + 4096);
 }
+
+/// `gpu_check.py --plans-twice`: per model, two `install()` processes, the
+/// second loading the plans the first saved to the store, against the
+/// stand-in torch: the first learns (its first batch unplanned), the second
+/// loads every key and serves each batch from its plan at first sight.
+#[test]
+fn gpu_check_plans_twice_with_a_stand_in_for_torch() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("plans.json");
+    let out = Command::new("python3")
+        .arg(root().join("tools/gpu-check/gpu_check.py"))
+        .arg("--lib")
+        .arg(cdylib())
+        .args(["--plans-twice", "--models", "densenet121,bert", "--json"])
+        .arg(&json)
+        .env("PYTHONPATH", root().join("tools/gpu-check/fake"))
+        .env("TENSOR_ARENA_CUDA_DRIVER", "simulated")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3 is needed for this test (no torch, no GPU)");
+    let text = text_of(&out);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(
+        text.matches("outputs of the second identical to the first's: True")
+            .count(),
+        2,
+        "{text}"
+    );
+    let all: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for model in ["densenet121", "bert"] {
+        let first = &all[model]["arena_process1"];
+        let second = &all[model]["arena_process2"];
+        assert_eq!(first["plans"]["loaded"], 0, "{first}");
+        assert!(first["plans"]["saved_bytes"].as_u64().unwrap() > 0);
+        assert!(second["plans"]["loaded"].as_u64().unwrap() >= 3, "{second}");
+        let rows = second["rows"].as_array().unwrap();
+        assert!(rows.iter().all(|r| r["plan_first"] == "Exact"), "{second}");
+        assert_eq!(first["rows"][0]["plan_first"]["Dynamic"], "NewFamily");
+        let ratio = |r: &serde_json::Value| {
+            r["reserved_max"].as_f64().unwrap() / r["live_max"].as_f64().unwrap()
+        };
+        assert!(ratio(second) <= ratio(first), "{model}");
+    }
+}
+
+/// The library file next to this test binary (`target/<profile>/deps`).
+fn cdylib() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let name = format!(
+        "{}tensor_arena_cuda{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    [deps.join(&name), deps.parent().unwrap().join(&name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("{name} not built next to {}", deps.display()))
+}
