@@ -160,14 +160,19 @@ def label_of(model, size, bert_batch):
 # -- recording (torch, a GPU) ---------------------------------------------
 
 
+# The history's `context` (which stack traces it keeps): none, unless a run
+# recorded nothing that way (then "alloc", and the run is recorded again).
+CONTEXT = [None]
+
+
 def _start_history(torch):
-    """Records every allocator event from now on, with no stack traces;
-    returns how many entries the history held before (0 where it can be
-    cleared)."""
+    """Records every allocator event from now on (stack traces as CONTEXT
+    says); returns how many entries the history held before (0 where it can
+    be cleared)."""
     import inspect
 
     rec = torch.cuda.memory._record_memory_history
-    kw = dict(context=None, stacks="python")
+    kw = dict(context=CONTEXT[0], stacks="python")
     if "clear_history" in inspect.signature(rec).parameters:
         rec("all", clear_history=True, **kw)
         return 0
@@ -207,6 +212,12 @@ def child(args):
         entries = torch.cuda.memory._snapshot()["device_traces"][ordinal][base:]
         torch.cuda.memory._record_memory_history(None)
         r = run_events(entries)
+        if r["allocs"] == 0 and torch.cuda.max_memory_allocated() > before and CONTEXT[0] is None:
+            print("record_traces: a run recorded nothing with context=None; recording again with "
+                  "context='alloc'", file=sys.stderr)
+            CONTEXT[0] = "alloc"
+            del host
+            return record(x)
         r["torch"] = dict(allocated_before=before, allocated_after=torch.cuda.memory_allocated(),
                           max_allocated=torch.cuda.max_memory_allocated(),
                           max_reserved=torch.cuda.max_memory_reserved())
@@ -239,7 +250,8 @@ def child(args):
     with open(path, "w") as f:
         f.write(trace_text(f"torch-{name}", mixed, base_comments + [
             "runs in tools/gpu-check/gpu_check.py's order, in a process that ran nothing before: the first "
-            "run holds the process's one-time allocations (blocks alive at its end, freed there here)"]))
+            "run holds the process's one-time allocations (blocks alive at its end, freed there here)",
+            f"history context={CONTEXT[0]!r} (the stack traces it keeps; no allocation of the model's)"]))
     files["mixed"] = path
     singles = []
     for size in sorted(set(order)):
@@ -249,7 +261,8 @@ def child(args):
         with open(path, "w") as f:
             f.write(trace_text(f"torch-{name}", [(lab, r)], base_comments + [
                 "one run, recorded after the -mixed runs in the same process (steady state: one-time "
-                "allocations made before)"]))
+                "allocations made before)",
+                f"history context={CONTEXT[0]!r} (the stack traces it keeps; no allocation of the model's)"]))
         files[lab] = path
         singles.append((lab, r))
     for kind, runs in (("mixed", mixed), ("single", singles)):

@@ -116,6 +116,138 @@ class NoGpu(unittest.TestCase):
             self.assertFalse(os.path.exists(out))
 
 
+# A stand-in for torch with an allocation history (only what
+# record_traces.py's child calls): every device tensor of `n` units is an
+# alloc of n * 512 bytes at a fresh address, logged with its free while
+# _record_memory_history is on; the first forward makes a workspace that
+# lives for the process (as cuBLAS's does). Not PyTorch.
+MOCK_TORCH = """
+import contextlib
+__version__ = "mock"
+class version: cuda = "0.0"
+class _B: pass
+backends = _B(); backends.cudnn = _B()
+_hist, _state = [None], dict(addr=0x100000, in_use=0, peak=0)
+def manual_seed(s): pass
+def device(d): return d
+class Generator:
+    def manual_seed(self, s): return self
+def _log(action, addr, size):
+    if _hist[0] is not None:
+        _hist[0].append(dict(action=action, addr=addr, size=size, stream=0, frames=[]))
+class Tensor:
+    def __init__(self, n, dev=False):
+        self.n, self.addr = n, None
+        if dev:
+            self.addr = _state["addr"]; _state["addr"] += n * 512 + 4096
+            _state["in_use"] += n * 512; _state["peak"] = max(_state["peak"], _state["in_use"])
+            _log("alloc", self.addr, n * 512)
+    def to(self, d): return Tensor(self.n, True)
+    def cpu(self): return Tensor(self.n)
+    def __del__(self):
+        if self.addr is not None:
+            _state["in_use"] -= self.n * 512
+            _log("free_requested", self.addr, self.n * 512)
+            _log("free_completed", self.addr, self.n * 512)
+def randn(b, *shape, generator=None): return Tensor(b)
+def randint(lo, hi, shape, generator=None): return Tensor(shape[0] * shape[1] // 64)
+@contextlib.contextmanager
+def no_grad(): yield
+class _Memory:
+    @staticmethod
+    def _record_memory_history(enabled="all", context=None, stacks="all", max_entries=0, clear_history=False):
+        if enabled is None: _hist[0] = None
+        elif clear_history or _hist[0] is None: _hist[0] = []
+    @staticmethod
+    def _snapshot():
+        return {"segments": [], "device_traces": [list(_hist[0] or [])]}
+class cuda:
+    memory = _Memory
+    is_available = staticmethod(lambda: True)
+    current_device = staticmethod(lambda: 0)
+    get_device_name = staticmethod(lambda: "mock")
+    synchronize = staticmethod(lambda: None)
+    memory_allocated = staticmethod(lambda: _state["in_use"])
+    max_memory_allocated = staticmethod(lambda: _state["peak"])
+    max_memory_reserved = staticmethod(lambda: _state["peak"] + (1 << 20))
+    @staticmethod
+    def reset_peak_memory_stats(): _state["peak"] = _state["in_use"]
+"""
+MOCK_MODEL = """
+import torch
+_kept = []
+class _Model:
+    def to(self, d):
+        self.w = torch.Tensor(40, True); return self
+    def eval(self): return self
+    def __call__(self, x):
+        if not _kept: _kept.append(torch.Tensor(8, True))  # the workspace
+        a = torch.Tensor(x.n * 3, True); b = torch.Tensor(x.n * 2, True)
+        del a
+        c = torch.Tensor(x.n * 4, True)
+        del b, c
+        return torch.Tensor(x.n, True)
+class models:
+    densenet121 = staticmethod(lambda weights=None: _Model())
+    resnet50 = staticmethod(lambda weights=None: _Model())
+class BertConfig: pass
+class _Out:
+    def __init__(self, t): self.last_hidden_state = t
+class BertModel(_Model):
+    def __init__(self, config): pass
+    def __call__(self, input_ids): return _Out(_Model.__call__(self, input_ids))
+"""
+
+
+class ChildFlow(unittest.TestCase):
+    def test_files_from_a_stand_in_with_a_history(self):
+        """The whole child flow against a stand-in torch that keeps an
+        allocation history: the files, their names, headers and rules."""
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, text in (("torch", MOCK_TORCH), ("torchvision", MOCK_MODEL), ("transformers", MOCK_MODEL)):
+                os.makedirs(os.path.join(tmp, name))
+                with open(os.path.join(tmp, name, "__init__.py"), "w") as f:
+                    f.write(text)
+            out = os.path.join(tmp, "traces")
+            env = dict(os.environ, PYTHONPATH=tmp, PYTHONDONTWRITEBYTECODE="1",
+                       GPU_CHECK_BATCHES="densenet121=16,1,4,1")
+            p = subprocess.run([sys.executable, os.path.join(HERE, "record_traces.py"), out],
+                               env=env, capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            names = sorted(os.listdir(out))
+            self.assertEqual(names, sorted([
+                "summary.json", "densenet121-mixed.trace", "densenet121-1x3x224x224.trace",
+                "densenet121-4x3x224x224.trace", "densenet121-16x3x224x224.trace",
+                "resnet50-mixed.trace", "resnet50-8x3x224x224.trace", "resnet50-32x3x224x224.trace",
+                "resnet50-64x3x224x224.trace", "bert-mixed.trace", "bert-8x64.trace",
+                "bert-8x128.trace", "bert-8x512.trace"]))
+            for n in names:
+                if n.endswith(".trace"):
+                    with open(os.path.join(out, n)) as f:
+                        check_v1(self, f.read())
+            with open(os.path.join(out, "densenet121-mixed.trace")) as f:
+                mixed = f.read()
+            self.assertTrue(mixed.startswith(
+                "# trace v1 model=torch-densenet121 input=16x3x224x224,1x3x224x224,4x3x224x224,1x3x224x224\n"))
+            # The workspace: alive at the first run's end only, freed there.
+            self.assertIn("# run 1 (16x3x224x224): 6 allocs", mixed)
+            self.assertIn("1 blocks alive at the run's end, 4096 bytes", mixed)
+            self.assertEqual(mixed.count("alive at the run's end"), 1)
+            self.assertIn("not traced: the weights (20480 bytes", mixed)
+            with open(os.path.join(out, "bert-8x512.trace")) as f:
+                self.assertIn("run 8x512\nalloc 0 32768\n", f.read())
+            import json
+            with open(os.path.join(out, "summary.json")) as f:
+                summary = json.load(f)
+            runs = summary["densenet121"]["runs"]
+            self.assertEqual([r["file"] for r in runs], ["mixed"] * 4 + ["single"] * 3)
+            self.assertEqual(runs[0]["alive_at_end"], 1)
+            # The trace's peak is PyTorch's over the run's start (the stand-in's
+            # blocks are not rounded).
+            self.assertTrue(all(r["peak"] == r["torch_run_peak"] for r in runs), runs)
+            self.assertIn("densenet121  single", p.stdout)
+
+
 def check_v1(test, text):
     """The format's rules (traces/README.md), checked independently."""
     lines = text.splitlines()
