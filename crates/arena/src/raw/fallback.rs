@@ -3,11 +3,13 @@
 //! blocks where the plan put them and the rest free memory that serves the
 //! rest of the run. Only what does not fit there grows the arena.
 
+use super::loose::Loose;
 use super::RawArena;
 use crate::freemap::{FreeError, RunOp, SpanId};
 use crate::memory::Memory;
 use crate::plan::Plan;
 use crate::pool::Tag;
+use std::sync::Arc;
 
 impl<M: Memory> RawArena<M> {
     /// Dissolves plan block `slot`, laid out by `plan`: each planned block
@@ -17,7 +19,8 @@ impl<M: Memory> RawArena<M> {
     /// the block becomes free memory of the pool, merged with its free
     /// neighbours. Nothing moves and no memory-layer call is made. A block
     /// dissolved already is left alone.
-    pub(super) fn dissolve(&mut self, slot: u32, plan: &Plan, run: u64) {
+    /// Where the run was served loosely, `loose` says where each block is.
+    pub(super) fn dissolve(&mut self, slot: u32, plan: &Plan, loose: Option<&Loose>, run: u64) {
         let Some(pb) = self
             .plan_blocks
             .get_mut(slot as usize)
@@ -38,7 +41,11 @@ impl<M: Memory> RawArena<M> {
             if size == 0 {
                 continue;
             }
-            let Some(off) = plan.offset(index) else {
+            let off = match loose {
+                Some(l) => l.offset(index),
+                None => plan.offset(index),
+            };
+            let Some(off) = off else {
                 debug_assert!(false, "a live planned block is one of its plan's");
                 continue;
             };
@@ -111,6 +118,25 @@ impl<M: Memory> RawArena<M> {
             r.pool_allocs = next_index;
         }
         self.check();
+    }
+
+    /// The open run, served loosely inside its plan's block, can be no
+    /// longer: the block is dissolved, and the rest of the run is served
+    /// from the pool (the block's free memory first).
+    #[cold]
+    pub(super) fn leave_block(&mut self) {
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        let id = run.id;
+        let Some(serve) = run.serve.as_mut() else {
+            return;
+        };
+        let Some(loose) = serve.loose.take() else {
+            return;
+        };
+        let (slot, plan) = (serve.slot, Arc::clone(&serve.plan));
+        self.dissolve(slot, &plan, Some(&loose), id);
     }
 
     /// Frees planned block `index` of dissolved plan block `slot`: its span

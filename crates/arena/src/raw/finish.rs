@@ -100,7 +100,7 @@ impl<M: Memory> RawArena<M> {
                 // Blocks that outlive the run keep their places; the rest
                 // of the plan's block is free memory from now on, not held
                 // until the last of them goes.
-                self.dissolve(slot, &serve.plan, run.id);
+                self.dissolve(slot, &serve.plan, serve.loose.as_deref(), run.id);
             }
         }
         let grew = self.pool.calls.reserves != run.backing_allocs_at_start;

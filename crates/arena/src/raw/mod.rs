@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 mod fallback;
 mod finish;
+mod loose;
 mod serve;
 
 /// The arena's core: blocks, runs, watermark, plans and stats over a
@@ -140,6 +141,10 @@ struct Serve {
     /// difference the plan's recording so far is copied into the run's and
     /// recording goes on from there.
     recording: bool,
+    /// After the run left the plan, how the rest is served inside the
+    /// plan's block ([`loose`]); `None` before, and once the block was
+    /// dissolved.
+    loose: Option<Box<loose::Loose>>,
 }
 
 /// A block drawn from the pool to serve a planned run.
@@ -590,25 +595,34 @@ impl<M: Memory> RawArena<M> {
         if let Some(served) = self.alloc_planned(len, align) {
             return Ok(served);
         }
-        let mut left = None;
-        if let Some(run) = &mut self.run {
-            if let Some(serve) = run.serve.as_mut().filter(|s| !s.deviated) {
-                // A bad request is an error, not a deviation (checked here
-                // only then: `alloc_pool` checks it again).
-                self.pool.span_size(len, align)?;
-                serve.why = Some(match serve.plan.step(serve.pos) {
-                    Some(step) if !step.is_free() => Deviation::Larger,
-                    _ => Deviation::Extra,
-                });
-                Self::materialize(serve, &mut run.rec, run.blocks);
-                serve.deviated = true;
-                self.deviations += 1;
-                left = Some((serve.slot, Arc::clone(&serve.plan), run.id));
+        let in_block = self
+            .run
+            .as_ref()
+            .and_then(|r| r.serve.as_ref())
+            .is_some_and(|s| !s.deviated || s.loose.is_some());
+        if in_block {
+            // A bad request is an error, not a deviation (checked here
+            // only then: `alloc_pool` checks it again).
+            self.pool.span_size(len, align)?;
+            if let Some(run) = &mut self.run {
+                if let Some(serve) = run.serve.as_mut().filter(|s| !s.deviated) {
+                    serve.why = Some(match serve.plan.step(serve.pos) {
+                        Some(step) if !step.is_free() => Deviation::Larger,
+                        _ => Deviation::Extra,
+                    });
+                    Self::materialize(serve, &mut run.rec, run.blocks);
+                    serve.deviated = true;
+                    serve.loose = Some(loose::Loose::new(&serve.plan, serve.pos));
+                    self.deviations += 1;
+                }
             }
-        }
-        // The rest of the run is served from the plan's block first.
-        if let Some((slot, plan, run)) = left {
-            self.dissolve(slot, &plan, run);
+            // The rest of the run stays inside the plan's block while it
+            // can; else the block is dissolved and the rest is served from
+            // it first.
+            if let Some(served) = self.alloc_loose(len, align) {
+                return Ok(served);
+            }
+            self.leave_block();
         }
         let raw = self.alloc_pool(len, align, location, true)?;
         let i = raw.span as usize;
@@ -698,7 +712,6 @@ impl<M: Memory> RawArena<M> {
             *g = g.wrapping_add(1);
         }
         self.frees += 1;
-        let mut left = None;
         if let Some(r) = &mut self.run {
             if tag.run == r.id {
                 if r.log {
@@ -708,12 +721,9 @@ impl<M: Memory> RawArena<M> {
                 r.live_bytes -= size;
                 // A dynamic run's frees are in `ops` already.
                 if tag.rec != NOT_PLANNED && r.serve.is_some() {
-                    left = Self::record_free(r, tag.rec, &mut self.deviations);
+                    Self::record_free(r, tag.rec, &mut self.deviations);
                 }
             }
-        }
-        if let Some((slot, plan, run)) = left {
-            self.dissolve(slot, &plan, run);
         }
         Ok(())
     }

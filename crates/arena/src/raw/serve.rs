@@ -1,6 +1,7 @@
 //! Serving planned runs: drawing the plan's block, the compiled fast path,
 //! and following (or leaving) the plan on frees.
 
+use super::loose::Loose;
 use super::{Handle, HandleKind, OpenRun, PlanBlock, RawAlloc, RawArena, Serve};
 use crate::freemap::{pow2, FreeError};
 use crate::memory::Memory;
@@ -58,6 +59,7 @@ impl<M: Memory> RawArena<M> {
             why: None,
             // A trace needs every block's requested bytes: record throughout.
             recording: self.trace.is_some(),
+            loose: None,
         })
     }
 
@@ -131,16 +133,10 @@ impl<M: Memory> RawArena<M> {
     }
 
     /// Records the free of block `index`, following it in the serving plan.
-    /// Returns, when the free leaves the plan, what the caller dissolves
-    /// ([`RawArena::dissolve`]): the plan block's slot, the plan and the
-    /// run.
+    /// A free out of the plan's order leaves the plan: the rest of the run
+    /// is served inside the plan's block ([`loose`](super::loose)).
     #[inline(always)]
-    pub(super) fn record_free(
-        run: &mut OpenRun,
-        index: u32,
-        deviations: &mut u64,
-    ) -> Option<(u32, Arc<Plan>, u64)> {
-        let mut left = None;
+    pub(super) fn record_free(run: &mut OpenRun, index: u32, deviations: &mut u64) {
         match &mut run.serve {
             // A dynamic run: derived from its `ops` when it ends.
             None => {}
@@ -153,16 +149,17 @@ impl<M: Memory> RawArena<M> {
                         Self::materialize(serve, &mut run.rec, run.blocks);
                         serve.deviated = true;
                         serve.why = Some(Deviation::Order);
+                        serve.loose = Some(Loose::new(&serve.plan, serve.pos));
                         *deviations += 1;
-                        left = Some((serve.slot, Arc::clone(&serve.plan), run.id));
                     }
+                } else if let Some(loose) = serve.loose.as_mut() {
+                    loose.freed(index);
                 }
                 if serve.recording {
                     run.rec.free(index);
                 }
             }
         }
-        left
     }
 
     /// What a caller that serves the open planned run's exact steps itself
@@ -373,14 +370,10 @@ impl<M: Memory> RawArena<M> {
         pb.live -= 1;
         pb.live_bytes -= size;
         let orphan_done = !pb.open && pb.live == 0;
-        let mut left = None;
         if let Some(r) = &mut self.run {
             if r.serve.as_ref().is_some_and(|s| s.slot == slot) {
-                left = Self::record_free(r, index, &mut self.deviations);
+                Self::record_free(r, index, &mut self.deviations);
             }
-        }
-        if let Some((slot, plan, run)) = left {
-            self.dissolve(slot, &plan, run);
         }
         if orphan_done {
             self.release_plan_block(slot);

@@ -98,13 +98,25 @@ fn a_run_that_changes_one_size_halfway(coalesce: Coalesce) {
     let half = rec.len() / 2;
     let (report, rec2) = replay(&arena, Some(Arc::clone(&plan)), run, Some((half, 5 << 20)));
     assert!(report.planned && report.deviated);
-    assert_eq!(report.planned_allocs, half as u64);
+    // Repaired in place: the grown block goes where the rest of the plan
+    // leaves it room for its life, every other block to its slot, and
+    // the whole run stays inside the plan's block.
+    assert_eq!(report.planned_allocs, report.allocs);
+    assert_eq!(report.high_water, plan.size().next_multiple_of(64));
     assert_eq!(arena.stats().deviations, 1);
     assert_eq!(arena.stats().in_use, 0);
     // The re-recording serves the changed run exactly.
     let replan = Arc::new(Plan::from_recording(&rec2).unwrap());
     let (again, _) = replay(&arena, Some(replan), run, Some((half, 5 << 20)));
     assert!(!again.deviated);
+    // A block larger than the plan's whole block has no room there: the
+    // block is dissolved at it, and the rest comes from the pool.
+    let huge = plan.size() + (1 << 20);
+    let (report, _) = replay(&arena, Some(Arc::clone(&plan)), run, Some((half, huge)));
+    assert!(report.deviated);
+    assert_eq!(report.planned_allocs, half as u64);
+    assert!(report.high_water > plan.size() + (1 << 20));
+    assert_eq!(arena.stats().in_use, 0);
     // More blocks than recorded: the extra ones come from the pool.
     let r = arena.begin_planned_run(Arc::clone(&plan)).unwrap();
     let blocks: Vec<_> = (0..plan.len() + 3)
