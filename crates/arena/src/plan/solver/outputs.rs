@@ -12,28 +12,62 @@ impl Search {
     /// on in the middle of it would split the space a grown block needs.
     /// Kept as the order the structure's next search starts from, so that
     /// its later plans keep them there too.
+    ///
+    /// The buffers that enclose every buffer allocated after them (freed
+    /// no earlier than any of those, as a stack's would be) go low with
+    /// them, oldest lowest, where that too keeps the footprint: a run that
+    /// leaves its plan midway finds them packed under the rest as a
+    /// dynamic arena has them, and the space above them whole.
     pub(super) fn settle(&mut self, problem: &Problem) {
         let Some(last) = problem.items.iter().map(|it| it.end).max() else {
             return;
         };
-        let lasting = |i: u32| problem.items[i as usize].end == last;
-        let mut order: Vec<u32> = (0..problem.len() as u32).filter(|&i| lasting(i)).collect();
-        if order.is_empty()
-            || order.len() == problem.len()
-            || self.best_order.len() != problem.len()
-        {
+        if self.best_order.len() != problem.len() {
             return;
+        }
+        let output = |i: u32| problem.items[i as usize].end == last;
+        // Enclosing: at least the end of every buffer (outputs aside)
+        // allocated after it.
+        let mut by_start: Vec<u32> = (0..problem.len() as u32).collect();
+        by_start.sort_by_key(|&i| (core::cmp::Reverse(problem.items[i as usize].start), i));
+        let mut enclosing = vec![false; problem.len()];
+        let mut later_end = 0usize;
+        for &i in &by_start {
+            let it = &problem.items[i as usize];
+            if output(i) {
+                continue;
+            }
+            enclosing[i as usize] = it.end >= later_end;
+            later_end = later_end.max(it.end);
+        }
+        let stacked = |i: u32| output(i) || enclosing[i as usize];
+        if !self.settle_with(problem, &stacked) {
+            self.settle_with(problem, &output);
+        }
+    }
+
+    /// Places the buffers `lasting` says first, oldest lowest, then the
+    /// rest in the best order; keeps that if it is no higher than the
+    /// best. Whether the lasting ones are low now.
+    fn settle_with(&mut self, problem: &Problem, lasting: &dyn Fn(u32) -> bool) -> bool {
+        let mut order: Vec<u32> = (0..problem.len() as u32).filter(|&i| lasting(i)).collect();
+        if order.is_empty() || order.len() == problem.len() {
+            return true;
         }
         // Oldest lowest: each lies under the ones allocated after it.
         order.sort_by_key(|&i| (problem.items[i as usize].start, i));
         if self.best_order[..order.len()] == order[..] {
-            return;
+            return true;
         }
         order.extend(self.best_order.iter().copied().filter(|&i| !lasting(i)));
         let mut decoder = Decoder::new(problem, order);
-        if let Some(top) = decoder.decode(problem, 0, self.best_fit, self.best) {
-            self.keep(&decoder, top, self.best_fit);
-            self.walk.clear();
+        match decoder.decode(problem, 0, self.best_fit, self.best) {
+            Some(top) => {
+                self.keep(&decoder, top, self.best_fit);
+                self.walk.clear();
+                true
+            }
+            None => false,
         }
     }
 }
