@@ -496,10 +496,21 @@ impl Backend for ArenaBackend<'_> {
     }
 
     fn between_runs(&mut self) -> std::time::Duration {
-        match &self.plans {
+        match &mut self.plans {
             Some(p) if p.cache.owes() => {
                 let t = std::time::Instant::now();
                 p.cache.learn();
+                // The last run's own plan, if it was left to this.
+                let label = p
+                    .labels
+                    .get(p.next.wrapping_sub(1))
+                    .map_or("", |l| l.as_str());
+                if let Some(plan) = p.cache.peek(label) {
+                    if plan.size() > p.largest {
+                        p.largest = plan.size();
+                        self.arena.shrink_to(p.largest);
+                    }
+                }
                 t.elapsed()
             }
             _ => std::time::Duration::ZERO,

@@ -76,6 +76,20 @@ pub struct PlanCache<K> {
     owes: AtomicBool,
     /// Refits made by [`PlanCache::learn`].
     refits_learned: AtomicU64,
+    /// Runs whose own plan is left to [`PlanCache::learn`] to solve.
+    solves: Mutex<Vec<Solve<K>>>,
+}
+
+/// A run's own plan, left to [`PlanCache::learn`] to solve and keep as
+/// [`PlanCache::after_run`] would have (its family observed the run
+/// already).
+struct Solve<K> {
+    key: K,
+    family: u64,
+    recording: Recording,
+    /// The run was served dynamically (its plan must not need more).
+    dynamic: bool,
+    high_water: usize,
 }
 
 /// The plan to serve a run with, from [`PlanCache::lookup`].
@@ -117,27 +131,33 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             defer: AtomicBool::new(false),
             owes: AtomicBool::new(false),
             refits_learned: AtomicU64::new(0),
+            solves: Mutex::new(Vec::new()),
         }
     }
 
     /// Whether [`after_run`](Self::after_run) refits a family on the run's
     /// thread (`false`, the default) or leaves the refit to
     /// [`learn`](Self::learn), called off the run's path (a background
-    /// thread, an idle moment). Either way a run's own plan is learned by
-    /// `after_run`, and a family's first fit is made there (so that the
-    /// next shape is predicted); a deferred refit (a shape past the range
-    /// seen, a prediction that failed or was loose) leaves the family
-    /// predicting from its previous fit until it is learned.
+    /// thread, an idle moment). Deferred, a run's own plan where it must be
+    /// solved (a dynamic run, one that left its prediction or kept a loose
+    /// one) is solved and learned there too, and until then its key is
+    /// looked up as before; a family's first fit is made by `after_run`
+    /// either way (so that the next shape is predicted). A deferred refit
+    /// (a shape past the range seen, a prediction that failed or was
+    /// loose) leaves the family predicting from its previous fit until it
+    /// is learned.
     pub fn set_deferred_learning(&self, on: bool) {
         self.defer.store(on, Ordering::Relaxed);
     }
 
-    /// Whether refits were left to [`learn`](Self::learn) since it last ran.
+    /// Whether plans or refits were left to [`learn`](Self::learn) since it
+    /// last ran.
     pub fn owes(&self) -> bool {
         self.owes.load(Ordering::Acquire)
     }
 
-    /// Makes the refits runs left ([`set_deferred_learning`](Self::set_deferred_learning)),
+    /// Solves the plans runs left, then makes the refits they left
+    /// ([`set_deferred_learning`](Self::set_deferred_learning)),
     /// outside the families' lock (lookups and runs go on meanwhile), and
     /// installs each. A family that saw new shapes while its refit was made
     /// predicts from it and keeps owing the rest, made again, up to three
@@ -145,6 +165,12 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
     /// that left nothing owed. Safe to call from any thread, at any time,
     /// concurrently.
     pub fn learn(&self) -> usize {
+        // Runs' own plans first: their shapes join the families, whose
+        // refits follow.
+        let solves = core::mem::take(&mut *self.solves.lock());
+        for solve in solves {
+            self.learn_solve(solve);
+        }
         let mut installed = 0;
         let mut left = false;
         for _ in 0..3 {
@@ -419,6 +445,34 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             // run's own recording below, so that the key's later runs are
             // served at their own lower bound, not the loose prediction's.
             (Some(plan), false) if tight => Arc::clone(plan),
+            // Solved by a learner, off the run's path; the family
+            // observes the run's sizes now (a first fit is made here, so
+            // that the next shape is predicted).
+            (_, false) if self.defer.load(Ordering::Relaxed) => {
+                let mut dims = Vec::new();
+                key.dims(&mut dims);
+                self.solves.lock().push(Solve {
+                    key: key.to_owned().into(),
+                    family: id,
+                    recording: recording.clone(),
+                    dynamic: matches!(source, PlanSource::Dynamic(_)),
+                    high_water: report.high_water,
+                });
+                self.owes.store(true, Ordering::Release);
+                let learning = Learning {
+                    refit: !tight,
+                    defer: true,
+                };
+                self.families.lock().observe(
+                    id,
+                    || key.family_name(),
+                    dims,
+                    recording,
+                    None,
+                    learning,
+                );
+                return None;
+            }
             // Searched from where the structure's last search ended, if
             // the family knows the structure (solved outside the lock).
             (_, false) => match self.shape(id, &recording.events) {
@@ -431,18 +485,6 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             },
             _ => return None,
         };
-        // A plan is kept as its key's only if it needs no more than the
-        // run needed dynamically (its high-water mark, to a granule): a
-        // plan must never cost more than no plan.
-        // (A report with no high-water mark, of a run that placed nothing
-        // or made up by a caller that serves runs itself, vetoes nothing.)
-        let dynamic_need = report.high_water.saturating_add(plan.align());
-        if !matches!(source, PlanSource::Dynamic(_))
-            || report.high_water == 0
-            || plan.size() <= dynamic_need
-        {
-            self.insert(key.to_owned().into(), Arc::clone(&plan));
-        }
         let mut dims = Vec::new();
         key.dims(&mut dims);
         // The run's own sizes where it kept them (smaller than predicted).
@@ -451,6 +493,12 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         } else {
             plan.recording()
         };
+        self.keep(
+            key.to_owned().into(),
+            Arc::clone(&plan),
+            matches!(source, PlanSource::Dynamic(_)),
+            report.high_water,
+        );
         let learning = Learning {
             refit: !tight,
             defer: self.defer.load(Ordering::Relaxed),
@@ -463,6 +511,38 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             self.owes.store(true, Ordering::Release);
         }
         Some(plan)
+    }
+
+    /// Solves and keeps a run's own plan left by
+    /// [`after_run`](Self::after_run), as it would have (from where the
+    /// structure's last search ended, if the family knows it).
+    fn learn_solve(&self, solve: Solve<K>) {
+        let Solve {
+            key,
+            family,
+            recording,
+            dynamic,
+            high_water,
+        } = solve;
+        let plan = match self.shape(family, &recording.events) {
+            Some(shape) => shape.plan(&recording),
+            None => Plan::from_recording(&recording).ok(),
+        };
+        if let Some(plan) = plan {
+            self.keep(key, Arc::new(plan), dynamic, high_water);
+        }
+    }
+
+    /// Keeps `plan`, learned from a run of `key`, as the key's, unless it
+    /// needs more than the run needed `dynamic`ally (its high-water mark,
+    /// to a granule): a plan must never cost more than no plan. (A report
+    /// with no high-water mark, of a run that placed nothing or made up by
+    /// a caller that serves runs itself, vetoes nothing.)
+    fn keep(&self, key: K, plan: Arc<Plan>, dynamic: bool, high_water: usize) {
+        let dynamic_need = high_water.saturating_add(plan.align());
+        if !dynamic || high_water == 0 || plan.size() <= dynamic_need {
+            self.insert(key, plan);
+        }
     }
 
     /// What a plan store saves ([`super::store`]): every plan by key,
@@ -549,10 +629,31 @@ mod learn_tests {
         cache.set_deferred_learning(true);
         run(&cache, 4);
         run(&cache, 8);
-        // Nothing learned off the path yet, and the third shape is
-        // predicted all the same.
-        assert!(!cache.owes());
+        // No refit owed (the plans are: the runs' own), and the third
+        // shape is predicted all the same.
+        assert!(cache.families.lock().owed().is_empty());
         assert_eq!(run(&cache, 6), PlanSource::Predicted);
+    }
+
+    #[test]
+    fn a_runs_own_plan_is_solved_by_the_learner_as_after_the_run() {
+        let inline: PlanCache<Vec<usize>> = PlanCache::new(8);
+        let deferred: PlanCache<Vec<usize>> = PlanCache::new(8);
+        deferred.set_deferred_learning(true);
+        for n in [4, 8] {
+            run(&inline, n);
+            run(&deferred, n);
+            // Not solved on the run's thread: the key has no plan yet.
+            assert!(deferred.peek(&[n][..]).is_none());
+            assert!(deferred.owes());
+            deferred.learn();
+            assert!(!deferred.owes());
+            assert_eq!(
+                deferred.peek(&[n][..]).map(|p| p.size()),
+                inline.peek(&[n][..]).map(|p| p.size())
+            );
+        }
+        assert_eq!(run(&deferred, 8), PlanSource::Exact);
     }
 
     #[test]
