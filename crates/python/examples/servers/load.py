@@ -6,20 +6,26 @@ The server is stopped (its whole process group) on every path.
 
     python load.py uvicorn  [--runtime ta|ort] [--requests 200] [--clients 8] [--idle 15]
     python load.py gunicorn [--runtime ta|ort] ...
+    python load.py ray      [--runtime ta|ort] ...
 
 uvicorn: `uvicorn fastapi_app:app --workers 2` (workers spawned, each
 makes its sessions); gunicorn: `gunicorn --preload --workers 2 --threads 4
-wsgi_app:app` (sessions made in the master, workers forked). Prints one
-JSON line."""
+wsgi_app:app` (sessions made in the master, workers forked); ray:
+`ray_app.py`, a Ray Serve deployment with 2 replicas on a local cluster
+(each replica a Ray worker process the raylet starts, which makes its
+sessions; found by the pids the replicas answer with, since they are not
+the driver's children). Prints one JSON line."""
 
 import argparse
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -34,13 +40,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(kind: str, port: int, workers: int) -> list:
+def command(kind: str, port: int, workers: int, temp_dir: str = "") -> list:
     if kind == "uvicorn":
         return [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "fastapi_app:app",
                 "--workers", str(workers), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     if kind == "gunicorn":
         return [sys.executable, "-m", "gunicorn", "--chdir", str(HERE), "--preload", "--workers", str(workers),
                 "--threads", "4", "--bind", f"127.0.0.1:{port}", "--log-level", "warning", "wsgi_app:app"]
+    if kind == "ray":
+        return [sys.executable, str(HERE / "ray_app.py"), "--port", str(port), "--replicas", str(workers),
+                "--num-cpus", "2", "--temp-dir", temp_dir]
     raise SystemExit(f"unknown server {kind!r}")
 
 
@@ -77,6 +86,48 @@ def workers_of(master: int) -> list:
         if ppid == master and "resource_tracker" not in cmd:
             out.append(int(d))
     return sorted(out)
+
+
+def replicas_of(port: int, workers: int, tries: int = 400) -> list:
+    """Ray Serve's replicas: the pids that /memory answers with, asked
+    until `workers` distinct ones have answered (Serve's router chooses
+    the replica). Each must be a process of this machine (a local
+    cluster)."""
+    seen = set()
+    for _ in range(tries):
+        seen.add(call(port, "/memory")["pid"])
+        if len(seen) >= workers:
+            break
+    for p in seen:
+        if not os.path.exists(f"/proc/{p}/status"):
+            raise RuntimeError(f"replica pid {p} is not a process of this machine")
+    return sorted(seen)
+
+
+def stop(proc, kind: str, temp_dir: str) -> None:
+    """Stops the server and everything it started. uvicorn, gunicorn: the
+    process group, SIGTERM then SIGKILL. ray: SIGTERM to the driver alone
+    (it runs serve.shutdown() and ray.shutdown()), then SIGKILL to its
+    group and to any process whose command line names the cluster's
+    temporary folder, which is then removed."""
+    first = proc.terminate if kind == "ray" else (lambda: os.killpg(proc.pid, signal.SIGTERM))
+    try:
+        first()
+        proc.wait(60 if kind == "ray" else 15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    if kind == "ray":
+        from ray_app import kill_leftovers
+
+        left = kill_leftovers(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if left:
+            print(f"load.py: killed {len(left)} Ray process(es) left by the driver", file=sys.stderr)
 
 
 def expected(seeds, batch_of, model_path) -> dict:
@@ -120,7 +171,9 @@ def run(kind: str, runtime: str, requests: int, clients: int, idle: float, worke
 
     seeds = list(range(requests))
     want = expected(seeds, batch_of, model_path)
-    proc = subprocess.Popen(command(kind, port, workers), env=env, start_new_session=True,
+    # Ray's folder: short (its sockets live under it), ours to remove.
+    temp_dir = tempfile.mkdtemp(prefix="ta-ray-", dir="/tmp") if kind == "ray" else ""
+    proc = subprocess.Popen(command(kind, port, workers, temp_dir), env=env, start_new_session=True,
                             stdout=log or subprocess.DEVNULL, stderr=log or subprocess.DEVNULL)
     try:
         t0 = time.monotonic()
@@ -134,7 +187,9 @@ def run(kind: str, runtime: str, requests: int, clients: int, idle: float, worke
                 if time.monotonic() - t0 > ready_s:
                     raise RuntimeError(f"{kind} did not answer within {ready_s} s")
                 time.sleep(0.3)
-        pids = workers_of(proc.pid)
+        pids = replicas_of(port, workers) if kind == "ray" else workers_of(proc.pid)
+        if len(pids) != workers and kind == "ray":
+            raise RuntimeError(f"{len(pids)} of {workers} Ray Serve replicas answered: {pids}")
         if len(pids) != workers:
             # uvicorn may still be starting one: wait for all.
             deadline = time.monotonic() + ready_s
@@ -163,23 +218,18 @@ def run(kind: str, runtime: str, requests: int, clients: int, idle: float, worke
                 "after_load_mib": round(after[p] / 1024, 1),
                 "idle_mib": round(status_kib(p, "VmRSS") / 1024, 1),
                 "reserved": reserved.get(p)} for p in pids]
-        return {"server": kind, "runtime": runtime, "requests": requests, "clients": clients,
-                "idle_s": idle, "identical": identical, "workers": per}
+        out = {"server": kind, "runtime": runtime, "requests": requests, "clients": clients,
+               "idle_s": idle, "identical": identical, "workers": per}
+        if kind == "ray":
+            out["temp_dir"] = temp_dir  # removed by now, with every process that named it
+        return out
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+        stop(proc, kind, temp_dir)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("server", choices=["uvicorn", "gunicorn"])
+    ap.add_argument("server", choices=["uvicorn", "gunicorn", "ray"])
     ap.add_argument("--runtime", choices=["ta", "ort"], default="ta")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--clients", type=int, default=8)

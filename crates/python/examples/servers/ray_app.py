@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""The model as a Ray Serve deployment with two replicas, on a local Ray
+cluster that this script starts and stops:
+
+    python ray_app.py --port 8000 [--replicas 2] [--num-cpus 2] [--temp-dir DIR]
+
+`ray.init` starts a fresh local cluster (never joins a running one): no
+dashboard, `--num-cpus` CPUs, a 100 MiB object store, its files in a
+temporary folder (`--temp-dir`, made here if not given, removed at the
+end). Serve's HTTP proxy answers on 127.0.0.1:PORT:
+
+POST /infer {"seed": 1, "batch": 4} -> {"sha256": ..., "pid": ...};
+GET /memory -> the answering replica's RSS, peak and arena (model.py).
+
+Each replica is a Ray worker process that the raylet starts from scratch
+(spawned, not forked from this driver): it imports model.py, which makes
+its sessions, in its constructor. The driver never makes sessions. What
+the replicas need from the environment (SERVER_RUNTIME, SERVER_MODEL,
+TENSOR_ARENA_*, MALLOC_*) is passed in the deployment's
+`runtime_env["env_vars"]`, as on a cluster whose raylets were started by
+`ray start` and do not share this process's environment.
+
+Runs until SIGTERM or SIGINT, then `serve.shutdown()`, `ray.shutdown()`,
+and kills any process left whose command line names the temporary folder
+(a Ray process of this cluster) before removing it."""
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# No usage report from a test or a benchmark (this machine may have no
+# network at all).
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+# What a replica needs from this process's environment.
+FORWARDED_PREFIXES = ("SERVER_", "TENSOR_ARENA_", "MALLOC_", "GLIBC_TUNABLES", "OMP_")
+
+
+def forwarded_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
+
+
+def ray_processes(temp_dir: str) -> list:
+    """Pids of processes (other than this one) whose command line names
+    `temp_dir`: every Ray process of a cluster started with that folder
+    (GCS, raylet, agents, workers) passes it, or a path under it, as an
+    argument."""
+    needle = temp_dir.encode()
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if needle in cmd:
+            out.append(int(d))
+    return out
+
+
+def kill_leftovers(temp_dir: str, grace_s: float = 5.0) -> list:
+    """SIGTERM, then SIGKILL, for what `ray_processes` finds; returns the
+    pids that had to be signalled."""
+    pids = ray_processes(temp_dir)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and ray_processes(temp_dir):
+            time.sleep(0.1)
+        if not ray_processes(temp_dir):
+            break
+    return pids
+
+
+def deployment(num_replicas: int):
+    from ray import serve
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    @serve.deployment(
+        num_replicas=num_replicas,
+        # Serve's default is one CPU per replica; the cluster has few.
+        ray_actor_options={"num_cpus": 0.5, "runtime_env": {"env_vars": forwarded_env()}},
+        max_ongoing_requests=8,
+    )
+    class Model:
+        def __init__(self, servers_dir: str):
+            # This class is pickled by value (it lives in the driver's
+            # __main__); model.py is imported from the folder here.
+            sys.path.insert(0, servers_dir)
+            import model
+
+            self.model = model
+
+        async def __call__(self, request: Request):
+            path = request.url.path
+            try:
+                if path == "/infer" and request.method == "POST":
+                    req = await request.json()
+                    # The run releases the GIL: a thread runs it, the
+                    # replica's event loop goes on.
+                    return await asyncio.to_thread(self.model.infer, int(req["seed"]), int(req.get("batch", 1)))
+                if path == "/memory":
+                    return self.model.memory()
+            except (KeyError, ValueError, TypeError) as e:
+                return JSONResponse({"error": str(e)}, status_code=400)
+            return JSONResponse({"error": "not found"}, status_code=404)
+
+    return Model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--temp-dir", help="Ray's folder (short: Ray's socket paths live under it)")
+    a = ap.parse_args()
+
+    temp_dir = a.temp_dir or tempfile.mkdtemp(prefix="ta-ray-", dir="/tmp")
+    os.makedirs(temp_dir, exist_ok=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    try:
+        import ray
+        from ray import serve
+    except ImportError as e:
+        raise SystemExit(f"ray_app: {e}: pip install 'ray[serve]' (pinned in crates/python/tests/requirements.txt)")
+
+    try:
+        ray.init(
+            address="local",
+            num_cpus=a.num_cpus,
+            include_dashboard=False,
+            object_store_memory=100 * 1024 * 1024,
+            _temp_dir=temp_dir,
+            namespace="tensor-arena-servers",
+        )
+        serve.start(http_options={"host": "127.0.0.1", "port": a.port})
+        serve.run(deployment(a.replicas).bind(str(HERE)), name="model", route_prefix="/")
+        print(f"ray_app: serving on 127.0.0.1:{a.port}, {a.replicas} replicas, temp dir {temp_dir}", flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        # Each step on its own: a failed one must not keep the next from
+        # running.
+        for step in ("serve", "ray"):
+            try:
+                if not ray.is_initialized():
+                    break
+                if step == "serve":
+                    serve.shutdown()
+                else:
+                    ray.shutdown()
+            except Exception as e:  # noqa: BLE001 (reported, then the next step)
+                print(f"ray_app: {step}.shutdown() failed: {e!r}", file=sys.stderr, flush=True)
+        left = kill_leftovers(temp_dir)
+        if left:
+            print(f"ray_app: killed {len(left)} process(es) left after ray.shutdown()", file=sys.stderr, flush=True)
+        if not a.temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
