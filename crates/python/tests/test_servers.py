@@ -83,11 +83,12 @@ def test_ray_serve_two_replicas_outputs_equal_onnxruntime_and_give_memory_back(l
     for w in r["workers"]:
         # Idle decay (2 s) in each replica.
         assert w["reserved"] == 0, (w, logs)
-    # Nothing of the cluster is left: no process names its folder, which is gone.
+    # Nothing of the cluster is left: no process of the driver's session
+    # (the replicas were in it) nor naming the cluster's folder, which is gone.
     sys.path.insert(0, str(servers_dir()))
     try:
         from ray_app import ray_processes
     finally:
         sys.path.remove(str(servers_dir()))
-    assert ray_processes(r["temp_dir"]) == [], logs
+    assert ray_processes(r["temp_dir"], session=r["driver_pid"]) == [], logs
     assert not os.path.exists(r["temp_dir"]), r["temp_dir"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Starts a server of this folder, sends it requests, checks every answer
 against onnxruntime in this process, and reports each worker's memory:
-with the sessions made, its peak (VmHWM), after the load, and after idle.
+before the runtime is imported, with the sessions made, its peak (VmHWM),
+after the load, and after idle.
 The server is stopped (its whole process group) on every path.
 
     python load.py uvicorn  [--runtime ta|ort] [--requests 200] [--clients 8] [--idle 15]
@@ -108,8 +109,10 @@ def stop(proc, kind: str, temp_dir: str) -> None:
     """Stops the server and everything it started. uvicorn, gunicorn: the
     process group, SIGTERM then SIGKILL. ray: SIGTERM to the driver alone
     (it runs serve.shutdown() and ray.shutdown()), then SIGKILL to its
-    group and to any process whose command line names the cluster's
-    temporary folder, which is then removed."""
+    group, and to any process of its session (the driver was started as a
+    session leader; Ray's workers have process groups of their own) or
+    whose command line names the cluster's temporary folder, which is then
+    removed."""
     first = proc.terminate if kind == "ray" else (lambda: os.killpg(proc.pid, signal.SIGTERM))
     try:
         first()
@@ -124,7 +127,7 @@ def stop(proc, kind: str, temp_dir: str) -> None:
     if kind == "ray":
         from ray_app import kill_leftovers
 
-        left = kill_leftovers(temp_dir)
+        left = kill_leftovers(temp_dir, session=proc.pid)
         shutil.rmtree(temp_dir, ignore_errors=True)
         if left:
             print(f"load.py: killed {len(left)} Ray process(es) left by the driver", file=sys.stderr)
@@ -142,15 +145,16 @@ def expected(seeds, batch_of, model_path) -> dict:
     return out
 
 
-def arenas(port: int, pids: list, runtime: str) -> dict:
-    """Each worker's arena (bytes reserved), asking /memory until every
-    worker has answered (which worker answers is the server's choice)."""
+def arenas(port: int, pids: list, runtime: str, field: str = "reserved") -> dict:
+    """Each worker's arena (bytes reserved now, or `field` of /memory),
+    asking /memory until every worker has answered (which worker answers
+    is the server's choice)."""
     if runtime != "ta":
         return {}
     seen = {}
     for _ in range(200):
         m = call(port, "/memory")
-        seen[m["pid"]] = m["reserved"]
+        seen[m["pid"]] = m[field]
         if set(pids) <= set(seen):
             break
     return seen
@@ -196,10 +200,11 @@ def run(kind: str, runtime: str, requests: int, clients: int, idle: float, worke
             while len(pids) != workers and time.monotonic() < deadline:
                 time.sleep(0.3)
                 pids = workers_of(proc.pid)
-        sessions = {}
+        sessions, start = {}, {}
         for _ in range(100):
             m = call(port, "/memory")
             sessions[m["pid"]] = m["sessions_rss_kib"]
+            start[m["pid"]] = m["start_rss_kib"]
             if set(pids) <= set(sessions):
                 break
         with ThreadPoolExecutor(clients) as pool:
@@ -209,19 +214,25 @@ def run(kind: str, runtime: str, requests: int, clients: int, idle: float, worke
         after = {p: status_kib(p, "VmRSS") for p in pids}
         time.sleep(idle)
         reserved = arenas(port, pids, runtime)
+        reserved_peak = arenas(port, pids, runtime, "reserved_peak")
         t1 = time.monotonic()
         while settle_s and any(reserved.get(p, 1) for p in pids) and time.monotonic() - t1 < settle_s:
             time.sleep(0.5)
             reserved = arenas(port, pids, runtime)
-        per = [{"pid": p, "served": served[p], "sessions_mib": round(sessions.get(p, 0) / 1024, 1),
+        per = [{"pid": p, "served": served[p], "start_mib": round(start.get(p, 0) / 1024, 1),
+                "sessions_mib": round(sessions.get(p, 0) / 1024, 1),
                 "peak_mib": round(status_kib(p, "VmHWM") / 1024, 1),
                 "after_load_mib": round(after[p] / 1024, 1),
                 "idle_mib": round(status_kib(p, "VmRSS") / 1024, 1),
-                "reserved": reserved.get(p)} for p in pids]
+                "reserved": reserved.get(p),
+                "reserved_peak_mib": None if p not in reserved_peak else round(reserved_peak[p] / 2**20, 1)}
+               for p in pids]
         out = {"server": kind, "runtime": runtime, "requests": requests, "clients": clients,
                "idle_s": idle, "identical": identical, "workers": per}
         if kind == "ray":
-            out["temp_dir"] = temp_dir  # removed by now, with every process that named it
+            # By the time this is returned, the folder is removed and no
+            # process of the driver's session (its pid) is left.
+            out["temp_dir"], out["driver_pid"] = temp_dir, proc.pid
         return out
     finally:
         stop(proc, kind, temp_dir)

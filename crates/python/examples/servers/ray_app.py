@@ -16,13 +16,14 @@ Each replica is a Ray worker process that the raylet starts from scratch
 (spawned, not forked from this driver): it imports model.py, which makes
 its sessions, in its constructor. The driver never makes sessions. What
 the replicas need from the environment (SERVER_RUNTIME, SERVER_MODEL,
-TENSOR_ARENA_*, MALLOC_*) is passed in the deployment's
+SERVER_RUN_THREADS, TENSOR_ARENA_*, MALLOC_*) is passed in the deployment's
 `runtime_env["env_vars"]`, as on a cluster whose raylets were started by
 `ray start` and do not share this process's environment.
 
 Runs until SIGTERM or SIGINT, then `serve.shutdown()`, `ray.shutdown()`,
-and kills any process left whose command line names the temporary folder
-(a Ray process of this cluster) before removing it."""
+and kills any process of the cluster left (one that this driver had
+started, or whose command line names the temporary folder) before
+removing the folder."""
 
 import argparse
 import asyncio
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,30 +51,68 @@ def forwarded_env() -> dict:
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
 
 
-def ray_processes(temp_dir: str) -> list:
-    """Pids of processes (other than this one) whose command line names
-    `temp_dir`: every Ray process of a cluster started with that folder
-    (GCS, raylet, agents, workers) passes it, or a path under it, as an
-    argument."""
+def _stat(pid: int):
+    """(ppid, session id, start time) of a process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[1]), int(fields[3]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def descendants(root: int) -> dict:
+    """{pid: start time} of every live process descended from `root`."""
+    stats = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _stat(int(d))
+            if st:
+                stats[int(d)] = st
+    out, todo = {}, [root]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, _, start) in stats.items():
+            if ppid == parent and pid not in out:
+                out[pid] = start
+                todo.append(pid)
+    return out
+
+
+def ray_processes(temp_dir: str, session: int = 0, known: dict = None) -> list:
+    """Pids of the processes (other than this one) of a cluster started
+    with `temp_dir`: those whose command line names it (GCS, raylet, the
+    agents' launchers), those of session `session` if given (a driver
+    started as a session leader: the raylet's workers have process groups
+    of their own, and a title, `ray::...`, in place of their command line),
+    and those of `known` ({pid: start time}, from `descendants`) still
+    alive."""
     needle = temp_dir.encode()
+    known = known or {}
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) == os.getpid():
             continue
+        pid = int(d)
+        st = _stat(pid)
+        if st is None:
+            continue
+        if (session and st[1] == session) or known.get(pid) == st[2]:
+            out.append(pid)
+            continue
         try:
             with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read()
+                if needle in f.read():
+                    out.append(pid)
         except OSError:
             continue
-        if needle in cmd:
-            out.append(int(d))
     return out
 
 
-def kill_leftovers(temp_dir: str, grace_s: float = 5.0) -> list:
+def kill_leftovers(temp_dir: str, session: int = 0, known: dict = None, grace_s: float = 5.0) -> list:
     """SIGTERM, then SIGKILL, for what `ray_processes` finds; returns the
     pids that had to be signalled."""
-    pids = ray_processes(temp_dir)
+    pids = ray_processes(temp_dir, session, known)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for p in pids:
             try:
@@ -80,9 +120,9 @@ def kill_leftovers(temp_dir: str, grace_s: float = 5.0) -> list:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and ray_processes(temp_dir):
+        while time.monotonic() < deadline and ray_processes(temp_dir, session, known):
             time.sleep(0.1)
-        if not ray_processes(temp_dir):
+        if not ray_processes(temp_dir, session, known):
             break
     return pids
 
@@ -106,6 +146,11 @@ def deployment(num_replicas: int):
             import model
 
             self.model = model
+            # SERVER_RUN_THREADS=N: runs on N threads of the replica's own
+            # (fewer threads, fewer glibc heaps); unset or 0: asyncio's
+            # default executor (min(32, cores + 4) threads).
+            n = int(os.environ.get("SERVER_RUN_THREADS") or 0)
+            self.executor = ThreadPoolExecutor(max_workers=n, thread_name_prefix="run") if n > 0 else None
 
         async def __call__(self, request: Request):
             path = request.url.path
@@ -114,7 +159,8 @@ def deployment(num_replicas: int):
                     req = await request.json()
                     # The run releases the GIL: a thread runs it, the
                     # replica's event loop goes on.
-                    return await asyncio.to_thread(self.model.infer, int(req["seed"]), int(req.get("batch", 1)))
+                    return await asyncio.get_running_loop().run_in_executor(
+                        self.executor, self.model.infer, int(req["seed"]), int(req.get("batch", 1)))
                 if path == "/memory":
                     return self.model.memory()
             except (KeyError, ValueError, TypeError) as e:
@@ -135,8 +181,12 @@ def main() -> None:
     temp_dir = a.temp_dir or tempfile.mkdtemp(prefix="ta-ray-", dir="/tmp")
     os.makedirs(temp_dir, exist_ok=True)
     stop = threading.Event()
+
+    def on_signal(*_):
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
 
     try:
         import ray
@@ -153,12 +203,21 @@ def main() -> None:
             _temp_dir=temp_dir,
             namespace="tensor-arena-servers",
         )
+        # ray.init installs its own SIGTERM handlers (a Python one that
+        # exits, and its core worker's fatal-signal handler, under which a
+        # SIGTERM aborted this driver during ray.shutdown()): ours again,
+        # so that a stop is the orderly shutdown below.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
         serve.start(http_options={"host": "127.0.0.1", "port": a.port})
         serve.run(deployment(a.replicas).bind(str(HERE)), name="model", route_prefix="/")
         print(f"ray_app: serving on 127.0.0.1:{a.port}, {a.replicas} replicas, temp dir {temp_dir}", flush=True)
         while not stop.wait(0.5):
             pass
     finally:
+        # What this driver started (the raylet's workers among them), seen
+        # before the shutdown orphans anything.
+        started = descendants(os.getpid())
         # Each step on its own: a failed one must not keep the next from
         # running.
         for step in ("serve", "ray"):
@@ -171,7 +230,7 @@ def main() -> None:
                     ray.shutdown()
             except Exception as e:  # noqa: BLE001 (reported, then the next step)
                 print(f"ray_app: {step}.shutdown() failed: {e!r}", file=sys.stderr, flush=True)
-        left = kill_leftovers(temp_dir)
+        left = kill_leftovers(temp_dir, known=started)
         if left:
             print(f"ray_app: killed {len(left)} process(es) left after ray.shutdown()", file=sys.stderr, flush=True)
         if not a.temp_dir:
