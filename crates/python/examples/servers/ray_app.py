@@ -178,6 +178,12 @@ def main() -> None:
     ap.add_argument("--temp-dir", help="Ray's folder (short: Ray's socket paths live under it)")
     a = ap.parse_args()
 
+    try:
+        import ray
+        from ray import serve
+    except ImportError as e:
+        raise SystemExit(f"ray_app: {e}: pip install 'ray[serve]' (pinned in crates/python/tests/requirements.txt)")
+
     temp_dir = a.temp_dir or tempfile.mkdtemp(prefix="ta-ray-", dir="/tmp")
     os.makedirs(temp_dir, exist_ok=True)
     stop = threading.Event()
@@ -187,12 +193,6 @@ def main() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-
-    try:
-        import ray
-        from ray import serve
-    except ImportError as e:
-        raise SystemExit(f"ray_app: {e}: pip install 'ray[serve]' (pinned in crates/python/tests/requirements.txt)")
 
     try:
         ray.init(
