@@ -5,8 +5,9 @@
 #   1. the wheel with numpy only: `import tensor_arena` works and
 #      `import tensor_arena.onnxruntime` raises a clear ImportError;
 #   2. the wheel with crates/python/tests/requirements.txt (onnxruntime,
-#      onnx, pytest, rapidocr-onnxruntime, fastapi, uvicorn, gunicorn;
-#      pinned): the pytest suite (with examples/servers), run
+#      onnx, pytest, rapidocr-onnxruntime, fastapi, uvicorn, gunicorn,
+#      ray[serve]; pinned): the pytest suite (with examples/servers, whose
+#      Ray test starts and stops a local Ray cluster), run
 #      from a directory outside the source tree so the installed package is
 #      the one imported (checked);
 #   3. the example service's install step (examples/ocr-service/install.sh)

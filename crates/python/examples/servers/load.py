@@ -1,25 +1,32 @@
 #!/usr/bin/env python3
 """Starts a server of this folder, sends it requests, checks every answer
 against onnxruntime in this process, and reports each worker's memory:
-with the sessions made, its peak (VmHWM), after the load, and after idle.
+before the runtime is imported, with the sessions made, its peak (VmHWM),
+after the load, and after idle.
 The server is stopped (its whole process group) on every path.
 
     python load.py uvicorn  [--runtime ta|ort] [--requests 200] [--clients 8] [--idle 15]
     python load.py gunicorn [--runtime ta|ort] ...
+    python load.py ray      [--runtime ta|ort] ...
 
 uvicorn: `uvicorn fastapi_app:app --workers 2` (workers spawned, each
 makes its sessions); gunicorn: `gunicorn --preload --workers 2 --threads 4
-wsgi_app:app` (sessions made in the master, workers forked). Prints one
-JSON line."""
+wsgi_app:app` (sessions made in the master, workers forked); ray:
+`ray_app.py`, a Ray Serve deployment with 2 replicas on a local cluster
+(each replica a Ray worker process the raylet starts, which makes its
+sessions; found by the pids the replicas answer with, since they are not
+the driver's children). Prints one JSON line."""
 
 import argparse
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -34,13 +41,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(kind: str, port: int, workers: int) -> list:
+def command(kind: str, port: int, workers: int, temp_dir: str = "") -> list:
     if kind == "uvicorn":
         return [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "fastapi_app:app",
                 "--workers", str(workers), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     if kind == "gunicorn":
         return [sys.executable, "-m", "gunicorn", "--chdir", str(HERE), "--preload", "--workers", str(workers),
                 "--threads", "4", "--bind", f"127.0.0.1:{port}", "--log-level", "warning", "wsgi_app:app"]
+    if kind == "ray":
+        return [sys.executable, str(HERE / "ray_app.py"), "--port", str(port), "--replicas", str(workers),
+                "--num-cpus", "2", "--temp-dir", temp_dir]
     raise SystemExit(f"unknown server {kind!r}")
 
 
@@ -79,6 +89,50 @@ def workers_of(master: int) -> list:
     return sorted(out)
 
 
+def replicas_of(port: int, workers: int, tries: int = 400) -> list:
+    """Ray Serve's replicas: the pids that /memory answers with, asked
+    until `workers` distinct ones have answered (Serve's router chooses
+    the replica). Each must be a process of this machine (a local
+    cluster)."""
+    seen = set()
+    for _ in range(tries):
+        seen.add(call(port, "/memory")["pid"])
+        if len(seen) >= workers:
+            break
+    for p in seen:
+        if not os.path.exists(f"/proc/{p}/status"):
+            raise RuntimeError(f"replica pid {p} is not a process of this machine")
+    return sorted(seen)
+
+
+def stop(proc, kind: str, temp_dir: str) -> None:
+    """Stops the server and everything it started. uvicorn, gunicorn: the
+    process group, SIGTERM then SIGKILL. ray: SIGTERM to the driver alone
+    (it runs serve.shutdown() and ray.shutdown()), then SIGKILL to its
+    group, and to any process of its session (the driver was started as a
+    session leader; Ray's workers have process groups of their own) or
+    whose command line names the cluster's temporary folder, which is then
+    removed."""
+    first = proc.terminate if kind == "ray" else (lambda: os.killpg(proc.pid, signal.SIGTERM))
+    try:
+        first()
+        proc.wait(60 if kind == "ray" else 15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    if kind == "ray":
+        from ray_app import kill_leftovers
+
+        left = kill_leftovers(temp_dir, session=proc.pid)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if left:
+            print(f"load.py: killed {len(left)} Ray process(es) left by the driver", file=sys.stderr)
+
+
 def expected(seeds, batch_of, model_path) -> dict:
     import numpy as np
     import onnxruntime
@@ -91,15 +145,16 @@ def expected(seeds, batch_of, model_path) -> dict:
     return out
 
 
-def arenas(port: int, pids: list, runtime: str) -> dict:
-    """Each worker's arena (bytes reserved), asking /memory until every
-    worker has answered (which worker answers is the server's choice)."""
+def arenas(port: int, pids: list, runtime: str, field: str = "reserved") -> dict:
+    """Each worker's arena (bytes reserved now, or `field` of /memory),
+    asking /memory until every worker has answered (which worker answers
+    is the server's choice)."""
     if runtime != "ta":
         return {}
     seen = {}
     for _ in range(200):
         m = call(port, "/memory")
-        seen[m["pid"]] = m["reserved"]
+        seen[m["pid"]] = m[field]
         if set(pids) <= set(seen):
             break
     return seen
@@ -120,7 +175,9 @@ def run(kind: str, runtime: str, requests: int, clients: int, idle: float, worke
 
     seeds = list(range(requests))
     want = expected(seeds, batch_of, model_path)
-    proc = subprocess.Popen(command(kind, port, workers), env=env, start_new_session=True,
+    # Ray's folder: short (its sockets live under it), ours to remove.
+    temp_dir = tempfile.mkdtemp(prefix="ta-ray-", dir="/tmp") if kind == "ray" else ""
+    proc = subprocess.Popen(command(kind, port, workers, temp_dir), env=env, start_new_session=True,
                             stdout=log or subprocess.DEVNULL, stderr=log or subprocess.DEVNULL)
     try:
         t0 = time.monotonic()
@@ -134,17 +191,20 @@ def run(kind: str, runtime: str, requests: int, clients: int, idle: float, worke
                 if time.monotonic() - t0 > ready_s:
                     raise RuntimeError(f"{kind} did not answer within {ready_s} s")
                 time.sleep(0.3)
-        pids = workers_of(proc.pid)
+        pids = replicas_of(port, workers) if kind == "ray" else workers_of(proc.pid)
+        if len(pids) != workers and kind == "ray":
+            raise RuntimeError(f"{len(pids)} of {workers} Ray Serve replicas answered: {pids}")
         if len(pids) != workers:
             # uvicorn may still be starting one: wait for all.
             deadline = time.monotonic() + ready_s
             while len(pids) != workers and time.monotonic() < deadline:
                 time.sleep(0.3)
                 pids = workers_of(proc.pid)
-        sessions = {}
+        sessions, start = {}, {}
         for _ in range(100):
             m = call(port, "/memory")
             sessions[m["pid"]] = m["sessions_rss_kib"]
+            start[m["pid"]] = m["start_rss_kib"]
             if set(pids) <= set(sessions):
                 break
         with ThreadPoolExecutor(clients) as pool:
@@ -154,32 +214,33 @@ def run(kind: str, runtime: str, requests: int, clients: int, idle: float, worke
         after = {p: status_kib(p, "VmRSS") for p in pids}
         time.sleep(idle)
         reserved = arenas(port, pids, runtime)
+        reserved_peak = arenas(port, pids, runtime, "reserved_peak")
         t1 = time.monotonic()
         while settle_s and any(reserved.get(p, 1) for p in pids) and time.monotonic() - t1 < settle_s:
             time.sleep(0.5)
             reserved = arenas(port, pids, runtime)
-        per = [{"pid": p, "served": served[p], "sessions_mib": round(sessions.get(p, 0) / 1024, 1),
+        per = [{"pid": p, "served": served[p], "start_mib": round(start.get(p, 0) / 1024, 1),
+                "sessions_mib": round(sessions.get(p, 0) / 1024, 1),
                 "peak_mib": round(status_kib(p, "VmHWM") / 1024, 1),
                 "after_load_mib": round(after[p] / 1024, 1),
                 "idle_mib": round(status_kib(p, "VmRSS") / 1024, 1),
-                "reserved": reserved.get(p)} for p in pids]
-        return {"server": kind, "runtime": runtime, "requests": requests, "clients": clients,
-                "idle_s": idle, "identical": identical, "workers": per}
+                "reserved": reserved.get(p),
+                "reserved_peak_mib": None if p not in reserved_peak else round(reserved_peak[p] / 2**20, 1)}
+               for p in pids]
+        out = {"server": kind, "runtime": runtime, "requests": requests, "clients": clients,
+               "idle_s": idle, "identical": identical, "workers": per}
+        if kind == "ray":
+            # By the time this is returned, the folder is removed and no
+            # process of the driver's session (its pid) is left.
+            out["temp_dir"], out["driver_pid"] = temp_dir, proc.pid
+        return out
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+        stop(proc, kind, temp_dir)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("server", choices=["uvicorn", "gunicorn"])
+    ap.add_argument("server", choices=["uvicorn", "gunicorn", "ray"])
     ap.add_argument("--runtime", choices=["ta", "ort"], default="ta")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--clients", type=int, default=8)
