@@ -4,7 +4,7 @@
 //! new shape reuses its structure's lists instead of sorting and sweeping
 //! again.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Conflict lists with at most this many entries (two per conflicting
 /// pair) may be built up front; beyond it, or when the lists would be
@@ -70,6 +70,19 @@ pub(crate) struct Lifetimes {
     /// `(request index, start, end)` of each active request, in order.
     spans: Vec<(usize, usize, usize)>,
     pub(super) conflicts: Arc<Conflicts>,
+    /// [`Lifetimes::lasting`], made on first use.
+    lasting: OnceLock<Lasting>,
+}
+
+/// The items a plan settles low ([`Lifetimes::lasting`]), each list in
+/// the order placed: oldest first.
+#[derive(Debug)]
+pub(super) struct Lasting {
+    /// The items live at the run's end (its outputs).
+    pub(super) outputs: Vec<u32>,
+    /// The outputs, and the items that enclose every item allocated after
+    /// them (freed no earlier than any of those, as a stack's would be).
+    pub(super) stacked: Vec<u32>,
 }
 
 impl Lifetimes {
@@ -78,7 +91,43 @@ impl Lifetimes {
     pub(super) fn new(spans: Vec<(usize, usize, usize)>) -> Lifetimes {
         let pairs: Vec<(usize, usize)> = spans.iter().map(|&(_, s, e)| (s, e)).collect();
         let conflicts = Arc::new(Conflicts::new(&pairs));
-        Lifetimes { spans, conflicts }
+        Lifetimes {
+            spans,
+            conflicts,
+            lasting: OnceLock::new(),
+        }
+    }
+
+    /// Which items a plan settles low (shared by every shape, so found
+    /// once per structure).
+    pub(super) fn lasting(&self) -> &Lasting {
+        self.lasting.get_or_init(|| {
+            let spans = &self.spans;
+            let last = spans.iter().map(|s| s.2).max().unwrap_or(0);
+            let mut by_start: Vec<u32> = (0..spans.len() as u32).collect();
+            by_start.sort_by_key(|&i| (spans[i as usize].1, i));
+            let output = |i: u32| spans[i as usize].2 == last;
+            // Enclosing: ending no earlier than every item (outputs aside)
+            // that starts after it.
+            let mut enclosing = vec![false; spans.len()];
+            let mut later_end = 0usize;
+            for &i in by_start.iter().rev() {
+                if output(i) {
+                    continue;
+                }
+                let end = spans[i as usize].2;
+                enclosing[i as usize] = end >= later_end;
+                later_end = later_end.max(end);
+            }
+            Lasting {
+                outputs: by_start.iter().copied().filter(|&i| output(i)).collect(),
+                stacked: by_start
+                    .iter()
+                    .copied()
+                    .filter(|&i| output(i) || enclosing[i as usize])
+                    .collect(),
+            }
+        })
     }
 
     /// Whether these are the lifetimes of `spans`.

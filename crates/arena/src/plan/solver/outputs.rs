@@ -19,47 +19,36 @@ impl Search {
     /// leaves its plan midway finds them packed under the rest as a
     /// dynamic arena has them, and the space above them whole.
     pub(super) fn settle(&mut self, problem: &Problem) {
-        let Some(last) = problem.items.iter().map(|it| it.end).max() else {
-            return;
-        };
         if self.best_order.len() != problem.len() {
             return;
         }
-        let output = |i: u32| problem.items[i as usize].end == last;
-        // Enclosing: at least the end of every buffer (outputs aside)
-        // allocated after it.
-        let mut by_start: Vec<u32> = (0..problem.len() as u32).collect();
-        by_start.sort_by_key(|&i| (core::cmp::Reverse(problem.items[i as usize].start), i));
-        let mut enclosing = vec![false; problem.len()];
-        let mut later_end = 0usize;
-        for &i in &by_start {
-            let it = &problem.items[i as usize];
-            if output(i) {
-                continue;
-            }
-            enclosing[i as usize] = it.end >= later_end;
-            later_end = later_end.max(it.end);
-        }
-        let stacked = |i: u32| output(i) || enclosing[i as usize];
-        if !self.settle_with(problem, &stacked) {
-            self.settle_with(problem, &output);
+        let lasting = problem.lifetimes.lasting();
+        if !self.settle_with(problem, &lasting.stacked) {
+            self.settle_with(problem, &lasting.outputs);
         }
     }
 
-    /// Places the buffers `lasting` says first, oldest lowest, then the
-    /// rest in the best order; keeps that if it is no higher than the
-    /// best. Whether the lasting ones are low now.
-    fn settle_with(&mut self, problem: &Problem, lasting: &dyn Fn(u32) -> bool) -> bool {
-        let mut order: Vec<u32> = (0..problem.len() as u32).filter(|&i| lasting(i)).collect();
-        if order.is_empty() || order.len() == problem.len() {
+    /// Places the items of `lasting` first, in its order (oldest lowest),
+    /// then the rest in the best order; keeps that if it is no higher than
+    /// the best. Whether they are low now.
+    fn settle_with(&mut self, problem: &Problem, lasting: &[u32]) -> bool {
+        if lasting.is_empty() || lasting.len() == problem.len() {
             return true;
         }
-        // Oldest lowest: each lies under the ones allocated after it.
-        order.sort_by_key(|&i| (problem.items[i as usize].start, i));
-        if self.best_order[..order.len()] == order[..] {
+        if self.best_order[..lasting.len()] == lasting[..] {
             return true;
         }
-        order.extend(self.best_order.iter().copied().filter(|&i| !lasting(i)));
+        let mut is_lasting = vec![false; problem.len()];
+        for &i in lasting {
+            is_lasting[i as usize] = true;
+        }
+        let mut order = lasting.to_vec();
+        order.extend(
+            self.best_order
+                .iter()
+                .copied()
+                .filter(|&i| !is_lasting[i as usize]),
+        );
         let mut decoder = Decoder::new(problem, order);
         match decoder.decode(problem, 0, self.best_fit, self.best) {
             Some(top) => {
