@@ -48,6 +48,7 @@ unsafe impl Allocator for &Counting {
 }
 
 /// One run of a trace: `(alloc: true, id, bytes)` or `(false, id, 0)`.
+#[derive(Clone)]
 pub struct TraceRun {
     pub label: String,
     pub events: Vec<(bool, usize, usize)>,

@@ -219,13 +219,13 @@ fn an_image_height_that_never_varied_is_predicted_at_the_lower_bound() {
 /// swapped), every fell-back run's high-water against the same run's on
 /// a fresh dynamic arena. Every run is held to the envelope in
 /// [`run`](super::families) (the block and the dynamic need, and an
-/// eighth); this holds the distribution where it stands (2026-11-28: 173
-/// of 293 within a granule, median of the rest 1.070x, worst 2.304x; kept
+/// eighth); this holds the distribution where it stands (2026-11-28: 174
+/// of 293 within a granule, median of the rest 1.073x, worst 2.304x; kept
 /// predictions over the dynamic run by more than a granule 46 of 324,
 /// worst 2.517x. Before the run was repaired in place and enclosing
 /// blocks stacked low: 155 of 293, 1.081x, 2.304x; main before the round
 /// before: worst fell-back run 24.9x, kept 5.46x). The goal, 99%
-/// within a granule and all within 1.05x, is not met: of the 120 over, 100
+/// within a granule and all within 1.05x, is not met: of the 119 over, most
 /// are runs that need more than the plan's block (a prediction too small,
 /// or a block doubled), whose planned blocks live at the deviation keep
 /// the places the plan gave them; 16 are plans larger than the run's
@@ -289,7 +289,7 @@ fn fell_back_runs_against_no_plan() {
         within * 100 >= fell * 57,
         "{within} of {fell} within a granule"
     );
-    assert!(median <= 1.08, "median over {median:.3}x");
+    assert!(median <= 1.09, "median over {median:.3}x");
     assert!(worst <= 2.5, "worst {worst:.3}x");
     // Kept predictions: mostly a few granules over (safe-side slots on
     // runs of a few KiB); the worst are local models (a block no model

@@ -9,6 +9,7 @@ mod families;
 mod first_sight;
 mod footprint;
 mod give_back;
+mod gpu_traces;
 mod learning;
 mod model;
 mod planner;

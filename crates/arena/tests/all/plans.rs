@@ -96,7 +96,8 @@ fn a_run_that_changes_one_size_halfway(coalesce: Coalesce) {
     let (_, rec) = replay(&arena, None, run, None);
     let plan = Arc::new(Plan::from_recording(&rec).unwrap());
     let half = rec.len() / 2;
-    let (report, rec2) = replay(&arena, Some(Arc::clone(&plan)), run, Some((half, 5 << 20)));
+    let twice = 2 * rec.blocks[half].0;
+    let (report, rec2) = replay(&arena, Some(Arc::clone(&plan)), run, Some((half, twice)));
     assert!(report.planned && report.deviated);
     // Repaired in place: the grown block goes where the rest of the plan
     // leaves it room for its life, every other block to its slot, and
@@ -107,10 +108,10 @@ fn a_run_that_changes_one_size_halfway(coalesce: Coalesce) {
     assert_eq!(arena.stats().in_use, 0);
     // The re-recording serves the changed run exactly.
     let replan = Arc::new(Plan::from_recording(&rec2).unwrap());
-    let (again, _) = replay(&arena, Some(replan), run, Some((half, 5 << 20)));
+    let (again, _) = replay(&arena, Some(replan), run, Some((half, twice)));
     assert!(!again.deviated);
-    // A block larger than the plan's whole block has no room there: the
-    // block is dissolved at it, and the rest comes from the pool.
+    // A block many times its slot is not this one (the run went another
+    // way): the block is dissolved at it, and the rest comes from the pool.
     let huge = plan.size() + (1 << 20);
     let (report, _) = replay(&arena, Some(Arc::clone(&plan)), run, Some((half, huge)));
     assert!(report.deviated);
