@@ -144,6 +144,7 @@ pub(crate) fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
             ..ArenaConfig::default()
         };
         let arena = Arena::with_backing(config, &counting);
+        let deviations = arena.stats().deviations;
         let Ok(run) = arena.begin_planned_run(Arc::new(plan.clone())) else {
             // Over the cap, or an alignment over the arena's maximum.
             return;
@@ -168,6 +169,7 @@ pub(crate) fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
                         _ => size,
                     };
                     let before = arena.stats().planned_allocs;
+                    let left_before = arena.stats().deviations > deviations;
                     let Ok(mut block) = arena.try_alloc_aligned(len, align.min(4096)) else {
                         live.push(None);
                         continue;
@@ -177,10 +179,14 @@ pub(crate) fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
                         // Served from the plan: as its next block, whatever
                         // this event was (an extra block may have taken an
                         // earlier one's place).
+                        // A block that makes the run leave its plan may be
+                        // moved as well.
+                        let left = left_before || arena.stats().deviations > deviations;
                         check_planned(
                             plan,
                             &mut base,
                             &mut served,
+                            left,
                             block.as_ptr() as usize,
                             block.len(),
                         );
@@ -192,10 +198,12 @@ pub(crate) fn drive(plan: &Plan, u: &mut Unstructured<'_>) {
                         let before = arena.stats().planned_allocs;
                         if let Ok(mut extra) = arena.try_alloc(64 + usize::from(tweak)) {
                             if arena.stats().planned_allocs > before {
+                                let left = arena.stats().deviations > deviations;
                                 check_planned(
                                     plan,
                                     &mut base,
                                     &mut served,
+                                    left,
                                     extra.as_ptr() as usize,
                                     extra.len(),
                                 );
@@ -469,10 +477,29 @@ fn stale_handles(plan: &Plan) {
 
 /// A block served from `plan` as its block number `*served` sits at that
 /// block's offset from the plan block's base (the same for every block),
-/// inside the plan's block.
-fn check_planned(plan: &Plan, base: &mut Option<usize>, served: &mut usize, at: usize, len: usize) {
+/// inside the plan's block; once the run has `left` its plan (it is then
+/// repaired in place: a block may be moved), anywhere inside the block.
+fn check_planned(
+    plan: &Plan,
+    base: &mut Option<usize>,
+    served: &mut usize,
+    left: bool,
+    at: usize,
+    len: usize,
+) {
     let i = *served;
     *served += 1;
+    if left {
+        if let Some(b) = *base {
+            // The block's bytes: the plan's, to the pool's granule.
+            let block = plan.size().next_multiple_of(4096);
+            assert!(
+                at >= b && at + len <= b + block,
+                "block {i} outside the plan's block"
+            );
+        }
+        return;
+    }
     let offset = plan.offset(i).expect("a planned block has an offset");
     let b = *base.get_or_insert(at - offset);
     assert_eq!(at, b + offset, "block {i} away from its planned offset");

@@ -211,6 +211,9 @@ impl<M: Memory> RawArena<M> {
                     Some((bytes, _)) => size <= bytes.saturating_mul(2),
                     None => size <= cap / 16,
                 };
+                // Offsets are aligned inside the block, whose base is
+                // aligned to the plan's alignment only.
+                let like = like && align <= plan.align();
                 if loose.moved >= MOVES || !like {
                     return None;
                 }
