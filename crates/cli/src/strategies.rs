@@ -299,6 +299,8 @@ fn replay_on_arena(
         // As `tensor-arena-ort`'s plans: refits are left to the time
         // between runs (`Backend::between_runs`), timed apart.
         cache.set_deferred_learning(true);
+        // Learned between runs, before the next lookup: first plans too.
+        cache.set_deferred_first_plans(true);
         if let Some(w) = store.and_then(|s| s.load(&cache).warning) {
             eprintln!("tensor-arena: {w}");
         }

@@ -78,6 +78,8 @@ pub struct PlanCache<K> {
     refits_learned: AtomicU64,
     /// Runs whose own plan is left to [`PlanCache::learn`] to solve.
     solves: Mutex<Vec<Solve<K>>>,
+    /// Whether a dynamic run's own plan is left to it too.
+    defer_first: AtomicBool,
 }
 
 /// A run's own plan, left to [`PlanCache::learn`] to solve and keep as
@@ -132,22 +134,33 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             owes: AtomicBool::new(false),
             refits_learned: AtomicU64::new(0),
             solves: Mutex::new(Vec::new()),
+            defer_first: AtomicBool::new(false),
         }
     }
 
     /// Whether [`after_run`](Self::after_run) refits a family on the run's
     /// thread (`false`, the default) or leaves the refit to
     /// [`learn`](Self::learn), called off the run's path (a background
-    /// thread, an idle moment). Deferred, a run's own plan where it must be
-    /// solved (a dynamic run, one that left its prediction or kept a loose
-    /// one) is solved and learned there too, and until then its key is
-    /// looked up as before; a family's first fit is made by `after_run`
-    /// either way (so that the next shape is predicted). A deferred refit
-    /// (a shape past the range seen, a prediction that failed or was
-    /// loose) leaves the family predicting from its previous fit until it
-    /// is learned.
+    /// thread, an idle moment). Deferred, the own plan of a run that had a
+    /// plan (it fell back, or kept a loose prediction) is solved and
+    /// learned there too (or by the key's next [`lookup`](Self::lookup),
+    /// if that comes first: a key seen before is served on its own plan);
+    /// a family's first fit is made by `after_run` either way (so that the
+    /// next shape is predicted). A deferred refit (a shape past the range
+    /// seen, a prediction that failed or was loose) leaves the family
+    /// predicting from its previous fit until it is learned.
     pub fn set_deferred_learning(&self, on: bool) {
         self.defer.store(on, Ordering::Relaxed);
+    }
+
+    /// With deferred learning, whether a dynamic run's own plan (a key's
+    /// first) is left to [`learn`](Self::learn) as well (`false`, the
+    /// default: a caller that sizes its memory by the plan just learned,
+    /// as a worker shrinking to its need does, has it at once). A caller
+    /// that learns between runs, before the next lookup, loses nothing by
+    /// it.
+    pub fn set_deferred_first_plans(&self, on: bool) {
+        self.defer_first.store(on, Ordering::Relaxed);
     }
 
     /// Whether plans or refits were left to [`learn`](Self::learn) since it
@@ -167,10 +180,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
     pub fn learn(&self) -> usize {
         // Runs' own plans first: their shapes join the families, whose
         // refits follow.
-        let solves = core::mem::take(&mut *self.solves.lock());
-        for solve in solves {
-            self.learn_solve(solve);
-        }
+        self.learn_solves();
         let mut installed = 0;
         let mut left = false;
         for _ in 0..3 {
@@ -353,6 +363,16 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
                 source: PlanSource::Exact,
             };
         }
+        // The key's own plan, left to the learner and not made yet, is
+        // made now: a key seen before is served on its own plan.
+        if self.solve_now(key) {
+            if let Some(plan) = self.peek(key) {
+                return Lookup {
+                    plan: Some(plan),
+                    source: PlanSource::Exact,
+                };
+            }
+        }
         let prediction = self.families.lock().prediction(key.family());
         let prediction = match prediction {
             Ok(p) => p,
@@ -448,7 +468,10 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             // Solved by a learner, off the run's path; the family
             // observes the run's sizes now (a first fit is made here, so
             // that the next shape is predicted).
-            (_, false) if self.defer.load(Ordering::Relaxed) => {
+            (_, false)
+                if self.defer.load(Ordering::Relaxed)
+                    && (lookup.plan.is_some() || self.defer_first.load(Ordering::Relaxed)) =>
+            {
                 let mut dims = Vec::new();
                 key.dims(&mut dims);
                 self.solves.lock().push(Solve {
@@ -513,6 +536,32 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         Some(plan)
     }
 
+    /// Solves every plan left by [`after_run`](Self::after_run).
+    fn learn_solves(&self) {
+        let solves = core::mem::take(&mut *self.solves.lock());
+        for solve in solves {
+            self.learn_solve(solve);
+        }
+    }
+
+    /// Solves the plan left for `key` by [`after_run`](Self::after_run),
+    /// if one is waiting for the learner; whether one was.
+    fn solve_now<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let solve = {
+            let mut solves = self.solves.lock();
+            match solves.iter().position(|s| s.key.borrow() == key) {
+                Some(i) => solves.remove(i),
+                None => return false,
+            }
+        };
+        self.learn_solve(solve);
+        true
+    }
+
     /// Solves and keeps a run's own plan left by
     /// [`after_run`](Self::after_run), as it would have (from where the
     /// structure's last search ended, if the family knows it).
@@ -549,6 +598,8 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
     /// least recently used first, and every family's structures and
     /// shapes.
     pub(crate) fn snapshot(&self) -> (Vec<(K, Arc<Plan>)>, Vec<FamilySnapshot>) {
+        // Every plan learned so far, those left to the learner included.
+        self.learn_solves();
         let map = self.map.load();
         let mut plans: Vec<(u64, K, Arc<Plan>)> = map
             .iter()
@@ -640,6 +691,14 @@ mod learn_tests {
         let inline: PlanCache<Vec<usize>> = PlanCache::new(8);
         let deferred: PlanCache<Vec<usize>> = PlanCache::new(8);
         deferred.set_deferred_learning(true);
+        deferred.set_deferred_first_plans(true);
+        // A key's next lookup makes its plan if the learner has not.
+        run(&deferred, 2);
+        assert!(deferred.peek(&[2][..]).is_none());
+        assert_eq!(run(&deferred, 2), PlanSource::Exact);
+        run(&inline, 2);
+        run(&inline, 2);
+        deferred.learn();
         for n in [4, 8] {
             run(&inline, n);
             run(&deferred, n);
