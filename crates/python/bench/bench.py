@@ -4,7 +4,7 @@ configuration per process (run.sh runs them all). Prints one JSON line.
 
     python bench.py ocr      --mode {ort,ort-arena-off,ta} [--images 64]
     python bench.py magika   --mode {ort,ort-arena-off,ta} [--files 300]
-    python bench.py threads  --mode {ort,ort-arena-off,ta} [--threads 16]
+    python bench.py threads  --mode {ort,ort-arena-off,ort-nospin,ta,ta-nospin} [--threads 16]
     python bench.py overhead --mode {ort,ort-arena-off,ta} [--runs 1000]
     python bench.py paired   --mode ta [--runs 2000]   (both in one process, alternating)
     python bench.py outputs  --mode {ort,ta-copy,ta-view} --keep {drop,all}
@@ -66,6 +66,8 @@ def configure_ta(mode):
             kw["huge_pages"] = False
         elif part == "thp":
             kw["huge_pages"] = True
+        elif part == "nospin":
+            pass  # a session option (`session_kw`)
         elif part.startswith("w"):
             kw["workers"] = int(part[1:])
     if kw:
@@ -86,7 +88,20 @@ def options(mode):
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.enable_cpu_mem_arena = mode != "ort-arena-off"
+    if "-nospin" in mode:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
+
+
+def session_kw(mode):
+    """The options a mode's sessions are made with: onnxruntime's own for
+    `ort` modes; for `ta` modes none, or the intra-op pool's spinning off
+    (`-nospin`)."""
+    if not mode.startswith("ta"):
+        return {"sess_options": options(mode)}
+    if "-nospin" in mode:
+        return {"sess_options": options(mode)}
+    return {}
 
 
 def set_ort_arena(mode):
@@ -180,7 +195,7 @@ def det_rec_requests(n):
 
 def threads(args):
     cls = session_class(args.mode)
-    kw = {} if args.mode.startswith("ta") else {"sess_options": options(args.mode)}
+    kw = session_kw(args.mode)
     sess = {k: cls(str(ASSETS / f"ppocr_{k}.onnx"), **kw) for k in ("det", "rec")}
     reqs = det_rec_requests(args.requests)
     inputs = {}
@@ -219,7 +234,7 @@ def threads(args):
 
 def overhead(args):
     cls = session_class(args.mode)
-    kw = {} if args.mode.startswith("ta") else {"sess_options": options(args.mode)}
+    kw = session_kw(args.mode)
     sess = cls(str(ASSETS / "ppocr_cls.onnx"), **kw)
     x = np.random.default_rng(0).standard_normal((1, 3, 48, 192)).astype(np.float32)
     feed = {"x": x}

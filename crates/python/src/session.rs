@@ -123,6 +123,27 @@ fn log_level(n: i64) -> PyResult<Option<ort::logging::LogLevel>> {
     })
 }
 
+/// The session configuration entries passed on to ONNX Runtime, checked
+/// (ONNX Runtime takes any value of these silently).
+const CONFIG_ENTRIES: [&str; 2] = [
+    "session.intra_op.allow_spinning",
+    "session.inter_op.allow_spinning",
+];
+
+fn config_entry(key: &str, value: &str) -> PyResult<()> {
+    if !CONFIG_ENTRIES.contains(&key) {
+        return Err(InvalidArgument::new_err(format!(
+            "session config entry {key:?} is not one tensor-arena passes on (it passes {CONFIG_ENTRIES:?})"
+        )));
+    }
+    if value != "0" && value != "1" {
+        return Err(InvalidArgument::new_err(format!(
+            "session config entry {key:?} = {value:?}: \"0\" or \"1\""
+        )));
+    }
+    Ok(())
+}
+
 fn threads(what: &str, n: i64) -> PyResult<usize> {
     usize::try_from(n)
         .map_err(|_| InvalidArgument::new_err(format!("{what} must be >= 0, not {n}")))
@@ -136,7 +157,9 @@ impl Session {
     /// `log_severity_level` -1 keeps the environment's).
     #[new]
     #[pyo3(signature = (model, *, intra_op_num_threads = 0, inter_op_num_threads = 0,
-        graph_optimization_level = 99, execution_mode = 0, log_severity_level = -1))]
+        graph_optimization_level = 99, execution_mode = 0, log_severity_level = -1,
+        config_entries = Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         model: &Bound<'_, PyAny>,
@@ -145,12 +168,16 @@ impl Session {
         graph_optimization_level: i64,
         execution_mode: i64,
         log_severity_level: i64,
+        config_entries: Vec<(String, String)>,
     ) -> PyResult<Self> {
         let rt = runtime().ok_or_else(|| {
             LibraryError::new_err(
                 "ONNX Runtime is not loaded: call tensor_arena._native.load(path)",
             )
         })?;
+        for (key, value) in &config_entries {
+            config_entry(key, value)?;
+        }
         let intra = threads("intra_op_num_threads", intra_op_num_threads)?;
         let inter = threads("inter_op_num_threads", inter_op_num_threads)?;
         let level = level(graph_optimization_level)?;
@@ -199,6 +226,9 @@ impl Session {
                 .map_err(errors::from_ort)?;
             if let Some(l) = log {
                 b = b.with_log_level(l).map_err(errors::from_ort)?;
+            }
+            for (key, value) in &config_entries {
+                b = b.with_config_entry(key, value).map_err(errors::from_ort)?;
             }
             b = b.with_tensor_arena().map_err(errors::from_ort)?;
             match &source {

@@ -98,6 +98,40 @@ def test_bad_options(assets):
     assert so is not None
 
 
+def test_spinning_entries_are_passed_on_and_checked(assets, good):
+    """The intra/inter-op pools' spinning, set on either class's options,
+    reaches ONNX Runtime (read off onnxruntime's, which cannot list its
+    entries, by name); a bad value or an entry not passed on is an error,
+    not ignored."""
+    x, ref = good
+    path = str(assets / "ppocr_cls.onnx")
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    assert ta._read_options(so)["config_entries"] == [
+        ("session.inter_op.allow_spinning", "0"),
+        ("session.intra_op.allow_spinning", "0"),
+    ]
+    sess = ta.InferenceSession(path, sess_options=so)
+    same(sess.run(None, {"x": x}), ref)
+    ours = ta.SessionOptions()
+    ours.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    assert ours.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    with pytest.raises(RuntimeError):
+        ours.get_session_config_entry("session.inter_op.allow_spinning")
+    same(ta.InferenceSession(path, sess_options=ours).run(None, {"x": x}), ref)
+    bad = ort.SessionOptions()
+    bad.add_session_config_entry("session.intra_op.allow_spinning", "2")
+    with pytest.raises(ta.InvalidArgument, match="allow_spinning"):
+        ta.InferenceSession(path, sess_options=bad)
+    unknown = ta.SessionOptions()
+    unknown.add_session_config_entry("session.use_env_allocators", "1")
+    with pytest.raises(ta.InvalidArgument, match="use_env_allocators"):
+        ta.InferenceSession(path, sess_options=unknown)
+    # Nothing set: nothing passed.
+    assert "config_entries" not in ta._read_options(ort.SessionOptions())
+
+
 def test_budget_refusal_fails_the_run_and_the_session_goes_on(assets):
     path = str(assets / "ppocr_det.onnx")
     sess = ta.InferenceSession(path)

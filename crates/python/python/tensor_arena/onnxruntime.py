@@ -143,6 +143,22 @@ class SessionOptions:
         self.log_severity_level = 2
         self.enable_cpu_mem_arena = True
         self.enable_mem_pattern = True
+        self._config: Dict[str, str] = {}
+
+    def add_session_config_entry(self, key: str, value: str) -> None:
+        """Sets a session configuration entry, as onnxruntime's does. Of
+        these, sessions here pass on ``session.intra_op.allow_spinning`` and
+        ``session.inter_op.allow_spinning`` ("0" or "1"); any other key
+        raises ``InvalidArgument`` when a session is made with them."""
+        self._config[str(key)] = str(value)
+
+    def get_session_config_entry(self, key: str) -> str:
+        """The entry set for ``key``; ``RuntimeError`` if none was, as
+        onnxruntime's."""
+        try:
+            return self._config[key]
+        except KeyError:
+            raise RuntimeError(f"SessionOptions does not have configuration with key: {key}") from None
 
 
 def _read_options(so: Any) -> Dict[str, int]:
@@ -172,7 +188,23 @@ def _read_options(so: Any) -> Dict[str, int]:
     sev = num("log_severity_level", 2)
     if sev != 2:
         out["log_severity_level"] = sev
+    # Configuration entries: ours are all passed on (and checked there);
+    # of onnxruntime's, which cannot be listed, the ones passed on.
+    entries = dict(getattr(so, "_config", {}) or {})
+    get = getattr(so, "get_session_config_entry", None)
+    if not entries and get is not None:
+        for key in _CONFIG_ENTRIES:
+            try:
+                entries[key] = str(get(key))
+            except Exception:
+                continue
+    if entries:
+        out["config_entries"] = sorted(entries.items())
     return out
+
+
+# The session configuration entries passed on to ONNX Runtime.
+_CONFIG_ENTRIES = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
 
 
 def _provider_names(providers: Any) -> List[str]:
@@ -253,8 +285,9 @@ class InferenceSession:
 
     ``path_or_bytes``: the model file or its bytes. ``sess_options``: an
     ``onnxruntime.SessionOptions`` (or ours); intra/inter-op threads, graph
-    optimization level, execution mode and log severity are read off it
-    (ONNX Runtime's CPU arena and memory pattern settings are not: the
+    optimization level, execution mode, log severity and the thread pools'
+    spinning (``session.intra_op.allow_spinning``,
+    ``session.inter_op.allow_spinning``) are read off it (ONNX Runtime's CPU arena and memory pattern settings are not: the
     arena is tensor-arena's). ``providers``: the CPU's; asking for another
     (CUDA, ...) raises ``InvalidArgument`` rather than run on the CPU
     (``patch()`` leaves such sessions to onnxruntime). Errors are this module's exceptions (``NoSuchFile``,
