@@ -18,10 +18,16 @@
 //! never takes a member's lock. Only then is the commit refused: an [`ArenaError::CommitFailed`](crate::ArenaError) whose
 //! code is [`ErrorCode::OverBudget`](crate::memory::ErrorCode::OverBudget).
 //! Whatever is reclaimed is free memory, never a live block.
+//!
+//! No lock is held anywhere in a budget: the members are an atomically
+//! swapped list (a registration copies it), so a process forked while
+//! another thread was registering or reclaiming finds nothing held in the
+//! child (a held lock there would stay held forever: its holder is a thread
+//! the child does not have).
 
+use arc_swap::ArcSwap;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use core::time::Duration;
-use parking_lot::Mutex;
 use std::path::Path;
 use std::sync::{Arc, Weak};
 
@@ -89,9 +95,10 @@ pub struct Budget {
     /// called. Members that cannot give while busy read it at their next
     /// run boundary and give back what they hold for other work.
     pressure: AtomicU64,
-    /// Members that can give memory back; only locked to register one and
-    /// to reclaim (over the limit), never on a commit that fits.
-    members: Mutex<Vec<Weak<dyn Reclaim>>>,
+    /// Members that can give memory back; read to reclaim (over the limit,
+    /// never on a commit that fits), copied to register one. Never locked
+    /// (see the module's docs on `fork()`).
+    members: ArcSwap<Vec<Weak<dyn Reclaim>>>,
 }
 
 /// The headroom [`Budget::from_cgroup`] leaves under a cgroup's limit by
@@ -129,7 +136,7 @@ impl Budget {
             reclaims: AtomicU64::new(0),
             refusals: AtomicU64::new(0),
             pressure: AtomicU64::new(0),
-            members: Mutex::new(Vec::new()),
+            members: ArcSwap::from_pointee(Vec::new()),
         })
     }
 
@@ -158,9 +165,15 @@ impl Budget {
     /// Registers `member` as one that can give memory back when another
     /// member's commit needs room. Held weakly: a dropped member leaves.
     pub fn register(&self, member: Weak<dyn Reclaim>) {
-        let mut members = self.members.lock();
-        members.retain(|m| m.strong_count() > 0);
-        members.push(member);
+        self.members.rcu(|members| {
+            let mut next: Vec<Weak<dyn Reclaim>> = members
+                .iter()
+                .filter(|m| m.strong_count() > 0)
+                .cloned()
+                .collect();
+            next.push(member.clone());
+            next
+        });
     }
 
     /// How many times memory has run short so far: each commit that had to
@@ -184,7 +197,7 @@ impl Budget {
             waited: self.waited.load(Ordering::Relaxed),
             members: self
                 .members
-                .lock()
+                .load()
                 .iter()
                 .filter(|m| m.strong_count() > 0)
                 .count(),
@@ -263,11 +276,11 @@ impl Budget {
     /// Asks members for `need` bytes, one pass per entry of `passes`
     /// (`true`: idle members only). Returns the bytes they gave.
     fn reclaim(&self, need: usize, passes: &[bool]) -> usize {
-        // The members, outside the lock: a member's reclaim may commit or
-        // register nothing, but must not run under the registry's lock.
+        // The members alive now (a snapshot: a member's reclaim may
+        // register another meanwhile).
         let members: Vec<Arc<dyn Reclaim>> = self
             .members
-            .lock()
+            .load()
             .iter()
             .filter_map(Weak::upgrade)
             .collect();

@@ -16,6 +16,7 @@
 //! | the default budget          | a worker's creation                   |
 //! | the decay pass              | one pass of the background thread: its refits (< 1 ms each) and decay |
 //! | the decay registry          | a worker's registration, a pass's collection |
+//! | the plan caches (shared)    | a run's lookup and its learning after the run (not the run), `Plans`' stats and saves |
 //! | the refits owed             | a run's end, a pass's collection      |
 //! | the arena registry          | a worker's creation, `arenas()`       |
 //! | the decay thread's handle   | waking it                             |
@@ -23,8 +24,15 @@
 //! Nothing here waits for a run: a worker a run held at the fork belongs to
 //! a thread the child does not have, and is left out of the child's pool
 //! (its memory stays mapped in the child, shared copy-on-write with the
-//! parent, and counted in [`arenas`](crate::arenas) unless the fork cut
-//! off the publication of its stats).
+//! parent, and counted in [`arenas`](crate::arenas)).
+//!
+//! What any thread may touch outside these locks is never locked at all,
+//! so no fork can copy it held: a budget's members (the default budget's
+//! and a caller's, joined at each worker's creation outside the locks
+//! above) and each worker's published stats are lists and values swapped
+//! atomically. A budget's members were a lock until a child hung on it:
+//! the parent's thread creating a worker held it at the fork (1 child in
+//! 500 on CI's machine; `tests/fork.rs`).
 //!
 //! Nothing is registered with the C library: the caller calls these from
 //! its own fork hooks (the Python package from `os.register_at_fork`). A
@@ -57,8 +65,7 @@ pub fn parent() {
 }
 
 /// In the child after `fork()`: lets go the locks [`prepare`] and [`hold`]
-/// kept on this thread, frees the stats locks of workers whose runs were
-/// cut off by the fork, forgets the parent's decay thread, and starts one
+/// kept on this thread, forgets the parent's decay thread, and starts one
 /// for this process if a worker is waiting to decay.
 ///
 /// # Safety
@@ -68,8 +75,5 @@ pub fn parent() {
 pub unsafe fn child() {
     crate::forklock::release();
     decay::child_after_fork();
-    // SAFETY: as the caller vouches, this is the only thread of the child
-    // and none other has run yet.
-    unsafe { slot::child_after_fork() };
     decay::wake_if_due();
 }

@@ -10,13 +10,26 @@
 //! [`Plans::learn_now`](crate::Plans::learn_now) makes them on the
 //! caller's thread instead.
 
-use crate::forklock::{hold, ForkMutex};
+use crate::forklock::{hold, ForkMutex, ForkRwLock};
 use crate::key::RunKey;
 use std::sync::{Arc, Weak};
 use tensor_arena::PlanCache;
 
 /// The caches that owe refits, each once.
 static OWED: ForkMutex<Vec<Weak<PlanCache<RunKey>>>> = ForkMutex::new(Vec::new());
+
+/// Shared by a thread while it is inside a model's plan cache (a run's
+/// lookup, its learning after the run, [`Plans::stats`](crate::Plans::stats)
+/// and the like; the background thread's pass is covered by its own
+/// lock), taken alone by a fork: a plan cache's locks are never copied
+/// held by a thread the child does not have. Each section is short (no
+/// run happens inside one) and never nested in another on its thread.
+static SECTIONS: ForkRwLock<()> = ForkRwLock::new(());
+
+/// Enters a plan-cache section (see [`SECTIONS`]) until the guard drops.
+pub(crate) fn section() -> std::sync::RwLockReadGuard<'static, ()> {
+    SECTIONS.read()
+}
 
 /// Notes that `cache` owes refits (the caller then wakes the thread).
 pub(crate) fn owe(cache: &Arc<PlanCache<RunKey>>) {
@@ -44,8 +57,9 @@ pub(crate) fn pass() -> usize {
         .sum()
 }
 
-/// [`crate::fork::prepare`]: the list, kept until
-/// [`crate::forklock::release`].
+/// [`crate::fork::prepare`]: the plan caches (waiting for the sections
+/// in progress), then the list, kept until [`crate::forklock::release`].
 pub(crate) fn prepare_fork() {
+    hold(SECTIONS.write());
     hold(OWED.lock());
 }

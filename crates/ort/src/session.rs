@@ -235,7 +235,7 @@ struct Inner {
     options: ArenaOptions,
     /// The arenas of this session's workers (alive while the worker or one
     /// of its outputs is).
-    slots: parking_lot::Mutex<Vec<std::sync::Weak<Slot>>>,
+    slots: arc_swap::ArcSwap<Vec<std::sync::Weak<Slot>>>,
 }
 
 /// An ONNX Runtime session whose CPU tensors come from tensor-arena, with
@@ -312,7 +312,7 @@ impl ArenaSession {
                 None => Plans::new(options.plan_capacity),
             },
             options,
-            slots: parking_lot::Mutex::new(Vec::new()),
+            slots: arc_swap::ArcSwap::from_pointee(Vec::new()),
         })))
     }
 
@@ -339,7 +339,7 @@ impl ArenaSession {
         let slots: Vec<Arc<Slot>> = self
             .0
             .slots
-            .lock()
+            .load()
             .iter()
             .filter_map(std::sync::Weak::upgrade)
             .collect();
@@ -362,10 +362,17 @@ impl ArenaSession {
     /// [`OrtArenaError::Arena`] if the arena cannot be created.
     pub fn worker(&self) -> Result<SessionWorker, OrtArenaError> {
         let worker = Worker::new(self.0.options.worker())?;
-        let mut slots = self.0.slots.lock();
-        slots.retain(|w| w.strong_count() > 0);
-        slots.push(Arc::downgrade(worker.slot()));
-        drop(slots);
+        let new = Arc::downgrade(worker.slot());
+        // Copied and swapped, never locked: a fork never finds it held.
+        self.0.slots.rcu(|slots| {
+            let mut next: Vec<_> = slots
+                .iter()
+                .filter(|w| w.strong_count() > 0)
+                .cloned()
+                .collect();
+            next.push(new.clone());
+            next
+        });
         Ok(SessionWorker {
             session: self.clone(),
             worker,

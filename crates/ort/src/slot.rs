@@ -11,6 +11,7 @@
 
 use crate::block::{Header, ALIGN, HEADER};
 use crate::forklock::{hold, ForkMutex};
+use arc_swap::ArcSwap;
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -32,7 +33,9 @@ pub(crate) struct Slot {
     /// Frees from other threads while the core was locked.
     pending: Mutex<Pending>,
     /// The arena's stats after the last operation that held the core.
-    published: Mutex<Stats>,
+    /// Swapped, never locked: readers (`arenas()`, any thread) never wait
+    /// for a run, and a fork never copies it held.
+    published: ArcSwap<Stats>,
 }
 
 struct Pending {
@@ -165,7 +168,7 @@ impl Slot {
                 alive: true,
                 ptrs: Vec::new(),
             }),
-            published: Mutex::new(Stats::default()),
+            published: ArcSwap::from_pointee(Stats::default()),
         });
         if let Some(b) = budget {
             let member: Arc<dyn Reclaim> = slot.clone();
@@ -195,12 +198,12 @@ impl Slot {
 
     /// Publishes the core's stats for [`Slot::stats`].
     pub(crate) fn publish(&self, core: &Core) {
-        *self.published.lock() = core.stats();
+        self.published.store(Arc::new(core.stats()));
     }
 
     /// The stats published last.
     pub(crate) fn stats(&self) -> Stats {
-        *self.published.lock()
+        **self.published.load()
     }
 
     /// Called when the worker is dropped: frees what is queued, closes any
@@ -371,39 +374,12 @@ pub(crate) fn prepare_fork() {
     hold(REGISTRY.lock());
 }
 
-/// In a forked child, once the fork's locks are released and before any
-/// other thread of the child runs: a run cut off by the fork may have held
-/// its slot's published stats; that thread does not exist here, so the lock
-/// is let go (the stats are plain numbers: at worst one publication is
-/// torn). A slot whose lock is still held after that (handed to a waiter
-/// of the parent) leaves the registry, whose sums would wait for it. Other
-/// locks of such a slot stay held: [`Slot::is_free`] keeps it out of the
-/// child's pool.
-///
-/// # Safety
-/// In the child right after the fork, before any other thread runs.
-pub(crate) unsafe fn child_after_fork() {
-    let mut reg = REGISTRY.lock();
-    reg.retain(|w| {
-        let Some(s) = w.upgrade() else {
-            return false;
-        };
-        if s.published.is_locked() {
-            // SAFETY: its holder was a thread of the parent; no thread of
-            // the child holds it or can (no other thread runs yet), and
-            // `Stats` has no invariant a torn write breaks.
-            unsafe { s.published.force_unlock(Default::default()) }
-        }
-        !s.published.is_locked()
-    });
-}
-
 impl Slot {
     /// Whether no thread holds any of the slot's locks: in a forked child,
     /// a slot that is not free was in use by a thread the child does not
     /// have, and is never locked again.
     pub(crate) fn is_free(&self) -> bool {
-        !self.core.is_locked() && !self.pending.is_locked() && !self.published.is_locked()
+        !self.core.is_locked() && !self.pending.is_locked()
     }
 }
 

@@ -45,6 +45,7 @@ impl Plans {
     /// threads ([`PlanSaver`] does).
     pub fn save(&self) -> Option<Result<Saved, StoreError>> {
         let stored = self.store.as_ref()?;
+        let _section = crate::learn::section();
         let now = self.cache().stats().inserts;
         if stored.saved.swap(now, Ordering::Relaxed) == now {
             return None;

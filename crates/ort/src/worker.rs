@@ -66,10 +66,14 @@ impl Plans {
     /// For a caller that wants the next prediction to know every shape
     /// run so far (a test, a warm-up).
     pub fn learn_now(&self) -> usize {
+        let _section = crate::learn::section();
         self.cache.learn()
     }
 
     /// The plan cache (hits, misses, plans held: [`PlanCache::stats`]).
+    /// A program that forks while another thread calls into it directly
+    /// leaves that call to chance: this type's own methods are safe across
+    /// [`fork`](crate::fork) (the fork waits for them), the cache's are not.
     pub fn cache(&self) -> &PlanCache<RunKey> {
         &self.cache
     }
@@ -77,12 +81,14 @@ impl Plans {
     /// The cache's counters, with every run of the model by how it was
     /// served ([`PlanStats::runs`]).
     pub fn stats(&self) -> PlanStats {
+        let _section = crate::learn::section();
         self.cache.stats()
     }
 
     /// The model's plan families: each one's shapes, fit and runs (exact,
     /// predicted, fell back and why, dynamic).
     pub fn families(&self) -> Vec<FamilyStats> {
+        let _section = crate::learn::section();
         self.cache.families()
     }
 
@@ -361,6 +367,7 @@ impl Worker {
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
         let lookup = if self.options.plans {
+            let _section = crate::learn::section();
             plans.cache.lookup(key)
         } else {
             Lookup::none(DynamicReason::Off)
@@ -401,6 +408,7 @@ impl Worker {
         let mut need = planned_size.unwrap_or(report.high_water);
         let mut learned = false;
         if self.options.plans && not_served.is_none() {
+            let _section = crate::learn::section();
             if let Some(plan) = plans
                 .cache
                 .after_run(key, &lookup, &report, &recording, succeeded)
@@ -438,10 +446,13 @@ impl Worker {
             d.used();
         }
         // A refit this run asked for is made off its path.
-        if plans.cache.owes() {
-            crate::learn::owe(&plans.cache);
-            if !crate::decay::wake() {
-                plans.cache.learn();
+        {
+            let _section = crate::learn::section();
+            if plans.cache.owes() {
+                crate::learn::owe(&plans.cache);
+                if !crate::decay::wake() {
+                    plans.cache.learn();
+                }
             }
         }
         let plan = not_served.is_none().then_some(lookup.source);
