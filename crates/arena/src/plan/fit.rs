@@ -105,7 +105,12 @@ impl Monomial {
         self.0.iter().fold(1.0, |m, f| {
             let v = dims.get(f.dim as usize).copied().unwrap_or(0);
             let v = (v.saturating_add(u64::from(f.offset)) >> f.shift) as f64;
-            m * v.powi(i32::from(f.exp))
+            // The usual exponents multiplied out: `powi` is a call.
+            m * match f.exp {
+                1 => v,
+                2 => v * v,
+                e => v.powi(i32::from(e)),
+            }
         })
     }
 }

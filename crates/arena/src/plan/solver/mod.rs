@@ -227,6 +227,7 @@ fn stacked(requests: &[Request]) -> Solution {
     Solution { offsets, size: top }
 }
 
+mod bound;
 mod conflicts;
 mod min_table;
 mod search;

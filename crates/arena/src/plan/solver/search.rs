@@ -2,11 +2,11 @@
 //! [`greedy_by_size`](super::greedy_by_size): the problem's items and
 //! conflicts, greedy decoding of a placement order, and the local search.
 
+use super::bound::{aligned_bound, Item};
 use super::conflicts::{Conflicts, Lifetimes};
 use super::min_table::MinTable;
-use super::{align_up, clamp, is_active, stacked, Request, Solution};
+use super::{align_up, is_active, stacked, Request, Solution};
 use std::cmp::Reverse;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Greedy by size: requests sorted by size, largest first (ties: earlier
@@ -91,24 +91,6 @@ pub(crate) fn plan_hinted(requests: &[Request], hint: Option<&Hint>) -> (Solutio
     };
     problem.lasting_low(&mut search.best_offset);
     (problem.solution(requests, &search.best_offset), Some(hint))
-}
-
-/// A request that takes part in planning.
-#[derive(Debug, Clone, Copy)]
-struct Item {
-    size: usize,
-    /// Alignment minus one.
-    mask: usize,
-    start: usize,
-    end: usize,
-    /// Index in the caller's slice.
-    request: usize,
-}
-
-impl Item {
-    fn length(&self) -> usize {
-        self.end - self.start
-    }
 }
 
 /// The planning problem: the active requests and their conflicts.
@@ -267,43 +249,6 @@ impl Problem {
             })
             .collect()
     }
-}
-
-/// A lower bound of the footprint of `items` that knows about alignment:
-/// every offset is a multiple of the smallest alignment `m`, so of the
-/// buffers live at one time, all but the topmost take their size rounded up
-/// to `m`. At least the plain lower bound.
-fn aligned_bound(items: &[Item]) -> usize {
-    let mask = items.iter().map(|it| it.mask).min().unwrap_or(0) as u128;
-    let rounded = |size: usize| (size as u128 + mask) & !mask;
-    // (time, is start, rounded size, padding); ends sort before starts.
-    let mut changes: Vec<(usize, bool, u128, u128)> = Vec::with_capacity(2 * items.len());
-    for it in items {
-        let size = rounded(it.size);
-        let pad = size - it.size as u128;
-        changes.push((it.start, true, size, pad));
-        changes.push((it.end, false, size, pad));
-    }
-    changes.sort_unstable();
-    let mut pads: BTreeMap<u128, usize> = BTreeMap::new();
-    let (mut live, mut peak) = (0u128, 0u128);
-    for (_, is_start, size, pad) in changes {
-        if is_start {
-            live += size;
-            *pads.entry(pad).or_insert(0) += 1;
-            let top_pad = pads.last_key_value().map_or(0, |(&p, _)| p);
-            peak = peak.max(live - top_pad);
-        } else {
-            live -= size;
-            if let Some(count) = pads.get_mut(&pad) {
-                *count -= 1;
-                if *count == 0 {
-                    pads.remove(&pad);
-                }
-            }
-        }
-    }
-    clamp(peak)
 }
 
 /// Orders tried by [`plan`].
