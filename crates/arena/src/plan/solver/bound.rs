@@ -49,7 +49,7 @@ pub(super) fn aligned_bound(items: &[Item]) -> usize {
     // raises the top pad by less), so the last of them is the peak. Sorted
     // as packed integers (time, is start, item) where the times fit: a
     // third of the sort's instructions of tuples on det's 379 blocks.
-    if items.len() < 1 << 32 && items.iter().all(|it| it.end < 1 << 31) {
+    if u32::try_from(items.len()).is_ok() && items.iter().all(|it| it.end < 1 << 31) {
         let mut keys: Vec<u64> = Vec::with_capacity(2 * items.len());
         for (i, it) in items.iter().enumerate() {
             keys.push((it.start as u64) << 33 | 1 << 32 | i as u64);
