@@ -4,7 +4,7 @@ configuration per process (run.sh runs them all). Prints one JSON line.
 
     python bench.py ocr      --mode {ort,ort-arena-off,ta} [--images 64]
     python bench.py magika   --mode {ort,ort-arena-off,ta} [--files 300]
-    python bench.py threads  --mode {ort,ort-arena-off,ort-nospin,ta,ta-nospin} [--threads 16]
+    python bench.py threads  --mode {ort,ort-arena-off,ort-nospin,ta,ta-nospin,ta-sd50,...} [--threads 16]
     python bench.py overhead --mode {ort,ort-arena-off,ta} [--runs 1000]
     python bench.py paired   --mode ta [--runs 2000]   (both in one process, alternating)
     python bench.py outputs  --mode {ort,ta-copy,ta-view} --keep {drop,all}
@@ -13,7 +13,10 @@ Modes: `ort` is onnxruntime with its defaults (CPU arena on), `ort-arena-off`
 the same with `enable_cpu_mem_arena = False`, `ta` tensor_arena.onnxruntime
 (through patch() where a library makes the sessions) with its defaults, and
 `ta-` with options: `-view` (outputs as views), `-wN` (a pool of N workers),
-`-nothp` (no transparent huge pages). Memory: peak RSS of
+`-nothp` (no transparent huge pages). Session options (`ort-` and `ta-`
+alike): `-nospin` (intra-op spinning off), `-sdN` (intra-op threads spin
+N us), `-boN` (their spin backoff cap N), `-fss` / `-nofss`
+(`session.force_spinning_stop` 1 / 0). Memory: peak RSS of
 the process (getrusage), RSS now (/proc/self/status).
 """
 
@@ -66,7 +69,7 @@ def configure_ta(mode):
             kw["huge_pages"] = False
         elif part == "thp":
             kw["huge_pages"] = True
-        elif part == "nospin":
+        elif part in ("nospin", "fss", "nofss") or part.startswith("sd") or part.startswith("bo"):
             pass  # a session option (`session_kw`)
         elif part.startswith("w"):
             kw["workers"] = int(part[1:])
@@ -90,6 +93,15 @@ def options(mode):
     so.enable_cpu_mem_arena = mode != "ort-arena-off"
     if "-nospin" in mode:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if "-fss" in mode:
+        so.add_session_config_entry("session.force_spinning_stop", "1")
+    if "-nofss" in mode:
+        so.add_session_config_entry("session.force_spinning_stop", "0")
+    for part in mode.split("-")[1:]:
+        if part.startswith("sd"):
+            so.add_session_config_entry("session.intra_op.spin_duration_us", part[2:])
+        elif part.startswith("bo"):
+            so.add_session_config_entry("session.intra_op.spin_backoff_max", part[2:])
     return so
 
 
@@ -99,7 +111,7 @@ def session_kw(mode):
     (`-nospin`)."""
     if not mode.startswith("ta"):
         return {"sess_options": options(mode)}
-    if "-nospin" in mode:
+    if any(p in ("nospin", "fss", "nofss") or p[:2] in ("sd", "bo") for p in mode.split("-")[1:]):
         return {"sess_options": options(mode)}
     return {}
 

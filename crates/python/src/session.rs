@@ -89,6 +89,9 @@ pub struct Session {
     inputs: Vec<Meta>,
     outputs: Vec<Meta>,
     last: Mutex<Option<LastRun>>,
+    /// The session configuration entries passed on to ONNX Runtime: the
+    /// caller's, then the defaults added ([`default_spin`]).
+    config_entries: Vec<(String, String)>,
 }
 
 fn level(n: i64) -> PyResult<GraphOptimizationLevel> {
@@ -124,10 +127,17 @@ fn log_level(n: i64) -> PyResult<Option<ort::logging::LogLevel>> {
 }
 
 /// The session configuration entries passed on to ONNX Runtime, checked
-/// (ONNX Runtime takes any value of these silently).
-const CONFIG_ENTRIES: [&str; 2] = [
+/// (ONNX Runtime takes any value of these silently): the thread pools'
+/// spinning switches ("0" or "1"), and how long an idle pool thread spins
+/// before it sleeps (microseconds) and its backoff cap (1 to 64).
+const CONFIG_ENTRIES: [&str; 7] = [
     "session.intra_op.allow_spinning",
     "session.inter_op.allow_spinning",
+    "session.force_spinning_stop",
+    "session.intra_op.spin_duration_us",
+    "session.inter_op.spin_duration_us",
+    "session.intra_op.spin_backoff_max",
+    "session.inter_op.spin_backoff_max",
 ];
 
 fn config_entry(key: &str, value: &str) -> PyResult<()> {
@@ -136,12 +146,64 @@ fn config_entry(key: &str, value: &str) -> PyResult<()> {
             "session config entry {key:?} is not one tensor-arena passes on (it passes {CONFIG_ENTRIES:?})"
         )));
     }
-    if value != "0" && value != "1" {
+    let number = || {
+        value
+            .parse::<u32>()
+            .ok()
+            .filter(|_| !value.starts_with('+'))
+    };
+    let ok = if key.ends_with("spin_duration_us") {
+        number().is_some()
+    } else if key.ends_with("spin_backoff_max") {
+        number().is_some_and(|n| (1..=64).contains(&n))
+    } else {
+        value == "0" || value == "1"
+    };
+    if !ok {
+        let expected = if key.ends_with("spin_duration_us") {
+            "microseconds, a whole number"
+        } else if key.ends_with("spin_backoff_max") {
+            "a whole number from 1 to 64"
+        } else {
+            "\"0\" or \"1\""
+        };
         return Err(InvalidArgument::new_err(format!(
-            "session config entry {key:?} = {value:?}: \"0\" or \"1\""
+            "session config entry {key:?} = {value:?}: {expected}"
         )));
     }
     Ok(())
+}
+
+/// How long an idle intra-op thread spins before it sleeps, in
+/// microseconds, where the options say nothing of spinning: see
+/// [`default_spin`].
+const DEFAULT_SPIN_US: &str = "50";
+
+const INTRA_SPIN_US: &str = "session.intra_op.spin_duration_us";
+
+/// The intra-op spin duration a session gets that its options leave to
+/// the default: [`DEFAULT_SPIN_US`], unless they set a duration or
+/// intra-op spinning either way (then `None`: ONNX Runtime's defaults and
+/// theirs stand).
+///
+/// ONNX Runtime's own default spins far longer. With one run at a time
+/// that only costs CPU, but the pool runs several at once, and threads
+/// spinning between two runs' work then take the cores from the runs
+/// (16 Python threads on 2 cores: 0.84x onnxruntime's requests/s with its
+/// default, 1.07x with 50 µs). 50 µs still covers the gaps between one
+/// run's parallel loops: a stream of small runs one at a time is as fast
+/// as with the default (BENCHMARKS.md, "Spinning for 50 µs").
+fn default_spin(entries: &[(String, String)]) -> Option<&'static str> {
+    let set = |k: &str| {
+        entries
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    };
+    if set(INTRA_SPIN_US).is_some() || set("session.intra_op.allow_spinning").is_some() {
+        return None;
+    }
+    Some(DEFAULT_SPIN_US)
 }
 
 fn threads(what: &str, n: i64) -> PyResult<usize> {
@@ -177,6 +239,10 @@ impl Session {
         })?;
         for (key, value) in &config_entries {
             config_entry(key, value)?;
+        }
+        let mut passed = config_entries.clone();
+        if let Some(us) = default_spin(&config_entries) {
+            passed.push((INTRA_SPIN_US.to_owned(), us.to_owned()));
         }
         let intra = threads("intra_op_num_threads", intra_op_num_threads)?;
         let inter = threads("inter_op_num_threads", inter_op_num_threads)?;
@@ -230,6 +296,9 @@ impl Session {
             for (key, value) in &config_entries {
                 b = b.with_config_entry(key, value).map_err(errors::from_ort)?;
             }
+            for (key, value) in &passed[config_entries.len()..] {
+                b = b.with_config_entry(key, value).map_err(errors::from_ort)?;
+            }
             b = b.with_tensor_arena().map_err(errors::from_ort)?;
             match &source {
                 Source::Path(p) => b.commit_from_file(p),
@@ -253,7 +322,14 @@ impl Session {
             plans,
             session,
             last: Mutex::new(None),
+            config_entries: passed,
         })
+    }
+
+    /// The session configuration entries passed on to ONNX Runtime, as
+    /// (key, value) pairs: the options' own, then the defaults added.
+    fn config_entries(&self) -> Vec<(String, String)> {
+        self.config_entries.clone()
     }
 
     /// The model's inputs: (name, shape, type) each.

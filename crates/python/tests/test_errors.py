@@ -132,6 +132,51 @@ def test_spinning_entries_are_passed_on_and_checked(assets, good):
     assert "config_entries" not in ta._read_options(ort.SessionOptions())
 
 
+SPIN_US = "session.intra_op.spin_duration_us"
+
+
+def test_idle_threads_spin_briefly_unless_the_options_say_otherwise(assets, good):
+    """With nothing said of spinning, a session's intra-op threads spin
+    50 us before they sleep (ONNX Runtime's default spins far longer, which
+    takes the cores from the other runs the pool runs at once). Any intra-op
+    spinning entry the options set, either way, leaves ONNX Runtime's
+    defaults and theirs alone. The spin settings are checked, not ignored."""
+    x, ref = good
+    path = str(assets / "ppocr_cls.onnx")
+    sess = ta.InferenceSession(path)
+    assert sess._sess.config_entries() == [(SPIN_US, "50")]
+    same(sess.run(None, {"x": x}), ref)
+    for key, value in [("session.intra_op.allow_spinning", "1"), ("session.intra_op.allow_spinning", "0"), (SPIN_US, "200")]:
+        so = ort.SessionOptions()
+        so.add_session_config_entry(key, value)
+        sess = ta.InferenceSession(path, sess_options=so)
+        assert sess._sess.config_entries() == [(key, value)]
+        same(sess.run(None, {"x": x}), ref)
+    # Entries that leave the intra-op spinning to the default get it too.
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.force_spinning_stop", "1")
+    so.add_session_config_entry("session.intra_op.spin_backoff_max", "8")
+    sess = ta.InferenceSession(path, sess_options=so)
+    assert sess._sess.config_entries() == [
+        ("session.force_spinning_stop", "1"),
+        ("session.intra_op.spin_backoff_max", "8"),
+        (SPIN_US, "50"),
+    ]
+    same(sess.run(None, {"x": x}), ref)
+    for key, value in [
+        (SPIN_US, "-1"),
+        (SPIN_US, "50us"),
+        ("session.inter_op.spin_duration_us", ""),
+        ("session.intra_op.spin_backoff_max", "0"),
+        ("session.inter_op.spin_backoff_max", "65"),
+        ("session.force_spinning_stop", "yes"),
+    ]:
+        bad = ta.SessionOptions()
+        bad.add_session_config_entry(key, value)
+        with pytest.raises(ta.InvalidArgument, match=key.split(".")[-1]):
+            ta.InferenceSession(path, sess_options=bad)
+
+
 def test_budget_refusal_fails_the_run_and_the_session_goes_on(assets):
     path = str(assets / "ppocr_det.onnx")
     sess = ta.InferenceSession(path)

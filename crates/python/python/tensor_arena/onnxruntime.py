@@ -147,9 +147,16 @@ class SessionOptions:
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         """Sets a session configuration entry, as onnxruntime's does. Of
-        these, sessions here pass on ``session.intra_op.allow_spinning`` and
-        ``session.inter_op.allow_spinning`` ("0" or "1"); any other key
-        raises ``InvalidArgument`` when a session is made with them."""
+        these, sessions here pass on the thread pools' spinning:
+        ``session.intra_op.allow_spinning``,
+        ``session.inter_op.allow_spinning`` and
+        ``session.force_spinning_stop`` ("0" or "1"),
+        ``session.intra_op.spin_duration_us`` and
+        ``session.inter_op.spin_duration_us`` (microseconds),
+        ``session.intra_op.spin_backoff_max`` and
+        ``session.inter_op.spin_backoff_max`` (1 to 64); any other key, or
+        another value, raises ``InvalidArgument`` when a session is made
+        with them."""
         self._config[str(key)] = str(value)
 
     def get_session_config_entry(self, key: str) -> str:
@@ -204,7 +211,15 @@ def _read_options(so: Any) -> Dict[str, int]:
 
 
 # The session configuration entries passed on to ONNX Runtime.
-_CONFIG_ENTRIES = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
+_CONFIG_ENTRIES = (
+    "session.intra_op.allow_spinning",
+    "session.inter_op.allow_spinning",
+    "session.force_spinning_stop",
+    "session.intra_op.spin_duration_us",
+    "session.inter_op.spin_duration_us",
+    "session.intra_op.spin_backoff_max",
+    "session.inter_op.spin_backoff_max",
+)
 
 
 def _provider_names(providers: Any) -> List[str]:
@@ -286,9 +301,13 @@ class InferenceSession:
     ``path_or_bytes``: the model file or its bytes. ``sess_options``: an
     ``onnxruntime.SessionOptions`` (or ours); intra/inter-op threads, graph
     optimization level, execution mode, log severity and the thread pools'
-    spinning (``session.intra_op.allow_spinning``,
-    ``session.inter_op.allow_spinning``) are read off it (ONNX Runtime's CPU arena and memory pattern settings are not: the
-    arena is tensor-arena's). ``providers``: the CPU's; asking for another
+    spinning (``SessionOptions.add_session_config_entry`` lists the
+    entries) are read off it (ONNX Runtime's CPU arena and memory pattern
+    settings are not: the arena is tensor-arena's). Where it sets no
+    intra-op spinning entry, idle intra-op threads spin 50 us before they
+    sleep (``session.intra_op.spin_duration_us``; ONNX Runtime's default
+    spins far longer, which costs the other runs in flight their cores:
+    docs/python-deploy.md). ``providers``: the CPU's; asking for another
     (CUDA, ...) raises ``InvalidArgument`` rather than run on the CPU
     (``patch()`` leaves such sessions to onnxruntime). Errors are this module's exceptions (``NoSuchFile``,
     ``InvalidProtobuf``, ``InvalidArgument``, ``Fail``, ``OutOfMemory``).
