@@ -5,7 +5,7 @@ before the runtime is imported, with the sessions made, its peak (VmHWM),
 after the load, and after idle.
 The server is stopped (its whole process group) on every path.
 
-    python load.py uvicorn  [--runtime ta|ort] [--requests 200] [--clients 8] [--idle 15]
+    python load.py uvicorn  [--runtime ta|ort] [--requests 200] [--clients 8] [--idle 15] [--model ppocr_cls.onnx]
     python load.py gunicorn [--runtime ta|ort] ...
     python load.py ray      [--runtime ta|ort] ...
 
@@ -161,14 +161,16 @@ def arenas(port: int, pids: list, runtime: str, field: str = "reserved") -> dict
 
 
 def run(kind: str, runtime: str, requests: int, clients: int, idle: float, workers: int = 2,
-        ready_s: float = 120.0, settle_s: float = 0.0, log=None) -> dict:
+        ready_s: float = 120.0, settle_s: float = 0.0, log=None, model: str = "ppocr_cls.onnx") -> dict:
     """The load and the figures; after `idle` seconds, with `settle_s`,
     polls up to that long more until every worker's arena reserves
-    nothing (tensor-arena only)."""
+    nothing (tensor-arena only). `model`: an asset taking
+    `(batch, 3, 48, 192)` as `x` (ppocr_cls.onnx, ppocr_rec.onnx)."""
     port = free_port()
     env = dict(os.environ, SERVER_RUNTIME=runtime)
     env.setdefault("TENSOR_ARENA_ORT_ASSETS", str(HERE.parents[3] / "target" / "ort-assets"))
-    model_path = os.path.join(env["TENSOR_ARENA_ORT_ASSETS"], "ppocr_cls.onnx")
+    model_path = os.path.join(env["TENSOR_ARENA_ORT_ASSETS"], model)
+    env["SERVER_MODEL"] = model_path
 
     def batch_of(s: int) -> int:
         return 1 + s % 8
@@ -227,7 +229,7 @@ def run(kind: str, runtime: str, requests: int, clients: int, idle: float, worke
                 "reserved": reserved.get(p),
                 "reserved_peak_mib": None if p not in reserved_peak else round(reserved_peak[p] / 2**20, 1)}
                for p in pids]
-        out = {"server": kind, "runtime": runtime, "requests": requests, "clients": clients,
+        out = {"server": kind, "runtime": runtime, "model": model, "requests": requests, "clients": clients,
                "idle_s": idle, "identical": identical, "workers": per}
         if kind == "ray":
             # By the time this is returned, the folder is removed and no
@@ -245,8 +247,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--idle", type=float, default=15.0)
+    ap.add_argument("--model", default="ppocr_cls.onnx",
+                    help="an asset of TENSOR_ARENA_ORT_ASSETS taking (batch, 3, 48, 192) as x")
     a = ap.parse_args()
-    print(json.dumps(run(a.server, a.runtime, a.requests, a.clients, a.idle)))
+    print(json.dumps(run(a.server, a.runtime, a.requests, a.clients, a.idle, model=a.model)))
 
 
 if __name__ == "__main__":
