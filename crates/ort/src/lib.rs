@@ -36,7 +36,7 @@ pub use cuda::{cuda_run, cuda_shrink, cuda_stats, CudaExt, CudaRun, DeviceStats,
 pub use decay::DEFAULT_DECAY;
 pub use error::OrtArenaError;
 pub use follow::Shrink;
-pub use heaps::{limit_system_heaps, IDLE_RSS_SYSTEM_HEAPS};
+pub use heaps::{limit_system_heaps, map_large_blocks, IDLE_RSS_SYSTEM_HEAPS, MAX_MMAP_THRESHOLD};
 pub use key::{KeyInputs, RunKey};
 pub use limit::{
     default_budget, default_memory_limit, set_default_memory_limit, LimitSource, MemoryLimit,

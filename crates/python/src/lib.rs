@@ -11,7 +11,8 @@
 //!   process's bounded pool ([`pool`]);
 //! - the pool's settings, its stats under crates/cuda's names, shrink and a
 //!   process budget;
-//! - the process's default memory limit ([`limit`]).
+//! - the process's default memory limit ([`limit`]);
+//! - glibc's heap settings, when the program asks ([`heaps`]).
 //!
 //! Every error is a Python exception of this module ([`errors`]); no panic
 //! crosses into Python (PyO3 turns one into `PanicException`, and inputs are
@@ -20,6 +21,7 @@
 
 pub mod arrays;
 pub mod errors;
+pub mod heaps;
 pub mod limit;
 pub mod plans;
 pub mod pool;
@@ -58,6 +60,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::add(m)?;
     pool::add(m)?;
     limit::add(m)?;
+    heaps::add(m)?;
     plans::add(m)?;
     m.add_class::<session::Session>()?;
     Ok(())

@@ -261,3 +261,49 @@ def test_without_onnxruntime_import_fails_clearly():
     assert r.stdout.startswith("ImportError:") and "pip install 'onnxruntime>=1.31'" in r.stdout, r.stdout
     assert "tools/dist.sh" in r.stdout and "pip install ./crates/python" in r.stdout, r.stdout
     assert "tensor-arena[onnxruntime]" not in r.stdout, r.stdout
+
+
+HEAP_PROBE = r"""
+import ctypes, sys
+import tensor_arena.onnxruntime as ta
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+if sys.argv[1] == "asked":
+    got = ta.system_heap(mmap_threshold=131072)
+    assert got == {"mmap_threshold": True, "arena_max": False}, got
+n = 8 << 20
+p = libc.malloc(n); ctypes.memset(p, 1, n); libc.free(p)   # glibc's default now keeps blocks this large
+before = rss()
+p = libc.malloc(n); ctypes.memset(p, 1, n); libc.free(p)
+print(rss() - before)
+"""
+
+
+def test_system_heap_is_the_programs_choice_and_gives_large_blocks_back():
+    """Importing the package leaves glibc's moving mmap threshold alone: an
+    8 MiB block freed after another stays resident. Asked for, every block
+    of 128 KiB or more is mapped on its own and given back at free. Bad
+    values raise; each call runs in a child (the setting is the process's)."""
+    import subprocess
+    import sys
+
+    def grown(how):
+        out = subprocess.run([sys.executable, "-c", HEAP_PROBE, how], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.split()[-1])
+
+    assert grown("default") >= 6 << 20
+    assert grown("asked") <= 1 << 20
+    for kw in [{"mmap_threshold": 0}, {"arena_max": -1}]:
+        with pytest.raises(ta.InvalidArgument):
+            ta.system_heap(**kw)
+    # Nothing given: nothing changed.
+    assert ta.system_heap() == {"mmap_threshold": False, "arena_max": False}
+    # Over glibc's ceiling (32 MiB): refused, not clamped.
+    out = subprocess.run([sys.executable, "-c",
+                          "import tensor_arena.onnxruntime as ta; print(ta.system_heap(mmap_threshold=64 << 20))"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "'mmap_threshold': False" in out.stdout, out
