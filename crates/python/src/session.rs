@@ -146,11 +146,13 @@ fn config_entry(key: &str, value: &str) -> PyResult<()> {
             "session config entry {key:?} is not one tensor-arena passes on (it passes {CONFIG_ENTRIES:?})"
         )));
     }
+    // Digits only (Rust's parse takes a leading '+'), within a C `int`,
+    // which ONNX Runtime reads them into.
     let number = || {
         value
-            .parse::<u32>()
+            .parse::<i32>()
             .ok()
-            .filter(|_| !value.starts_with('+'))
+            .filter(|&n| n >= 0 && value.bytes().all(|b| b.is_ascii_digit()))
     };
     let ok = if key.ends_with("spin_duration_us") {
         number().is_some()
@@ -161,7 +163,7 @@ fn config_entry(key: &str, value: &str) -> PyResult<()> {
     };
     if !ok {
         let expected = if key.ends_with("spin_duration_us") {
-            "microseconds, a whole number"
+            "microseconds, a whole number up to 2147483647"
         } else if key.ends_with("spin_backoff_max") {
             "a whole number from 1 to 64"
         } else {
@@ -187,12 +189,13 @@ const INTRA_SPIN_US: &str = "session.intra_op.spin_duration_us";
 /// theirs stand).
 ///
 /// ONNX Runtime's own default spins far longer. With one run at a time
-/// that only costs CPU, but the pool runs several at once, and threads
-/// spinning between two runs' work then take the cores from the runs
-/// (16 Python threads on 2 cores: 0.84x onnxruntime's requests/s with its
-/// default, 1.07x with 50 µs). 50 µs still covers the gaps between one
-/// run's parallel loops: a stream of small runs one at a time is as fast
-/// as with the default (BENCHMARKS.md, "Spinning for 50 µs").
+/// that costs CPU the caller's Python work needs, and the pool runs
+/// several at once, whose cores spinning threads then take (2 cores, 16
+/// Python threads: 0.85-0.93x onnxruntime's requests/s with its default,
+/// 0.95-1.05x with 50 µs; one thread of det and rec 1.25x faster). 50 µs
+/// still covers the gaps between one run's parallel loops: a stream of
+/// small runs one at a time is as fast as with the default (BENCHMARKS.md,
+/// "Spinning for 50 µs").
 fn default_spin(entries: &[(String, String)]) -> Option<&'static str> {
     let set = |k: &str| {
         entries
@@ -240,8 +243,8 @@ impl Session {
         for (key, value) in &config_entries {
             config_entry(key, value)?;
         }
-        let mut passed = config_entries.clone();
-        if let Some(us) = default_spin(&config_entries) {
+        let mut passed = config_entries;
+        if let Some(us) = default_spin(&passed) {
             passed.push((INTRA_SPIN_US.to_owned(), us.to_owned()));
         }
         let intra = threads("intra_op_num_threads", intra_op_num_threads)?;
@@ -293,10 +296,7 @@ impl Session {
             if let Some(l) = log {
                 b = b.with_log_level(l).map_err(errors::from_ort)?;
             }
-            for (key, value) in &config_entries {
-                b = b.with_config_entry(key, value).map_err(errors::from_ort)?;
-            }
-            for (key, value) in &passed[config_entries.len()..] {
+            for (key, value) in &passed {
                 b = b.with_config_entry(key, value).map_err(errors::from_ort)?;
             }
             b = b.with_tensor_arena().map_err(errors::from_ort)?;

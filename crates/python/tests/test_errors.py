@@ -166,6 +166,8 @@ def test_idle_threads_spin_briefly_unless_the_options_say_otherwise(assets, good
     for key, value in [
         (SPIN_US, "-1"),
         (SPIN_US, "50us"),
+        (SPIN_US, "+50"),
+        (SPIN_US, "2147483648"),
         ("session.inter_op.spin_duration_us", ""),
         ("session.intra_op.spin_backoff_max", "0"),
         ("session.inter_op.spin_backoff_max", "65"),
