@@ -48,21 +48,35 @@ pub const IDLE_RSS_SYSTEM_HEAPS: usize = 1;
 /// accepted the limit: `false` for `None`, where the C library is not
 /// glibc, or for a `max` over `i32::MAX`.
 pub fn limit_system_heaps(max: Option<NonZeroUsize>) -> bool {
-    max.is_some_and(set_arena_max)
+    max.is_some_and(|max| mallopt(Param::ArenaMax, max.get()))
 }
 
+/// The glibc malloc parameters this crate sets, when asked.
+#[derive(Clone, Copy)]
+enum Param {
+    ArenaMax,
+    MmapThreshold,
+}
+
+/// Sets glibc's malloc parameter `param` to `value`; whether glibc
+/// accepted it (`false` for a value over a C `int`, and elsewhere than
+/// glibc).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn set_arena_max(max: NonZeroUsize) -> bool {
-    let Ok(max) = libc::c_int::try_from(max.get()) else {
+fn mallopt(param: Param, value: usize) -> bool {
+    let Ok(value) = libc::c_int::try_from(value) else {
         return false;
+    };
+    let param = match param {
+        Param::ArenaMax => libc::M_ARENA_MAX,
+        Param::MmapThreshold => libc::M_MMAP_THRESHOLD,
     };
     // SAFETY: `mallopt` only sets one of glibc's malloc parameters; it takes
     // glibc's own lock and touches no memory in use.
-    unsafe { libc::mallopt(libc::M_ARENA_MAX, max) == 1 }
+    unsafe { libc::mallopt(param, value) == 1 }
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn set_arena_max(_max: NonZeroUsize) -> bool {
+fn mallopt(_param: Param, _value: usize) -> bool {
     false
 }
 
@@ -90,25 +104,9 @@ pub const MAX_MMAP_THRESHOLD: usize = 32 << 20;
 /// Returns whether glibc accepted it: `false` for `None`, where the C
 /// library is not glibc, or for a threshold over [`MAX_MMAP_THRESHOLD`].
 pub fn map_large_blocks(threshold: Option<NonZeroUsize>) -> bool {
-    threshold.is_some_and(set_mmap_threshold)
-}
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn set_mmap_threshold(threshold: NonZeroUsize) -> bool {
-    if threshold.get() > MAX_MMAP_THRESHOLD {
-        return false;
-    }
-    let Ok(threshold) = libc::c_int::try_from(threshold.get()) else {
-        return false;
-    };
-    // SAFETY: `mallopt` only sets one of glibc's malloc parameters; it takes
-    // glibc's own lock and touches no memory in use.
-    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, threshold) == 1 }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn set_mmap_threshold(_threshold: NonZeroUsize) -> bool {
-    false
+    threshold
+        .filter(|t| t.get() <= MAX_MMAP_THRESHOLD)
+        .is_some_and(|t| mallopt(Param::MmapThreshold, t.get()))
 }
 
 #[cfg(test)]

@@ -63,5 +63,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     heaps::add(m)?;
     plans::add(m)?;
     m.add_class::<session::Session>()?;
+    // The session configuration entries passed on (the Python side reads
+    // them by name off onnxruntime's options).
+    m.add("CONFIG_ENTRIES", session::CONFIG_ENTRIES.to_vec())?;
     Ok(())
 }

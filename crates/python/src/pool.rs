@@ -14,6 +14,7 @@ use crate::arrays::OutputMode;
 use crate::errors::InvalidArgument;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::RwLockReadGuard;
 use std::time::Duration;
@@ -55,10 +56,44 @@ static STATE: ForkMutex<Option<State>> = ForkMutex::new(None);
 /// leave nothing behind in the child.
 static IN_ORT: ForkRwLock<()> = ForkRwLock::new(());
 
-/// A thread's stay inside ONNX Runtime ([`IN_ORT`]).
-pub(crate) fn in_onnxruntime() -> RwLockReadGuard<'static, ()> {
-    IN_ORT.read()
+/// A thread's stay inside ONNX Runtime ([`IN_ORT`]); its end is noted in
+/// [`LEFT_ORT`].
+pub(crate) struct InOrt {
+    _shared: RwLockReadGuard<'static, ()>,
 }
+
+impl Drop for InOrt {
+    fn drop(&mut self) {
+        LEFT_ORT.store(now_ns().max(1), Ordering::Relaxed);
+    }
+}
+
+/// A thread's stay inside ONNX Runtime ([`IN_ORT`]).
+pub(crate) fn in_onnxruntime() -> InOrt {
+    InOrt {
+        _shared: IN_ORT.read(),
+    }
+}
+
+/// When a thread last left ONNX Runtime ([`now_ns`]; 0: none has).
+static LEFT_ORT: AtomicU64 = AtomicU64::new(0);
+
+/// Nanoseconds since this module first asked (monotonic).
+fn now_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// How long a fork waits after the last run left ONNX Runtime before it
+/// goes on. A run's end leaves ONNX Runtime's intra-op threads spinning
+/// (50 µs by default here: `session::default_spin`), then each takes its
+/// own mutex to go to sleep. A fork at that instant copies the mutex held,
+/// and the child's first run, waking that thread, waits on it for ever
+/// (gdb: the child's only thread in `pthread_mutex_lock` inside
+/// libonnxruntime; 1 child in 100 of `test_fork.py`'s storm). With the
+/// runs kept out, the threads are asleep well within this.
+const SETTLE: Duration = Duration::from_millis(2);
 
 fn default_workers() -> usize {
     std::env::var("TENSOR_ARENA_WORKERS")
@@ -419,6 +454,13 @@ fn _fork_prepare(py: Python<'_>) {
     // under way, and it does not need the GIL to finish.
     py.detach(|| {
         fork::hold(IN_ORT.write());
+        // No run is inside ONNX Runtime now, nor will one enter: let the
+        // pool threads of the last ones go to sleep ([`SETTLE`]).
+        let left = LEFT_ORT.load(Ordering::Relaxed);
+        let since = Duration::from_nanos(now_ns().saturating_sub(left));
+        if left != 0 && since < SETTLE {
+            std::thread::sleep(SETTLE - since);
+        }
         crate::plans::prepare_fork();
     });
     // With the GIL, and never let go from here: a thread that holds the

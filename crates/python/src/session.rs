@@ -130,7 +130,7 @@ fn log_level(n: i64) -> PyResult<Option<ort::logging::LogLevel>> {
 /// (ONNX Runtime takes any value of these silently): the thread pools'
 /// spinning switches ("0" or "1"), and how long an idle pool thread spins
 /// before it sleeps (microseconds) and its backoff cap (1 to 64).
-const CONFIG_ENTRIES: [&str; 7] = [
+pub(crate) const CONFIG_ENTRIES: [&str; 7] = [
     "session.intra_op.allow_spinning",
     "session.inter_op.allow_spinning",
     "session.force_spinning_stop",

@@ -212,15 +212,7 @@ def _read_options(so: Any) -> Dict[str, int]:
 
 
 # The session configuration entries passed on to ONNX Runtime.
-_CONFIG_ENTRIES = (
-    "session.intra_op.allow_spinning",
-    "session.inter_op.allow_spinning",
-    "session.force_spinning_stop",
-    "session.intra_op.spin_duration_us",
-    "session.inter_op.spin_duration_us",
-    "session.intra_op.spin_backoff_max",
-    "session.inter_op.spin_backoff_max",
-)
+_CONFIG_ENTRIES = tuple(_native.CONFIG_ENTRIES)
 
 
 def _provider_names(providers: Any) -> List[str]:
