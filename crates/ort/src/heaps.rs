@@ -98,7 +98,7 @@ pub const MAX_MMAP_THRESHOLD: usize = 32 << 20;
 /// heaps of the threads that ran, where it stays: 16 Python threads on
 /// PP-OCR det and rec peaked at 724-770 MiB with the default and 546-622
 /// MiB with 128 KiB fixed, at the same requests/s, and a uvicorn worker of
-/// ppocr_rec idled at 148-165 MiB against 106 (`BENCHMARKS.md`, "glibc's
+/// ppocr_rec idled at 133-165 MiB against 106 (`BENCHMARKS.md`, "glibc's
 /// moving mmap threshold"). Setting it also turns off glibc's moving trim
 /// threshold. May be called at any time; it applies to later `malloc`s.
 /// Returns whether glibc accepted it: `false` for `None`, where the C
