@@ -4,6 +4,7 @@
 //! rest of the run. Only what does not fit there grows the arena.
 
 use super::loose::Loose;
+use super::repair::Repair;
 use super::RawArena;
 use crate::freemap::{FreeError, RunOp, SpanId};
 use crate::memory::Memory;
@@ -121,14 +122,18 @@ impl<M: Memory> RawArena<M> {
     }
 
     /// The open run, served loosely inside its plan's block, can be no
-    /// longer: the block is dissolved, and the rest of the run is served
-    /// from the pool (the block's free memory first).
+    /// longer, at its next block of `len` bytes at `align`: the block is
+    /// dissolved, and the rest of the run is served from the pool (the
+    /// block's free memory first), each later planned block offered the
+    /// place the rest of the plan, placed again, gives it
+    /// ([`repair`](super::repair)).
     #[cold]
-    pub(super) fn leave_block(&mut self) {
+    pub(super) fn leave_block(&mut self, len: usize, align: usize) {
+        let granule = self.pool.granule();
         let Some(run) = self.run.as_mut() else {
             return;
         };
-        let id = run.id;
+        let (id, k) = (run.id, run.blocks as usize);
         let Some(serve) = run.serve.as_mut() else {
             return;
         };
@@ -136,7 +141,21 @@ impl<M: Memory> RawArena<M> {
             return;
         };
         let (slot, plan) = (serve.slot, Arc::clone(&serve.plan));
+        let placed = self
+            .plan_blocks
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .filter(|pb| !pb.dissolved)
+            .and_then(|pb| {
+                let size = len.checked_add(granule - 1)? & !(granule - 1);
+                let (fixed, items) =
+                    loose.repair(&plan, &pb.served, k, size, align.max(granule))?;
+                Some(Repair::new(pb.raw.rid, pb.raw.off, k, &fixed, &items))
+            });
         self.dissolve(slot, &plan, Some(&loose), id);
+        if let Some(serve) = self.run.as_mut().and_then(|r| r.serve.as_mut()) {
+            serve.repair = placed.map(Box::new);
+        }
     }
 
     /// Frees planned block `index` of dissolved plan block `slot`: its span

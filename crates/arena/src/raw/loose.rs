@@ -19,6 +19,7 @@
 //! them apart. Every irregular block (moved, extra, or overdue) is checked
 //! against each later slot, and against every range a moved block takes.
 
+use super::repair::{self, NEVER};
 use super::{Handle, HandleKind, RawAlloc, RawArena};
 use crate::freemap::pow2;
 use crate::memory::Memory;
@@ -32,8 +33,6 @@ const MOVES: u32 = 4;
 /// Irregular blocks one run may hold before it is dissolved instead: each
 /// later allocation is checked against every one of them.
 const IRREGULAR: usize = 32;
-/// A block's planned free where it has none (live at the plan's end).
-const NEVER: usize = usize::MAX;
 
 /// How a run that left its plan is served inside the plan's block.
 pub(super) struct Loose {
@@ -88,6 +87,63 @@ impl Loose {
         if let Some(i) = self.irregular.iter().position(|e| e.0 == index) {
             self.irregular.swap_remove(i);
         }
+    }
+
+    /// The rest of the run from block `k` (now `size` bytes at `align`,
+    /// the block that did not fit) placed again around what is live, as
+    /// the plan has the rest ([`repair::place`]): each block's `(offset in
+    /// the plan's block, bytes)`, from `k`, with no cap: the blocks live
+    /// (`(offset, bytes, planned free)`) and those to come. `None` past the
+    /// plan's blocks, or with too many left to place on the run's thread.
+    pub(super) fn repair(
+        &self,
+        plan: &Plan,
+        served: &[usize],
+        k: usize,
+        size: usize,
+        align: usize,
+    ) -> Option<(Vec<repair::Held>, Vec<repair::Item>)> {
+        let n = plan.len();
+        if k == 0 || k >= n || n - k > repair::MAX_BLOCKS {
+            return None;
+        }
+        // The run is the plan's up to here (a first block off its slot
+        // shows nothing of that: a plan of another shape), and the block
+        // is a few times its slot at most, not another path through the
+        // model whose blocks are no longer the plan's by index.
+        if plan
+            .block(k)
+            .is_none_or(|(bytes, _)| size > bytes.saturating_mul(repair::LIKE))
+        {
+            return None;
+        }
+        let now = self.life.get(k)?.0;
+        let mut fixed = Vec::with_capacity(served.len());
+        for (i, &bytes) in served.iter().enumerate() {
+            if bytes == 0 {
+                continue;
+            }
+            // Live until its planned free, if that is still to come and the
+            // block is where the plan has it; else to the end.
+            let end = match self.life.get(i) {
+                Some(&(_, f)) if f > now && !self.irregular.iter().any(|e| e.0 as usize == i) => f,
+                _ => NEVER,
+            };
+            fixed.push((*self.offsets.get(i)?, bytes, end));
+        }
+        let items: Vec<repair::Item> = (k..n)
+            .map(|j| {
+                let (bytes, al) = plan.block(j).unwrap_or((size, align));
+                let (bytes, al) = if j == k { (size, align) } else { (bytes, al) };
+                repair::Item {
+                    bytes,
+                    align: al.max(1),
+                    start: self.life[j].0,
+                    end: self.life[j].1,
+                }
+            })
+            .collect();
+        Some((fixed, items))
     }
 
     fn irregular_overlaps(&self, off: usize, size: usize) -> bool {

@@ -15,6 +15,7 @@ use std::sync::Arc;
 mod fallback;
 mod finish;
 mod loose;
+mod repair;
 mod serve;
 
 /// The arena's core: blocks, runs, watermark, plans and stats over a
@@ -145,6 +146,9 @@ struct Serve {
     /// plan's block ([`loose`]); `None` before, and once the block was
     /// dissolved.
     loose: Option<Box<loose::Loose>>,
+    /// After the block was dissolved, where the rest of the plan was
+    /// placed again ([`repair`]); `None` before, or where it was not.
+    repair: Option<Box<repair::Repair>>,
 }
 
 /// A block drawn from the pool to serve a planned run.
@@ -622,7 +626,7 @@ impl<M: Memory> RawArena<M> {
             if let Some(served) = self.alloc_loose(len, align) {
                 return Ok(served);
             }
-            self.leave_block();
+            self.leave_block(len, align);
         }
         let raw = self.alloc_pool(len, align, location, true)?;
         let i = raw.span as usize;
@@ -664,13 +668,28 @@ impl<M: Memory> RawArena<M> {
         };
         #[cfg(not(debug_assertions))]
         let _ = location;
-        let raw = self.pool.alloc(size, align, tag)?;
+        // A repaired run's planned block goes where the rest of the plan
+        // was placed again, if that is free ([`repair`]).
+        let repaired = self
+            .run
+            .as_ref()
+            .filter(|_| planable)
+            .and_then(|r| r.serve.as_ref())
+            .is_some_and(|s| s.repair.is_some());
+        let (raw, placed) = match repaired.then(|| self.alloc_repaired(size, align, tag)) {
+            Some(Some(done)) => done,
+            _ => (self.pool.alloc(size, align, tag)?, None),
+        };
         self.allocs += 1;
         let in_use = self.in_use();
         self.peak_in_use = self.peak_in_use.max(in_use);
         let granule = self.pool.granule();
         if let Some(r) = &mut self.run {
             if r.log {
+                if let Some(off) = placed {
+                    // Allocation 0 is the plan's block, dissolved.
+                    r.ops.push(RunOp::Place { base: 0, off });
+                }
                 r.ops
                     .push(RunOp::alloc(size, align.max(granule), rec != NOT_PLANNED));
             }
@@ -697,6 +716,26 @@ impl<M: Memory> RawArena<M> {
             }
         }
         Ok(raw)
+    }
+
+    /// The open run's next block, `size` bytes at `align`, at the place its
+    /// repair gives it, if the pool has that place free: the block and its
+    /// offset from the dissolved plan block.
+    #[cold]
+    #[inline(never)]
+    fn alloc_repaired(
+        &mut self,
+        size: usize,
+        align: usize,
+        tag: Tag,
+    ) -> Option<(RawBlock<M::Ptr>, Option<usize>)> {
+        let r = self.run.as_mut()?;
+        let index = r.blocks as usize;
+        let repair = r.serve.as_mut()?.repair.as_mut()?;
+        let rid = repair.rid;
+        let (off, rel) = repair.at(index, size)?;
+        let raw = self.pool.alloc_range(rid, off, size, align, tag)?;
+        Some((raw, Some(rel)))
     }
 
     /// Bytes live span `span` holds (0 if it is not live).

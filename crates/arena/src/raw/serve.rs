@@ -60,6 +60,7 @@ impl<M: Memory> RawArena<M> {
             // A trace needs every block's requested bytes: record throughout.
             recording: self.trace.is_some(),
             loose: None,
+            repair: None,
         })
     }
 

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use tensor_arena::allocator_api2::alloc::Global;
 use tensor_arena::plan::solver::greedy_by_size;
 use tensor_arena::{
-    Arena, ArenaConfig, Block, Coalesce, DynamicReason, Heap, Lookup, PlanCache, PlanSource,
+    Arena, ArenaConfig, Block, Coalesce, DynamicReason, Heap, HostMemory, Lookup, PlanCache,
+    PlanSource,
 };
 
 /// How one block's size follows the key `[batch, width]`.
@@ -108,8 +109,8 @@ pub(crate) fn twist() -> impl Strategy<Value = Twist> {
 /// dynamically on a fresh arena (plus a granule) or, where a plan served
 /// it, than the plan's own block; returns the lookup, the report and the
 /// run's lower bound.
-pub(crate) fn run(
-    arena: &Arena<Heap<Global>>,
+pub(crate) fn run<M: Fresh>(
+    arena: &Arena<M>,
     cache: &PlanCache<Vec<usize>>,
     model: &Model,
     key: [usize; 2],
@@ -119,7 +120,7 @@ pub(crate) fn run(
     let (report, recording, lower_bound) = drive(arena, lookup.plan.clone(), model, key, twist);
     cache.after_run(&key[..], &lookup, &report, &recording, true);
     // The same run served dynamically, on a fresh arena configured alike.
-    let fresh = Arena::with_backing(arena.config(), Global);
+    let fresh = Arena::with_memory(arena.config(), M::fresh()).unwrap();
     let (dynamic, _, _) = drive(&fresh, None, model, key, twist);
     let plan = lookup.plan.as_ref().map_or(0, |p| p.size());
     // A run that kept to its plan reaches no further than the block. A run
@@ -153,6 +154,26 @@ pub(crate) fn run(
     (lookup, report, lower_bound)
 }
 
+/// A memory layer the random families run on, made afresh for the same
+/// run served dynamically: the global heap's regions, or (where a run that
+/// left its plan grows in place past the plan's block) pages.
+pub(crate) trait Fresh: HostMemory + Sized {
+    fn fresh() -> Self;
+}
+
+impl Fresh for Heap<Global> {
+    fn fresh() -> Self {
+        Heap::new(Global)
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Fresh for tensor_arena::memory::Pages {
+    fn fresh() -> Self {
+        tensor_arena::memory::Pages::new(tensor_arena::memory::PagesConfig::default())
+    }
+}
+
 /// The arena's granule (`ArenaConfig::default().alignment`).
 pub(crate) const GRANULE: usize = 64;
 
@@ -165,8 +186,8 @@ const SLACK: usize = 64 * GRANULE;
 
 /// Runs `model` at `key` with `twist` on `arena`, on `plan` if given
 /// (else recorded); returns its report, recording and lower bound.
-pub(crate) fn drive(
-    arena: &Arena<Heap<Global>>,
+pub(crate) fn drive<M: HostMemory>(
+    arena: &Arena<M>,
     plan: Option<std::sync::Arc<tensor_arena::Plan>>,
     model: &Model,
     key: [usize; 2],
@@ -193,7 +214,7 @@ pub(crate) fn drive(
         }
         _ => {}
     }
-    let mut live: HashMap<usize, (Block<'_, Heap<Global>>, u8)> = HashMap::new();
+    let mut live: HashMap<usize, (Block<'_, M>, u8)> = HashMap::new();
     let (mut bytes_live, mut lower_bound) = (0usize, 0usize);
     let mut extra = None;
     for (t, &(alloc, b)) in events.iter().enumerate() {

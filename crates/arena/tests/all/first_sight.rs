@@ -219,20 +219,89 @@ fn an_image_height_that_never_varied_is_predicted_at_the_lower_bound() {
 /// swapped), every fell-back run's high-water against the same run's on
 /// a fresh dynamic arena. Every run is held to the envelope in
 /// [`run`](super::families) (the block and the dynamic need, and an
-/// eighth); this holds the distribution where it stands (2026-11-28: 174
-/// of 293 within a granule, median of the rest 1.073x, worst 2.304x; kept
-/// predictions over the dynamic run by more than a granule 46 of 324,
-/// worst 2.517x. Before the run was repaired in place and enclosing
-/// blocks stacked low: 155 of 293, 1.081x, 2.304x; main before the round
-/// before: worst fell-back run 24.9x, kept 5.46x). The issue's goal, 99%
-/// within a granule and all within 1.05x, is not met: of the 119 over, most
-/// are runs that need more than the plan's block (a prediction too small,
-/// or a block doubled), whose planned blocks live at the deviation keep
-/// the places the plan gave them; 16 are plans larger than the run's
-/// dynamic need (BENCHMARKS.md). The sequence is deterministic (a fixed
-/// seed), so the figures move only when the planner does.
+/// eighth); this holds the distribution where it stands (2026-11-28, the
+/// rest of a run that leaves its plan's block placed again,
+/// `raw/repair.rs`: 178 of 293 within a granule, 130 below the dynamic
+/// run; over all of them mean 1.0246x, p95 1.301x, worst 2.304x, 17.67 MiB
+/// past their dynamic runs in all. Before: 174 of 293, 117 below, mean
+/// 1.0322x, p95 1.315x, 18.76 MiB. Before the run was repaired in place
+/// and enclosing blocks stacked low: 155 of 293; main before the round
+/// before: worst fell-back run 24.9x, kept 5.46x). Kept predictions over
+/// the dynamic run by more than a granule: 46 of 324, worst 2.517x. The
+/// issue's goal, 99% within a granule and all within 1.05x, is not met,
+/// and not by any repair that leaves the blocks live at the deviation
+/// where the plan put them: placing the rest of each over-run knowing its
+/// true sizes and frees would put 64 of the 119 back (BENCHMARKS.md). 16
+/// are plans larger than the run's dynamic need. The sequence is
+/// deterministic (a fixed seed), so the figures move only when the planner
+/// does.
 #[test]
 fn fell_back_runs_against_no_plan() {
+    let f = fell_back_against_no_plan(super::families::arena);
+    // (The figures are in the doc above.)
+    assert!(f.fell >= 250, "{} fell-back runs", f.fell);
+    assert!(
+        f.within * 100 >= f.fell * 60,
+        "{} of {} within a granule",
+        f.within,
+        f.fell
+    );
+    assert!(f.mean <= 1.027, "mean {:.4}x", f.mean);
+    assert!(f.p95 <= 1.32, "p95 {:.3}x", f.p95);
+    assert!(f.worst <= 2.5, "worst {:.3}x", f.worst);
+    // Kept predictions: mostly a few granules over (safe-side slots on
+    // runs of a few KiB); the worst are local models (a block no model
+    // explains at every shape, fitted to the three nearest) through a
+    // shape that a deviation doubled.
+    assert!(f.kept_over * 5 <= f.kept, "{} of {}", f.kept_over, f.kept);
+    assert!(f.kept_worst <= 3.0, "kept at worst {:.3}x", f.kept_worst);
+}
+
+/// [`fell_back_runs_against_no_plan`] on pages, where a run that left its
+/// plan grows in place past the plan's block (to the places its repair
+/// gives the rest, when they are past the top): the same families, every
+/// block intact, and the fell-back runs as near their dynamic runs.
+#[cfg(target_os = "linux")]
+#[test]
+fn fell_back_runs_against_no_plan_on_pages() {
+    use tensor_arena::memory::{Pages, PagesConfig};
+    let f = fell_back_against_no_plan(|| {
+        tensor_arena::Arena::with_memory(
+            tensor_arena::ArenaConfig::default(),
+            Pages::new(PagesConfig::default()),
+        )
+        .unwrap()
+    });
+    assert!(f.fell >= 250, "{} fell-back runs", f.fell);
+    assert!(
+        f.within * 100 >= f.fell * 60,
+        "{} of {} within a granule",
+        f.within,
+        f.fell
+    );
+    assert!(f.mean <= 1.03, "mean {:.4}x", f.mean);
+    assert!(f.p95 <= 1.32, "p95 {:.3}x", f.p95);
+    assert!(f.worst <= 2.5, "worst {:.3}x", f.worst);
+}
+
+/// What [`fell_back_against_no_plan`] found.
+struct FellBack {
+    fell: u32,
+    within: u32,
+    /// Over every fell-back run: its high-water over its dynamic run's.
+    mean: f64,
+    p95: f64,
+    worst: f64,
+    kept: usize,
+    kept_over: usize,
+    kept_worst: f64,
+}
+
+/// Runs the random families on arenas from `make`; prints and returns the
+/// fell-back runs against the same runs on a fresh dynamic arena.
+fn fell_back_against_no_plan<M: super::families::Fresh>(
+    make: impl Fn() -> tensor_arena::Arena<M>,
+) -> FellBack {
     use super::families::{model, twist};
     use proptest::prelude::*;
     use proptest::strategy::ValueTree;
@@ -245,17 +314,20 @@ fn fell_back_runs_against_no_plan() {
     let (mut fell, mut within, mut kept) = (0u32, 0u32, 0u32);
     let mut over: Vec<f64> = Vec::new();
     let mut kept_over: Vec<f64> = Vec::new();
+    // Every fell-back run's high-water over its dynamic run's, and the
+    // bytes past it.
+    let (mut ratios, mut excess): (Vec<f64>, usize) = (Vec::new(), 0);
     for _ in 0..MODELS {
         let model = model().new_tree(&mut runner).unwrap().current();
         let runs = runs.new_tree(&mut runner).unwrap().current();
-        let arena = arena();
+        let arena = make();
         let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
         for ((b, w), twist) in runs {
             let (lookup, report, _) = run(&arena, &cache, &model, [b, w], twist);
             if lookup.plan.is_none() {
                 continue;
             }
-            let (dynamic, _, _) = drive(&arena_fresh(), None, &model, [b, w], twist);
+            let (dynamic, _, _) = drive(&make(), None, &model, [b, w], twist);
             if !report.deviated {
                 if lookup.source == PlanSource::Predicted {
                     kept += 1;
@@ -266,6 +338,8 @@ fn fell_back_runs_against_no_plan() {
                 continue;
             }
             fell += 1;
+            ratios.push(report.high_water as f64 / dynamic.high_water as f64);
+            excess += report.high_water.saturating_sub(dynamic.high_water);
             if report.high_water <= dynamic.high_water + GRANULE {
                 within += 1;
             } else {
@@ -278,29 +352,28 @@ fn fell_back_runs_against_no_plan() {
     let worst = over.last().copied().unwrap_or(1.0);
     kept_over.sort_by(f64::total_cmp);
     let kept_worst = kept_over.last().copied().unwrap_or(1.0);
+    ratios.sort_by(f64::total_cmp);
+    let mean = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
+    let p95 = ratios.get(ratios.len() * 95 / 100).copied().unwrap_or(1.0);
+    let below = ratios.iter().filter(|&&r| r < 1.0).count();
     println!(
-        "{within} of {fell} fell-back runs within a granule of the dynamic run; \
-         the rest: median {median:.3}x, worst {worst:.3}x; kept predictions over it by \
-         more than a granule: {} of {kept}, worst {kept_worst:.3}x",
+        "{within} of {fell} fell-back runs within a granule of the dynamic run ({below} \
+         below it); the rest: median {median:.3}x, worst {worst:.3}x; all: mean {mean:.4}x, \
+         p95 {p95:.3}x, {:.2} MiB past their dynamic runs in all; kept predictions over it \
+         by more than a granule: {} of {kept}, worst {kept_worst:.3}x",
+        excess as f64 / (1 << 20) as f64,
         kept_over.len(),
     );
-    assert!(fell >= 250, "{fell} fell-back runs");
-    assert!(
-        within * 100 >= fell * 57,
-        "{within} of {fell} within a granule"
-    );
-    assert!(median <= 1.09, "median over {median:.3}x");
-    assert!(worst <= 2.5, "worst {worst:.3}x");
-    // Kept predictions: mostly a few granules over (safe-side slots on
-    // runs of a few KiB); the worst are local models (a block no model
-    // explains at every shape, fitted to the three nearest) through a
-    // shape that a deviation doubled.
-    assert!(
-        kept_over.len() * 5 <= kept as usize,
-        "{} of {kept}",
-        kept_over.len()
-    );
-    assert!(kept_worst <= 3.0, "kept at worst {kept_worst:.3}x");
+    FellBack {
+        fell,
+        within,
+        mean,
+        p95,
+        worst,
+        kept: kept as usize,
+        kept_over: kept_over.len(),
+        kept_worst,
+    }
 }
 
 /// Random families run by [`fell_back_runs_against_no_plan`].

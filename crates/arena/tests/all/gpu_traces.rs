@@ -17,11 +17,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use tensor_arena::{Arena, ArenaConfig, Block, Heap, Plan, PlanCache, RunReport};
 
-type HeapArena = Arena<Heap<tensor_arena::allocator_api2::alloc::Global>>;
+pub(crate) type HeapArena = Arena<Heap<tensor_arena::allocator_api2::alloc::Global>>;
 
 /// Runs `run` on `arena`, on `plan` if given (else recorded), checking
 /// that no block's ends are overwritten.
-fn replay(
+pub(crate) fn replay(
     arena: &HeapArena,
     plan: Option<Arc<Plan>>,
     run: &TraceRun,
@@ -60,7 +60,7 @@ fn replay(
     r.finish_with_recording()
 }
 
-fn arena() -> HeapArena {
+pub(crate) fn arena() -> HeapArena {
     Arena::with_backing(
         ArenaConfig::default(),
         tensor_arena::allocator_api2::alloc::Global,

@@ -10,6 +10,7 @@ mod first_sight;
 mod footprint;
 mod give_back;
 mod gpu_traces;
+mod grown_block;
 mod learning;
 mod model;
 mod planner;

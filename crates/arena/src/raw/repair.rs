@@ -1,0 +1,284 @@
+//! A run that leaves its plan's block (the block dissolved, see
+//! [`fallback`](super::fallback)) is not left to place the rest of its
+//! blocks one at a time, blind to what comes: the plan still says which
+//! blocks come and when each is freed. At the dissolution the rest of the
+//! plan is placed again around what is live, the block that did not fit at
+//! its own size, with no cap: the smallest extent greedy placement finds
+//! ([`place`]). Each later block of the run is then offered that place
+//! ([`Repair::at`]); the pool takes it when it is free and the block is no
+//! larger than planned, and places the block as usual otherwise. A place is
+//! a hint: what the pool hands out is checked against what is live there,
+//! never trusted.
+//!
+//! Why: the live planned blocks keep the places the plan gave them, which
+//! are no dynamic arena's. Placing the rest one by one at the first free
+//! range (the pool's best fit) around them fragments what comes after.
+//! Over random families (`first_sight::fell_back_runs_against_no_plan`)
+//! placing the rest whole put 130 of 293 fell-back runs below the same
+//! run's dynamic high-water (117 before) and cut their bytes past it by 6%
+//! (BENCHMARKS.md, "A run that leaves its plan's block: the rest placed
+//! again"). A run that is no longer the plan's (a block many times its
+//! slot, or half of it: another path through the model, a plan of another
+//! shape) is not placed again: its blocks would be pinned where the plan's
+//! were (a GPU trace served on the plan of another shape peaked 37 MiB
+//! higher so).
+
+use crate::freemap::RegionId;
+
+/// A block's life where it has no planned free.
+pub(super) const NEVER: usize = usize::MAX;
+
+/// Times its slot past which a block is not taken for the plan's own: a
+/// data-dependent size (a box count) grows a block a few times; a block
+/// many times its slot is another path through the model. (At 2, PP-OCRv4
+/// det with one block 4x its slot reached 215.6 MiB against 180.5 MiB with
+/// no plan; at 8, 178.1.)
+pub(super) const LIKE: usize = 8;
+
+/// Blocks past which the rest of a run is not placed again: the placement
+/// is quadratic in them, on the run's thread.
+pub(super) const MAX_BLOCKS: usize = 1024;
+
+/// Where the rest of a run that left its plan's block goes: for each of its
+/// planned blocks from `first`, an offset from where the block was, and the
+/// bytes it was placed for. Followed while the run follows the plan: the
+/// first block that comes out of order, larger than it was placed for or
+/// under half of it ends it (placing the rest again around each guess that
+/// failed, up to 100 times a run, left the random families' fell-back runs
+/// 1.29 times the bytes past their dynamic runs that dissolving alone
+/// leaves; stopping, 0.94 times).
+pub(super) struct Repair {
+    /// Region of the pool the plan's block lay in, and its offset there.
+    pub(super) rid: RegionId,
+    pub(super) base: usize,
+    /// Index of the first block placed.
+    first: usize,
+    /// `(offset from base, bytes)` of blocks `first..`.
+    slots: Vec<(usize, usize)>,
+    /// The next block expected, from `first`; `usize::MAX` once the run
+    /// left the repair.
+    next: usize,
+}
+
+impl Repair {
+    /// Places blocks `items` (the plan's from `first`) around `fixed`
+    /// ([`place`]), for a plan's block that was at `base` of region `rid`.
+    pub(super) fn new(
+        rid: RegionId,
+        base: usize,
+        first: usize,
+        fixed: &[Held],
+        items: &[Item],
+    ) -> Self {
+        let (offsets, _) = place(fixed, items);
+        let slots = offsets
+            .into_iter()
+            .zip(items.iter().map(|it| it.bytes))
+            .collect();
+        Repair {
+            rid,
+            base,
+            first,
+            slots,
+            next: 0,
+        }
+    }
+
+    /// Where block `index` of `size` bytes goes, as `(offset in the region,
+    /// offset from the plan's block)`: `None`, and none for the rest of
+    /// the run, when it is not the next block placed or is larger than it
+    /// was placed for. The caller allocates block `index` next, here or
+    /// elsewhere.
+    pub(super) fn at(&mut self, index: usize, size: usize) -> Option<(usize, usize)> {
+        let slot = index
+            .checked_sub(self.first)
+            .filter(|&i| i == self.next)
+            .and_then(|i| self.slots.get(i))
+            .filter(|s| size <= s.1 && size >= s.1 / 2);
+        match slot {
+            Some(&(off, _)) => {
+                self.next += 1;
+                Some((self.base + off, off))
+            }
+            None => {
+                self.next = usize::MAX;
+                None
+            }
+        }
+    }
+}
+
+/// A block live when the rest is placed: `(offset, bytes, planned free)`
+/// (the free a step of the plan, or [`NEVER`]).
+pub(super) type Held = (usize, usize, usize);
+
+/// One block to place: `bytes` at `align` (a power of two), live in plan
+/// steps `start..end` (`end` [`NEVER`]: to the end of the run).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Item {
+    pub(super) bytes: usize,
+    pub(super) align: usize,
+    pub(super) start: usize,
+    pub(super) end: usize,
+}
+
+/// Offsets for `items` around `fixed` (`(offset, bytes, end)`: blocks live
+/// now, from before every item's start, until step `end`), none sharing a
+/// byte with another while both are live: the larger blocks first, each at
+/// the lowest offset free for its life (ties: the earlier first). Returns
+/// the offsets, by item, and the extent they reach (with the fixed blocks).
+pub(super) fn place(fixed: &[Held], items: &[Item]) -> (Vec<usize>, usize) {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by(|&a, &b| {
+        items[b]
+            .bytes
+            .cmp(&items[a].bytes)
+            .then(items[a].start.cmp(&items[b].start))
+    });
+    let mut offsets = vec![0usize; items.len()];
+    let mut extent = fixed.iter().map(|f| f.0 + f.1).max().unwrap_or(0);
+    // Placed so far: (offset, end offset, start step, end step).
+    let mut placed: Vec<(usize, usize, usize, usize)> = fixed
+        .iter()
+        .map(|&(off, bytes, end)| (off, off + bytes, 0, end))
+        .collect();
+    let mut busy: Vec<(usize, usize)> = Vec::new();
+    for i in order {
+        let it = items[i];
+        busy.clear();
+        busy.extend(
+            placed
+                .iter()
+                .filter(|p| p.2 < it.end && it.start < p.3)
+                .map(|p| (p.0, p.1)),
+        );
+        busy.sort_unstable();
+        let mut at = 0usize;
+        for &(s, e) in &busy {
+            let off = at.next_multiple_of(it.align);
+            if off + it.bytes <= s {
+                break;
+            }
+            at = at.max(e);
+        }
+        let off = at.next_multiple_of(it.align);
+        offsets[i] = off;
+        extent = extent.max(off + it.bytes);
+        placed.push((off, off + it.bytes, it.start, it.end));
+    }
+    (offsets, extent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(bytes: usize, start: usize, end: usize) -> Item {
+        Item {
+            bytes,
+            align: 64,
+            start,
+            end,
+        }
+    }
+
+    /// No two blocks live at once share a byte, fixed ones included.
+    fn disjoint(fixed: &[(usize, usize, usize)], items: &[Item], offsets: &[usize]) {
+        let mut all: Vec<(usize, usize, usize, usize)> =
+            fixed.iter().map(|&(o, b, e)| (o, o + b, 0, e)).collect();
+        for (it, &o) in items.iter().zip(offsets) {
+            assert_eq!(o % it.align, 0);
+            all.push((o, o + it.bytes, it.start, it.end));
+        }
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                let live = a.2 < b.3 && b.2 < a.3;
+                let meet = a.0 < b.1 && b.0 < a.1;
+                assert!(!(live && meet), "{a:?} meets {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_rest_goes_around_what_is_live_and_reuses_what_it_frees() {
+        // A live block at 1024..2048 until step 5; below it 1024 bytes free.
+        let fixed = [(1024, 1024, 5)];
+        let items = [item(1024, 1, 4), item(2048, 3, 8), item(1024, 6, 9)];
+        let (offsets, extent) = place(&fixed, &items);
+        disjoint(&fixed, &items, &offsets);
+        // The large block goes above the live one; the first small one
+        // below it; the last one into the fixed block's place, freed.
+        assert_eq!(offsets, vec![0, 2048, 0]);
+        assert_eq!(extent, 4096);
+    }
+
+    #[test]
+    fn blocks_live_to_the_end_stay_in_the_way() {
+        let fixed = [(0, 4096, NEVER)];
+        let items = [item(64, 10, NEVER)];
+        let (offsets, extent) = place(&fixed, &items);
+        disjoint(&fixed, &items, &offsets);
+        assert_eq!(offsets, vec![4096]);
+        assert_eq!(extent, 4160);
+    }
+
+    #[test]
+    fn places_are_offered_while_the_run_follows_the_plan() {
+        // Blocks 3 and 4 live at once.
+        let items = [item(1024, 0, 4), item(64, 1, 4)];
+        let mut r = Repair::new(0, 4096, 3, &[], &items);
+        assert_eq!(r.at(3, 1024), Some((4096, 0)));
+        assert_eq!(r.at(4, 64), Some((4096 + 1024, 1024)));
+        assert_eq!(r.at(5, 64), None, "past the plan");
+        // A block larger than its place ends the repair.
+        let mut r = Repair::new(0, 4096, 3, &[], &items);
+        assert_eq!(r.at(3, 2048), None);
+        assert_eq!(r.at(4, 64), None);
+        // So does one out of order.
+        let mut r = Repair::new(0, 4096, 3, &[], &items);
+        assert_eq!(r.at(4, 64), None);
+        assert_eq!(r.at(3, 1024), None);
+    }
+
+    proptest::proptest! {
+        /// Random fixed blocks and items: never two live blocks on one
+        /// byte, every offset aligned.
+        #[test]
+        fn placements_never_overlap(
+            fixed in proptest::collection::vec((0usize..64, 1usize..16, 1usize..40), 0..6),
+            items in proptest::collection::vec((1usize..32, 0u32..3, 0usize..30, 1usize..20, proptest::bool::ANY), 0..24),
+        ) {
+            // Fixed blocks may overlap one another (as places a plan gave
+            // blocks live at other times): only the items are checked
+            // against them and each other.
+            let fixed: Vec<(usize, usize, usize)> =
+                fixed.into_iter().map(|(o, b, e)| (o * 64, b * 64, e)).collect();
+            let items: Vec<Item> = items
+                .into_iter()
+                .map(|(b, a, s, l, never)| Item {
+                    bytes: b * 64,
+                    align: 64 << a,
+                    start: s,
+                    end: if never { NEVER } else { s + l },
+                })
+                .collect();
+            let (offsets, _) = place(&fixed, &items);
+            let mut all: Vec<(usize, usize, usize, usize, bool)> =
+                fixed.iter().map(|&(o, b, e)| (o, o + b, 0, e, true)).collect();
+            for (it, &o) in items.iter().zip(&offsets) {
+                proptest::prop_assert_eq!(o % it.align, 0);
+                all.push((o, o + it.bytes, it.start, it.end, false));
+            }
+            for (i, a) in all.iter().enumerate() {
+                for b in &all[i + 1..] {
+                    if a.4 && b.4 {
+                        continue;
+                    }
+                    let live = a.2 < b.3 && b.2 < a.3;
+                    let meet = a.0 < b.1 && b.0 < a.1;
+                    proptest::prop_assert!(!(live && meet), "{:?} meets {:?}", a, b);
+                }
+            }
+        }
+    }
+}

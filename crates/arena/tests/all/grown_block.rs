@@ -1,0 +1,81 @@
+//! A real run that leaves its own plan because one block grows (a
+//! data-dependent size: a box count, a longer output), against the same
+//! run with no plan. ONNX Runtime's order of PP-OCRv4 det and rec and of
+//! DenseNet-121 (`traces/ort/`): the first run's own plan serves the first
+//! run with its middle block four times its size, or its largest block
+//! twice its size. The run follows the plan to that block, cannot be served
+//! inside the plan's block, and the rest is served around the blocks live
+//! there, which keep the places the plan gave them (`raw/repair.rs`).
+//!
+//! Where it stands (2026-11-28; planned against no plan): det's middle
+//! block 4x, 178.1 MiB against 180.5 (it was 215.6 before the rest of the
+//! plan was placed again); its largest block 2x, 200.0 against 180.5; rec's
+//! middle block 4x, 31.6 against 22.0; its largest 2x, 24.2 against 20.4;
+//! DenseNet's largest 2x, 128.6 against 94.9 (its middle block is small:
+//! served inside the plan). Those four stay over: at the deviation, a
+//! block live there sits where the plan put it, in the range the grown
+//! block needs for its life, which a dynamic arena had left free (det's
+//! largest: a 50 MiB block the plan put at 50 MiB, the grown 100 MiB block
+//! live beside it). Each is held where it stands; the goal (no run past
+//! its dynamic run by more than a granule) is not met on them.
+
+use crate::common::{read_trace, TraceRun};
+use crate::gpu_traces::{arena, replay};
+
+/// `run` with its middle allocation (`largest`: its largest) `times` its
+/// size.
+fn grown(run: &TraceRun, largest: bool, times: usize) -> TraceRun {
+    let allocs: Vec<(usize, usize)> = run
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.0)
+        .map(|(i, e)| (i, e.2))
+        .collect();
+    let at = if largest {
+        allocs.iter().max_by_key(|a| a.1).map_or(0, |a| a.0)
+    } else {
+        allocs[allocs.len() / 2].0
+    };
+    let mut out = run.clone();
+    out.events[at].2 *= times;
+    out
+}
+
+#[test]
+fn a_grown_block_against_no_plan() {
+    let granule = tensor_arena::ArenaConfig::default().alignment;
+    // (trace, largest, times, bound over the dynamic run in thousandths).
+    let cases = [
+        ("ort/ppocr-det.trace", false, 4, 1000),
+        ("ort/ppocr-det.trace", true, 2, 1110),
+        ("ort/ppocr-rec.trace", false, 4, 1445),
+        ("ort/ppocr-rec.trace", true, 2, 1190),
+        ("ort/densenet121.trace", false, 4, 1000),
+        ("ort/densenet121.trace", true, 2, 1360),
+    ];
+    for (name, largest, times, bound) in cases {
+        let first = read_trace(name).swap_remove(0);
+        let (_, recording) = replay(&arena(), None, &first);
+        let plan = std::sync::Arc::new(tensor_arena::Plan::from_recording(&recording).unwrap());
+        let run = grown(&first, largest, times);
+        let arena = arena();
+        // Warmed by the run itself, as a server's arena is.
+        replay(&arena, Some(plan.clone()), &run);
+        let (report, _) = replay(&arena, Some(plan.clone()), &run);
+        let (dynamic, _) = replay(&crate::gpu_traces::arena(), None, &run);
+        let (hw, dyn_hw) = (report.high_water, dynamic.high_water);
+        println!(
+            "{name} {} {times}x: {:.1} MiB planned, {:.1} with no plan",
+            if largest { "largest" } else { "middle" },
+            hw as f64 / (1 << 20) as f64,
+            dyn_hw as f64 / (1 << 20) as f64
+        );
+        assert!(report.planned);
+        assert!(
+            hw <= dyn_hw + granule || hw as u128 * 1000 <= dyn_hw as u128 * bound,
+            "{name} largest={largest} {times}x: {hw} against {dyn_hw}"
+        );
+        arena.check_invariants();
+    }
+}
