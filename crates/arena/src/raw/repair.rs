@@ -36,7 +36,7 @@ pub(super) const NEVER: usize = usize::MAX;
 pub(super) const LIKE: usize = 8;
 
 /// Blocks past which the rest of a run is not placed again: the placement
-/// is quadratic in them, on the run's thread.
+/// grows with them and the pairs live together, on the run's thread.
 pub(super) const MAX_BLOCKS: usize = 1024;
 
 /// Where the rest of a run that left its plan's block goes: for each of its
@@ -135,22 +135,28 @@ pub(super) fn place(fixed: &[Held], items: &[Item]) -> (Vec<usize>, usize) {
             .cmp(&items[a].bytes)
             .then(items[a].start.cmp(&items[b].start))
     });
+    let live_with = live_with(items);
     let mut offsets = vec![0usize; items.len()];
+    let mut placed = vec![false; items.len()];
     let mut extent = fixed.iter().map(|f| f.0 + f.1).max().unwrap_or(0);
-    // Placed so far: (offset, end offset, start step, end step).
-    let mut placed: Vec<(usize, usize, usize, usize)> = fixed
-        .iter()
-        .map(|&(off, bytes, end)| (off, off + bytes, 0, end))
-        .collect();
     let mut busy: Vec<(usize, usize)> = Vec::new();
     for i in order {
         let it = items[i];
         busy.clear();
+        // The fixed blocks are live from before every item's start.
         busy.extend(
-            placed
+            fixed
                 .iter()
-                .filter(|p| p.2 < it.end && it.start < p.3)
-                .map(|p| (p.0, p.1)),
+                .filter(|f| it.start < f.2)
+                .map(|&(off, bytes, _)| (off, off + bytes)),
+        );
+        busy.extend(
+            live_with
+                .of(i)
+                .iter()
+                .map(|&j| j as usize)
+                .filter(|&j| placed[j])
+                .map(|j| (offsets[j], offsets[j] + items[j].bytes)),
         );
         busy.sort_unstable();
         let mut at = 0usize;
@@ -163,10 +169,63 @@ pub(super) fn place(fixed: &[Held], items: &[Item]) -> (Vec<usize>, usize) {
         }
         let off = at.next_multiple_of(it.align);
         offsets[i] = off;
+        placed[i] = true;
         extent = extent.max(off + it.bytes);
-        placed.push((off, off + it.bytes, it.start, it.end));
     }
     (offsets, extent)
+}
+
+/// For each item, the items live with it (their lives overlap), as lists
+/// `targets[first[i]..first[i + 1]]`: two sweeps in start order (one to
+/// count, one to fill), in time linear in the pairs found.
+pub(super) struct LiveWith {
+    first: Vec<usize>,
+    targets: Vec<u32>,
+}
+
+impl LiveWith {
+    fn of(&self, i: usize) -> &[u32] {
+        &self.targets[self.first[i]..self.first[i + 1]]
+    }
+}
+
+fn live_with(items: &[Item]) -> LiveWith {
+    let mut by_start: Vec<u32> = (0..items.len() as u32).collect();
+    by_start.sort_unstable_by_key(|&i| items[i as usize].start);
+    // Calls `pair` for each pair live together.
+    let sweep = |pair: &mut dyn FnMut(u32, u32)| {
+        // Started and not yet ended, as the sweep reaches each start.
+        let mut open: Vec<u32> = Vec::new();
+        for &i in &by_start {
+            let start = items[i as usize].start;
+            open.retain(|&j| items[j as usize].end > start);
+            for &j in &open {
+                pair(i, j);
+            }
+            open.push(i);
+        }
+    };
+    let mut degree = vec![0usize; items.len() + 1];
+    sweep(&mut |i, j| {
+        degree[i as usize] += 1;
+        degree[j as usize] += 1;
+    });
+    let mut first = Vec::with_capacity(items.len() + 1);
+    let mut total = 0;
+    for d in &degree[..items.len()] {
+        first.push(total);
+        total += d;
+    }
+    first.push(total);
+    let mut fill = first.clone();
+    let mut targets = vec![0u32; total];
+    sweep(&mut |i, j| {
+        targets[fill[i as usize]] = j;
+        fill[i as usize] += 1;
+        targets[fill[j as usize]] = i;
+        fill[j as usize] += 1;
+    });
+    LiveWith { first, targets }
 }
 
 #[cfg(test)]
@@ -238,6 +297,30 @@ mod tests {
         let mut r = Repair::new(0, 4096, 3, &[], &items);
         assert_eq!(r.at(4, 64), None);
         assert_eq!(r.at(3, 1024), None);
+    }
+
+    proptest::proptest! {
+        /// The sweep finds exactly the pairs whose lives overlap.
+        #[test]
+        fn the_sweep_finds_every_pair_live_together(
+            lives in proptest::collection::vec((0usize..30, 1usize..20, proptest::bool::ANY), 0..40),
+        ) {
+            let items: Vec<Item> = lives
+                .iter()
+                .map(|&(s, l, never)| item(64, s, if never { NEVER } else { s + l }))
+                .collect();
+            let lists = live_with(&items);
+            for (i, a) in items.iter().enumerate() {
+                let mut want: Vec<u32> = (0..items.len())
+                    .filter(|&j| j != i && items[j].start < a.end && a.start < items[j].end)
+                    .map(|j| j as u32)
+                    .collect();
+                let mut got = lists.of(i).to_vec();
+                want.sort_unstable();
+                got.sort_unstable();
+                proptest::prop_assert_eq!(got, want, "item {}", i);
+            }
+        }
     }
 
     proptest::proptest! {
