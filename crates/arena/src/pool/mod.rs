@@ -261,11 +261,11 @@ impl<M: Memory> Pool<M> {
 
     /// Takes the `size` bytes at offset `off` of region `rid` (a place the
     /// caller chose: a repaired run's, [`crate::raw`]), when they are free
-    /// there, committing any hole under them. In place, a range that ends
-    /// past the committed top is committed first, if the reservation holds
-    /// it. `None` when the range is not free or not `align`ed, or a commit
-    /// is refused: nothing changed then (but a growth, kept as any growth
-    /// is), and the caller places the block as usual.
+    /// and committed there. `None` when the range is not free, not
+    /// `align`ed, past the committed top or over memory given back: nothing
+    /// changed then, and the caller places the block as usual. A chosen
+    /// place never commits memory (nor asks a budget for it) that the
+    /// usual placement would not.
     pub(crate) fn alloc_range(
         &mut self,
         rid: RegionId,
@@ -276,23 +276,24 @@ impl<M: Memory> Pool<M> {
     ) -> Option<RawBlock<M::Ptr>> {
         let region = self.regions.get(rid as usize)?.as_ref()?;
         let end = off.checked_add(size)?;
-        if end > region.len || M::address(M::at(region.base, off)) % align.max(self.align) != 0 {
+        if end > region.committed
+            || M::address(M::at(region.base, off)) % align.max(self.align) != 0
+            || region.holes.iter().any(|&(h, hl)| h < end && off < h + hl)
+        {
             return None;
         }
+        let base = region.base;
         self.map.flush_front();
-        if end > region.committed {
-            // Only where the free top reaches the range: growing commits
-            // from the top of what is used.
-            let used = self.map.used_end(rid);
-            if !self.in_place() || used > off || self.map.region_ids().next() != Some(rid) {
-                return None;
-            }
-            let from = align_up(used, self.align)?;
-            self.grow_in_place(end - from, self.align, size).ok()?;
-        }
         let span = self.map.take_range(rid, off, size, tag)?;
         self.cache_hits += 1;
-        self.cover_holes(rid, off, span, size, tag, None).ok()
+        self.in_use += size;
+        Some(RawBlock {
+            ptr: M::at(base, off),
+            rid,
+            off,
+            span,
+            size,
+        })
     }
 
     /// [`Pool::alloc`] when no cached span fits: grows, then places.

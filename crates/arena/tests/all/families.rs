@@ -155,8 +155,8 @@ pub(crate) fn run<M: Fresh>(
 }
 
 /// A memory layer the random families run on, made afresh for the same
-/// run served dynamically: the global heap's regions, or (where a run that
-/// left its plan grows in place past the plan's block) pages.
+/// run served dynamically: the global heap's regions, or pages (one
+/// reservation that grows in place, as servers' arenas do).
 pub(crate) trait Fresh: HostMemory + Sized {
     fn fresh() -> Self;
 }

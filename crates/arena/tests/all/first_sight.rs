@@ -257,10 +257,10 @@ fn fell_back_runs_against_no_plan() {
     assert!(f.kept_worst <= 3.0, "kept at worst {:.3}x", f.kept_worst);
 }
 
-/// [`fell_back_runs_against_no_plan`] on pages, where a run that left its
-/// plan grows in place past the plan's block (to the places its repair
-/// gives the rest, when they are past the top): the same families, every
-/// block intact, and the fell-back runs as near their dynamic runs.
+/// [`fell_back_runs_against_no_plan`] on pages, one reservation that grows
+/// in place (the memory servers run on), where a run that left its plan
+/// grows past the plan's block at the top: the same families, every block
+/// intact, and the fell-back runs as near their dynamic runs.
 #[cfg(target_os = "linux")]
 #[test]
 fn fell_back_runs_against_no_plan_on_pages() {
