@@ -677,7 +677,7 @@ impl<M: Memory> RawArena<M> {
             .and_then(|r| r.serve.as_ref())
             .is_some_and(|s| s.repair.is_some());
         let (raw, placed) = match repaired.then(|| self.alloc_repaired(size, align, tag)) {
-            Some(Some(done)) => done,
+            Some(Some((raw, off))) => (raw, Some(off)),
             _ => (self.pool.alloc(size, align, tag)?, None),
         };
         self.allocs += 1;
@@ -728,14 +728,14 @@ impl<M: Memory> RawArena<M> {
         size: usize,
         align: usize,
         tag: Tag,
-    ) -> Option<(RawBlock<M::Ptr>, Option<usize>)> {
+    ) -> Option<(RawBlock<M::Ptr>, usize)> {
         let r = self.run.as_mut()?;
         let index = r.blocks as usize;
         let repair = r.serve.as_mut()?.repair.as_mut()?;
         let rid = repair.rid;
         let (off, rel) = repair.at(index, size)?;
         let raw = self.pool.alloc_range(rid, off, size, align, tag)?;
-        Some((raw, Some(rel)))
+        Some((raw, rel))
     }
 
     /// Bytes live span `span` holds (0 if it is not live).
