@@ -104,17 +104,9 @@ impl Loose {
         align: usize,
     ) -> Option<(Vec<repair::Held>, Vec<repair::Item>)> {
         let n = plan.len();
+        // A first block off its slot shows nothing of the run being the
+        // plan's: a plan of another shape.
         if k == 0 || k >= n || n - k > repair::MAX_BLOCKS {
-            return None;
-        }
-        // The run is the plan's up to here (a first block off its slot
-        // shows nothing of that: a plan of another shape), and the block
-        // is a few times its slot at most, not another path through the
-        // model whose blocks are no longer the plan's by index.
-        if plan
-            .block(k)
-            .is_none_or(|(bytes, _)| size > bytes.saturating_mul(repair::LIKE))
-        {
             return None;
         }
         let now = self.life.get(k)?.0;

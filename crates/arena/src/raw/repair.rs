@@ -17,23 +17,15 @@
 //! placing the rest whole put 130 of 293 fell-back runs below the same
 //! run's dynamic high-water (117 before) and cut their bytes past it by 6%
 //! (BENCHMARKS.md, "A run that leaves its plan's block: the rest placed
-//! again"). A run that is no longer the plan's (a block many times its
-//! slot, or half of it: another path through the model, a plan of another
-//! shape) is not placed again: its blocks would be pinned where the plan's
-//! were (a GPU trace served on the plan of another shape peaked 37 MiB
-//! higher so).
+//! again"). A run that left its plan at its first block (a plan of
+//! another shape) is not placed again: its blocks would be pinned where the
+//! plan's were (a GPU trace served on the plan of another batch peaked 37
+//! MiB higher so), nor is a block under half its place.
 
 use crate::freemap::RegionId;
 
 /// A block's life where it has no planned free.
 pub(super) const NEVER: usize = usize::MAX;
-
-/// Times its slot past which a block is not taken for the plan's own: a
-/// data-dependent size (a box count) grows a block a few times; a block
-/// many times its slot is another path through the model. (At 2, PP-OCRv4
-/// det with one block 4x its slot reached 215.6 MiB against 180.5 MiB with
-/// no plan; at 8, 178.1.)
-pub(super) const LIKE: usize = 8;
 
 /// Blocks past which the rest of a run is not placed again: the placement
 /// grows with them and the pairs live together, on the run's thread.
@@ -292,6 +284,11 @@ mod tests {
         // A block larger than its place ends the repair.
         let mut r = Repair::new(0, 4096, 3, &[], &items);
         assert_eq!(r.at(3, 2048), None);
+        assert_eq!(r.at(4, 64), None);
+        // So does one under half its place (another path through the
+        // model).
+        let mut r = Repair::new(0, 4096, 3, &[], &items);
+        assert_eq!(r.at(3, 448), None);
         assert_eq!(r.at(4, 64), None);
         // So does one out of order.
         let mut r = Repair::new(0, 4096, 3, &[], &items);
