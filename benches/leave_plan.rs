@@ -12,28 +12,18 @@
 //! untouched, on an arena warmed by the same run; the plan is made outside
 //! the timing.
 
-use benches::{Op, Trace, TraceRun};
+use benches::{replay_in, Op, Touch, Trace, TraceRun};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use std::sync::Arc;
 use std::time::Duration;
-use tensor_arena::{Arena, ArenaConfig, Block, Plan};
+use tensor_arena::{Arena, ArenaConfig, Plan};
 
 /// Serves `run` on `arena`, from `plan`; returns its report.
 fn serve(arena: &Arena, plan: &Arc<Plan>, run: &TraceRun) -> tensor_arena::RunReport {
     let r = arena
         .begin_planned_run(Arc::clone(plan))
         .expect("a planned run");
-    let mut live: Vec<Option<Block<'_>>> = Vec::with_capacity(run.slots);
-    live.resize_with(run.slots, || None);
-    for op in &run.ops {
-        match *op {
-            Op::Alloc { id, bytes } => {
-                live[id as usize] = Some(r.try_alloc(bytes).expect("served"));
-            }
-            Op::Free { id } => live[id as usize] = None,
-        }
-    }
-    drop(live);
+    replay_in(&r, run, Touch::Nothing);
     r.finish()
 }
 
@@ -69,15 +59,7 @@ fn leave_plan(c: &mut Criterion) {
         let first = &trace.runs[0];
         let scratch = Arena::new(ArenaConfig::default());
         let r = scratch.begin_recorded_run();
-        let mut live: Vec<Option<Block<'_>>> = Vec::with_capacity(first.slots);
-        live.resize_with(first.slots, || None);
-        for op in &first.ops {
-            match *op {
-                Op::Alloc { id, bytes } => live[id as usize] = Some(r.try_alloc(bytes).unwrap()),
-                Op::Free { id } => live[id as usize] = None,
-            }
-        }
-        drop(live);
+        replay_in(&r, first, Touch::Nothing);
         let (_, recording) = r.finish_with_recording();
         let plan = Arc::new(Plan::from_recording(&recording).expect("plans"));
         let left = grown(first, false, 4);
@@ -94,17 +76,7 @@ fn leave_plan(c: &mut Criterion) {
             // What the run reaches, beside the same run with no plan.
             let fresh = Arena::new(ArenaConfig::default());
             let r = fresh.begin_run();
-            let mut live: Vec<Option<Block<'_>>> = Vec::with_capacity(run.slots);
-            live.resize_with(run.slots, || None);
-            for op in &run.ops {
-                match *op {
-                    Op::Alloc { id, bytes } => {
-                        live[id as usize] = Some(r.try_alloc(bytes).unwrap())
-                    }
-                    Op::Free { id } => live[id as usize] = None,
-                }
-            }
-            drop(live);
+            replay_in(&r, run, Touch::Nothing);
             let dynamic = r.finish().high_water;
             println!(
                 "{name} {id}: high-water {} planned, {} with no plan",

@@ -37,7 +37,7 @@ pub use pairs::{
 pub use peers::PoolHeap;
 pub use replay::{
     arena_run, arena_run_with, bare_replayer, config_with, dynamic_scoped_replayer, make_plans,
-    make_predicted_plans, preplanned_replayer, preplanned_scoped_replayer, replayer,
+    make_predicted_plans, preplanned_replayer, preplanned_scoped_replayer, replay_in, replayer,
     scoped_replayer, ArenaReplay, Replay, Touch,
 };
 pub use strategy::{Counters, Strategy, ALIGN};

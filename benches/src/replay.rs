@@ -90,7 +90,10 @@ pub fn config_with(policy: tensor_arena::ShrinkPolicy) -> ArenaConfig {
 }
 
 /// Replays `run` in an open arena run: allocate, touch, free as traced.
-fn replay_in(r: &Run<'_>, run: &TraceRun, touch: Touch) {
+///
+/// # Panics
+/// If an allocation fails.
+pub fn replay_in(r: &Run<'_>, run: &TraceRun, touch: Touch) {
     replay_blocks(run, touch, |bytes| {
         r.try_alloc(bytes).expect("arena allocation failed")
     });
