@@ -118,6 +118,12 @@ pub struct Plan {
     /// What following the whole tape adds up to (derived likewise).
     #[cfg_attr(feature = "serde", serde(skip_serializing))]
     whole: TapeTotals,
+    /// Whether the solver placed each block as a dynamic arena would (the
+    /// run's own order, best fit): a run that leaves such a plan is best
+    /// served on as the pool serves it. Not serialized: a loaded plan is
+    /// taken as not so, and a run that leaves it has the rest placed again.
+    #[cfg_attr(feature = "serde", serde(skip_serializing))]
+    run_order: bool,
 }
 
 /// What a run that follows a plan's whole tape does, in sum: the core
@@ -190,6 +196,7 @@ impl Plan {
             lower_bound: recording.peak_live(),
             tape: Vec::new(),
             whole: TapeTotals::default(),
+            run_order: hint.as_ref().is_some_and(solver::Hint::run_order),
         };
         // The solver's output is checked like any other plan's: a solver
         // bug becomes an error here, not overlapping blocks later.
@@ -212,8 +219,10 @@ impl Plan {
             lower_bound: parts.lower_bound,
             tape: Vec::new(),
             whole: TapeTotals::default(),
+            run_order: false,
         };
         plan.validate()?;
+        plan.run_order = solver::is_run_order(&plan.recording.requests(), &plan.offsets);
         plan.compile();
         Ok(plan)
     }
@@ -294,6 +303,12 @@ impl Plan {
     /// The most bytes the recorded run had live at once: no plan is smaller.
     pub fn lower_bound(&self) -> usize {
         self.lower_bound
+    }
+
+    /// Whether each block is where a dynamic arena would put it (the run's
+    /// own order, each block in the smallest gap free for it).
+    pub(crate) fn run_order(&self) -> bool {
+        self.run_order
     }
 
     /// Alignment the plan's block needs (the largest of its blocks').

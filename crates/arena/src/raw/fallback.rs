@@ -126,7 +126,8 @@ impl<M: Memory> RawArena<M> {
     /// dissolved, and the rest of the run is served from the pool (the
     /// block's free memory first), each later planned block offered the
     /// place the rest of the plan, placed again, gives it
-    /// ([`repair`](super::repair)).
+    /// ([`repair`](super::repair)); unless the plan is the run's own
+    /// placement ([`Plan::run_order`]), which the pool then goes on with.
     #[cold]
     pub(super) fn leave_block(&mut self, len: usize, align: usize) {
         let granule = self.pool.granule();
@@ -145,7 +146,9 @@ impl<M: Memory> RawArena<M> {
             .plan_blocks
             .get(slot as usize)
             .and_then(Option::as_ref)
-            .filter(|pb| !pb.dissolved)
+            // A plan placed as a dynamic arena would place the run is best
+            // left to the pool's best fit: it goes on as that arena would.
+            .filter(|pb| !pb.dissolved && !plan.run_order())
             .and_then(|pb| {
                 let size = len.checked_add(granule - 1)? & !(granule - 1);
                 let (fixed, items) =

@@ -219,27 +219,33 @@ fn an_image_height_that_never_varied_is_predicted_at_the_lower_bound() {
 /// swapped), every fell-back run's high-water against the same run's on
 /// a fresh dynamic arena. Every run is held to the envelope in
 /// [`run`](super::families) (the block and the dynamic need, and an
-/// eighth); this holds the distribution where it stands (2026-11-28, the
-/// rest of a run that leaves its plan's block placed again,
-/// `raw/repair.rs`: 181 of 293 within a granule, 132 below the dynamic
-/// run; over all of them mean 1.0226x, p95 1.285x, worst 2.304x, 15.35 MiB
-/// past their dynamic runs in all. Before: 174 of 293, 117 below, mean
-/// 1.0322x, p95 1.315x, 18.76 MiB. Before the run was repaired in place
-/// and enclosing blocks stacked low: 155 of 293; main before the round
-/// before: worst fell-back run 24.9x, kept 5.46x). Kept predictions over
-/// the dynamic run by more than a granule: 46 of 324, worst 2.517x. The
-/// issue's goal, 99% within a granule and all within 1.05x, is not met,
-/// and not by any repair that leaves the blocks live at the deviation
-/// where the plan put them: placing the rest of each over-run knowing its
-/// true sizes and frees would put 64 of the 119 back (BENCHMARKS.md). 16
-/// are plans larger than the run's dynamic need. The sequence is
+/// eighth); this holds the distribution where it stands (2026-11-28, a
+/// plan that is the run's own placement where that is as low, and a run
+/// that leaves it served on by the pool's best fit, `solver/outputs.rs`:
+/// 190 of 293 within a granule, 132 below the dynamic run; over all of
+/// them mean 1.0180x, p95 1.277x, worst 2.304x, 15.08 MiB past their
+/// dynamic runs in all. Before, with the rest of a run that leaves its
+/// plan's block placed again, `raw/repair.rs`: 181 of 293, mean 1.0226x,
+/// 15.35 MiB; before that: 174 of 293, 117 below, mean 1.0322x, p95
+/// 1.315x, 18.76 MiB. Before the run was repaired in place and enclosing
+/// blocks stacked low: 155 of 293; main before the round before: worst
+/// fell-back run 24.9x, kept 5.46x). Kept predictions over the dynamic run
+/// by more than a granule: 46 of 324, worst 2.517x. The goal, 99%
+/// within a granule and all within 1.05x, is not met, and not by any
+/// repair that leaves the blocks live at the deviation where the plan put
+/// them: placing the rest of each over-run knowing its true sizes and
+/// frees would put 64 of the 119 back (BENCHMARKS.md). Plans placed as a
+/// dynamic arena would, always, put the fell-back runs at 0.96 MiB past
+/// their dynamic runs in all, but 235 of the 324 kept predictions over
+/// theirs: the plan's lower footprint is what a kept run is for. 16 are
+/// plans larger than the run's dynamic need. The sequence is
 /// deterministic (a fixed seed), so the figures move only when the planner
 /// does.
 #[test]
 fn fell_back_runs_against_no_plan() {
     let f = fell_back_against_no_plan(super::families::arena);
     // (The figures are in the doc above.)
-    f.holds(1.025);
+    f.holds(1.019);
     // Kept predictions: mostly a few granules over (safe-side slots on
     // runs of a few KiB); the worst are local models (a block no model
     // explains at every shape, fitted to the three nearest) through a
@@ -263,17 +269,17 @@ fn fell_back_runs_against_no_plan_on_pages() {
         )
         .unwrap()
     });
-    f.holds(1.026);
+    f.holds(1.020);
 }
 
 impl FellBack {
-    /// The fell-back runs where they stand: enough of them, 60% within a
+    /// The fell-back runs where they stand: enough of them, 64% within a
     /// granule of their dynamic runs, a mean over them of at most `mean`
     /// times their dynamic runs' high-water, p95 1.30x, worst 2.5x.
     fn holds(&self, mean: f64) {
         assert!(self.fell >= 250, "{} fell-back runs", self.fell);
         assert!(
-            self.within * 100 >= self.fell * 60,
+            self.within * 100 >= self.fell * 64,
             "{} of {} within a granule",
             self.within,
             self.fell

@@ -9,15 +9,18 @@
 //!
 //! Where it stands (2026-11-28; planned against no plan): det's middle
 //! block 4x, 178.1 MiB against 180.5 (it was 215.6 before the rest of the
-//! plan was placed again); its largest block 2x, 200.0 against 180.5; rec's
-//! middle block 4x, 31.6 against 22.0; its largest 2x, 24.2 against 20.4;
-//! DenseNet's largest 2x, 128.6 against 94.9 (its middle block is small:
-//! served inside the plan). Those four stay over: at the deviation, a
-//! block live there sits where the plan put it, in the range the grown
-//! block needs for its life, which a dynamic arena had left free (det's
-//! largest: a 50 MiB block the plan put at 50 MiB, the grown 100 MiB block
-//! live beside it). Each is held where it stands; the goal (no run past
-//! its dynamic run by more than a granule) is not met on them.
+//! plan was placed again); its largest block 2x, 200.0 against 180.5;
+//! rec's middle block 4x and largest 2x, 22.0 and 20.4, as with no plan
+//! (31.6 and 24.2 before rec's plan became the run's own placement, which
+//! is as low: `solver/outputs.rs`, `Search::as_dynamic`); DenseNet's
+//! largest 2x, 128.6 against 94.9 (its middle block is small: served
+//! inside the plan). Those two stay over: at the deviation, a block live
+//! there sits where the plan put it, in the range the grown block needs
+//! for its life, which a dynamic arena had left free (det's largest: a 50
+//! MiB block the plan put at 50 MiB, the grown 100 MiB block live beside
+//! it); their plans are lower than the run's own placement, so it is not
+//! theirs. Each is held where it stands; the goal (no run past its
+//! dynamic run by more than a granule) is not met on them.
 
 use crate::common::{read_trace, TraceRun};
 use crate::gpu_traces::{arena, replay};
@@ -49,8 +52,8 @@ fn a_grown_block_against_no_plan() {
     let cases = [
         ("ort/ppocr-det.trace", false, 4, 1000),
         ("ort/ppocr-det.trace", true, 2, 1110),
-        ("ort/ppocr-rec.trace", false, 4, 1445),
-        ("ort/ppocr-rec.trace", true, 2, 1190),
+        ("ort/ppocr-rec.trace", false, 4, 1000),
+        ("ort/ppocr-rec.trace", true, 2, 1000),
         ("ort/densenet121.trace", false, 4, 1000),
         ("ort/densenet121.trace", true, 2, 1360),
     ];

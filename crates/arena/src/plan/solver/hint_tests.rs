@@ -80,6 +80,7 @@ proptest! {
             fit: Fit::First,
             round: 0,
             lifetimes: Arc::clone(&problem.lifetimes),
+            run_order: false,
         };
         let (solution, _) = plan_hinted(&requests, Some(&hint));
         prop_assert_eq!(solution, plan(&requests));
@@ -135,4 +136,65 @@ fn densenet_in_onnx_runtimes_order_is_planned_at_its_lower_bound() {
         }
         hint = Some(next);
     }
+}
+
+/// Each request, by start, in the smallest gap between those live then
+/// (the top when none holds it): a dynamic arena's best fit. Its
+/// offsets, request by request, and its footprint.
+fn run_order_best_fit(requests: &[Request]) -> (Vec<usize>, usize) {
+    let problem = Problem::new(requests).unwrap();
+    let mut decoder = Decoder::new(&problem, problem.run_order());
+    let top = decoder.decode(&problem, 0, Fit::Best, usize::MAX).unwrap();
+    let solution = problem.solution(requests, &decoder.offset);
+    (solution.offsets, top.max(problem.idle))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    /// Wherever the run's own order, best fit, places as low as the
+    /// search, that placement is the plan (a run that leaves it midway
+    /// then has its live blocks where a dynamic arena would); elsewhere
+    /// the plan is lower. Either way the plan is valid and says which it
+    /// is, and a search started from the order it hands on places as low.
+    #[test]
+    fn a_plan_is_the_runs_own_order_where_that_is_as_low(shape in structure(), scale in 1usize..9) {
+        let requests = scaled(&shape, scale);
+        let (offsets, top) = run_order_best_fit(&requests);
+        let (solution, hint) = plan_hinted(&requests, None);
+        prop_assert!(validate(&requests, &solution).is_ok());
+        let ordered = hint.as_ref().is_some_and(Hint::run_order);
+        prop_assert_eq!(ordered, top <= solution.size);
+        prop_assert_eq!(is_run_order(&requests, &solution.offsets), ordered);
+        if top <= solution.size {
+            prop_assert_eq!(&solution.offsets, &offsets);
+            // Searched again from it: as low or lower, and the run's
+            // order again unless the search found lower.
+            let (again, next) = plan_hinted(&requests, hint.as_ref());
+            prop_assert!(again.size <= solution.size);
+            if again.size == solution.size {
+                prop_assert!(next.as_ref().is_some_and(Hint::run_order));
+                prop_assert_eq!(again.offsets, offsets);
+            }
+        } else {
+            prop_assert!(solution.size < top);
+        }
+    }
+}
+
+/// A block freed at once, one that lives on, and an output that starts
+/// while it lives: the run's order puts the second where the first was and
+/// the output over it, as low as any plan, and as a dynamic arena would.
+/// That is the plan; outputs low would have turned it upside down
+/// (`[256, 64, 0]`).
+#[test]
+fn the_runs_order_is_kept_where_it_is_as_low() {
+    let requests = [
+        Request::new(64, 64, 0, 1),
+        Request::new(256, 64, 1, 4),
+        Request::new(64, 64, 2, 5),
+    ];
+    let (solution, _) = plan_hinted(&requests, None);
+    assert_eq!(solution.size, 320);
+    assert_eq!(solution.offsets, vec![0, 0, 256]);
 }

@@ -1,9 +1,38 @@
 //! Outputs low: a plan keeps the buffers live at its run's end where a run
 //! that leaves the plan needs them, at the bottom of its block.
 
-use super::{Decoder, Problem, Search};
+use super::{Decoder, Fit, Problem, Search};
 
 impl Search {
+    /// Where the run's own order (each buffer, as it comes, in the smallest
+    /// gap between the buffers live then: what a dynamic arena does)
+    /// places as low as the best, that placement is the plan: a run that
+    /// leaves it midway has its live blocks where a dynamic arena would
+    /// have put them, and what follows is served from the same free spans.
+    /// Tried after a search (`searched`), or taken when the start the
+    /// structure's last plan left is that order and placed at the bound.
+    /// Whether the plan is now that placement.
+    pub(super) fn as_dynamic(&mut self, problem: &Problem, searched: bool) -> bool {
+        let order = problem.run_order();
+        if self.best_fit == Fit::Best && self.best_order == order {
+            return true;
+        }
+        if !searched {
+            return false;
+        }
+        let mut decoder = Decoder::new(problem, order);
+        let placed = decoder.decode(problem, 0, Fit::Best, self.best);
+        self.spent += decoder.work;
+        match placed {
+            Some(top) => {
+                self.keep(&decoder, top, Fit::Best);
+                self.walk.clear();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Puts the buffers live at the run's end (its outputs) at the bottom
     /// of the plan, where the footprint allows it (placed first, then the
     /// rest in the best order, no higher than the best): a run that leaves
@@ -62,6 +91,14 @@ impl Search {
 }
 
 impl Problem {
+    /// The items in the order the run allocates them (by start; items
+    /// are in request order, so ties keep it).
+    pub(super) fn run_order(&self) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..self.len() as u32).collect();
+        order.sort_by_key(|&i| self.items[i as usize].start);
+        order
+    }
+
     /// Turns `offset` (a placement of every item) upside down, where that
     /// brings the items live at the run's end (its outputs) nearer the
     /// bottom and keeps every offset aligned: the same footprint, no two

@@ -55,6 +55,17 @@ pub(crate) struct Hint {
     /// Searches so far: each draws other random moves, so that the next
     /// goes on where the last one stopped rather than repeating it.
     round: u64,
+    /// Whether the plan is the run's own order, best fit (as a dynamic
+    /// arena places it).
+    run_order: bool,
+}
+
+impl Hint {
+    /// Whether the plan it came with places each buffer as a dynamic
+    /// arena would (the run's own order, best fit).
+    pub(crate) fn run_order(&self) -> bool {
+        self.run_order
+    }
 }
 
 /// [`plan`], starting from `hint` (the order a search of the same
@@ -73,8 +84,12 @@ pub(crate) fn plan_hinted(requests: &[Request], hint: Option<&Hint>) -> (Solutio
         None => (None, 0),
     };
     let mut search = Search::new(&problem);
-    search.run(&problem, start, round);
-    search.settle(&problem);
+    let hinted = search.run(&problem, start, round);
+    // The run's own order where it is as low; else outputs low.
+    let dynamic = search.as_dynamic(&problem, !hinted);
+    if !dynamic {
+        search.settle(&problem);
+    }
     let last = if search.walk.is_empty() {
         &search.best_order
     } else {
@@ -88,9 +103,28 @@ pub(crate) fn plan_hinted(requests: &[Request], hint: Option<&Hint>) -> (Solutio
         fit: search.best_fit,
         round,
         lifetimes: Arc::clone(&problem.lifetimes),
+        run_order: dynamic,
     };
-    problem.lasting_low(&mut search.best_offset);
+    if !dynamic {
+        problem.lasting_low(&mut search.best_offset);
+    }
     (problem.solution(requests, &search.best_offset), Some(hint))
+}
+
+/// Whether `offsets` (one per request) are the run's own order's, each
+/// request in the smallest gap between those live at its start: where a
+/// dynamic arena's best fit would put them.
+pub(crate) fn is_run_order(requests: &[Request], offsets: &[usize]) -> bool {
+    let Some(problem) = Problem::new(requests) else {
+        return false;
+    };
+    let mut decoder = Decoder::new(&problem, problem.run_order());
+    decoder.decode(&problem, 0, Fit::Best, usize::MAX).is_some()
+        && problem
+            .items
+            .iter()
+            .zip(&decoder.offset)
+            .all(|(it, &at)| offsets.get(it.request) == Some(&at))
 }
 
 /// The planning problem: the active requests and their conflicts.
@@ -489,7 +523,9 @@ impl Search {
     /// search afresh, with other random moves, and take it at the end only
     /// if it is still better: a walk that went on from a plateau can stay
     /// on it, and a fresh walk often leaves it.
-    fn run(&mut self, problem: &Problem, start: Option<(Vec<u32>, Fit)>, round: u64) {
+    ///
+    /// Whether the start alone placed it (at the lower bound: no search).
+    fn run(&mut self, problem: &Problem, start: Option<(Vec<u32>, Fit)>, round: u64) -> bool {
         // Where an earlier search of the structure ended places this shape
         // at its lower bound (a structure's shapes mostly pack alike): no
         // other order can do better, so nothing else is tried. One
@@ -500,7 +536,7 @@ impl Search {
             if let Some(top) = decoder.decode(problem, 0, *fit, problem.bound) {
                 self.keep(&decoder, top, *fit);
                 self.spent = decoder.work;
-                return;
+                return true;
             }
         }
         // Greedy by size first, kept whatever its size.
@@ -532,6 +568,7 @@ impl Search {
                 self.walk.clear();
             }
         }
+        false
     }
 
     /// Places `order` with `fit`, kept if its footprint is at most `limit`
