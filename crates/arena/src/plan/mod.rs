@@ -118,12 +118,6 @@ pub struct Plan {
     /// What following the whole tape adds up to (derived likewise).
     #[cfg_attr(feature = "serde", serde(skip_serializing))]
     whole: TapeTotals,
-    /// Whether the solver placed each block as a dynamic arena would (the
-    /// run's own order, best fit): a run that leaves such a plan is best
-    /// served on as the pool serves it. Not serialized: a loaded plan is
-    /// taken as not so, and a run that leaves it has the rest placed again.
-    #[cfg_attr(feature = "serde", serde(skip_serializing))]
-    run_order: bool,
 }
 
 /// What a run that follows a plan's whole tape does, in sum: the core
@@ -196,7 +190,6 @@ impl Plan {
             lower_bound: recording.peak_live(),
             tape: Vec::new(),
             whole: TapeTotals::default(),
-            run_order: hint.as_ref().is_some_and(solver::Hint::run_order),
         };
         // The solver's output is checked like any other plan's: a solver
         // bug becomes an error here, not overlapping blocks later.
@@ -219,10 +212,8 @@ impl Plan {
             lower_bound: parts.lower_bound,
             tape: Vec::new(),
             whole: TapeTotals::default(),
-            run_order: false,
         };
         plan.validate()?;
-        plan.run_order = solver::is_run_order(&plan.recording.requests(), &plan.offsets);
         plan.compile();
         Ok(plan)
     }
@@ -306,9 +297,11 @@ impl Plan {
     }
 
     /// Whether each block is where a dynamic arena would put it (the run's
-    /// own order, each block in the smallest gap free for it).
+    /// own order, each block in the smallest gap free for it): the solver
+    /// plans so wherever that is as low. Worked out on each call (one
+    /// placement of the plan's blocks), for a run that leaves the plan.
     pub(crate) fn run_order(&self) -> bool {
-        self.run_order
+        solver::is_run_order(&self.recording.requests(), &self.offsets)
     }
 
     /// Alignment the plan's block needs (the largest of its blocks').

@@ -55,17 +55,6 @@ pub(crate) struct Hint {
     /// Searches so far: each draws other random moves, so that the next
     /// goes on where the last one stopped rather than repeating it.
     round: u64,
-    /// Whether the plan is the run's own order, best fit (as a dynamic
-    /// arena places it).
-    run_order: bool,
-}
-
-impl Hint {
-    /// Whether the plan it came with places each buffer as a dynamic
-    /// arena would (the run's own order, best fit).
-    pub(crate) fn run_order(&self) -> bool {
-        self.run_order
-    }
 }
 
 /// [`plan`], starting from `hint` (the order a search of the same
@@ -103,7 +92,6 @@ pub(crate) fn plan_hinted(requests: &[Request], hint: Option<&Hint>) -> (Solutio
         fit: search.best_fit,
         round,
         lifetimes: Arc::clone(&problem.lifetimes),
-        run_order: dynamic,
     };
     if !dynamic {
         problem.lasting_low(&mut search.best_offset);
