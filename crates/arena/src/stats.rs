@@ -132,6 +132,14 @@ pub struct RunReport {
     pub deviated: bool,
     /// Why a planned run left its plan (`None` when it did not).
     pub deviation: Option<crate::plan::Deviation>,
+    /// Whether a run that left its plan had every block it allocated until
+    /// then at its planned size and where a dynamic arena would have put
+    /// it (the plan starts with the run's own placement past them: the
+    /// solver plans so wherever that is as low). The rest was then served
+    /// by the pool's best fit, as that arena serves it: such a run reaches
+    /// no higher than the same run on a fresh dynamic arena, or than the
+    /// plan's block it drew (to a granule).
+    pub left_as_dynamic: bool,
     /// Blocks served from the plan; `allocs - planned_allocs` came from the
     /// dynamic pool.
     pub planned_allocs: u64,

@@ -37,6 +37,7 @@ impl Fit {
                     Some(SizeModel::Scaled(fits)) => {
                         let kept: Vec<_> = fits
                             .iter()
+                            .filter(|(m, _)| !m.coarse(obs))
                             .filter_map(|(m, _)| {
                                 scaled(&values(m), &sizes, q).map(|v| (m.clone(), v))
                             })
@@ -46,6 +47,7 @@ impl Fit {
                     Some(SizeModel::Affine(fits)) => {
                         let kept: Vec<_> = fits
                             .iter()
+                            .filter(|(m, _)| !m.coarse(obs))
                             .filter_map(|(m, _)| {
                                 affine(&values(m), &sizes, q).map(|v| (m.clone(), v))
                             })

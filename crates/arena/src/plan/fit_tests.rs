@@ -303,3 +303,26 @@ fn a_refit_is_the_fit_made_afresh() {
         }
     }
 }
+
+/// A constant block of 2,368 bytes that a deviation doubled at batch 5:
+/// `floor(b / 4)` (0, 0 and 1 at batches 2, 1 and 5) explained the three
+/// sizes, and predicted 4,672 bytes at batch 7, a run kept at 2x its need.
+/// A strided factor under `MIN_STRIDED` at a shape seen is not fitted: no
+/// model is left, and nothing is predicted. Strides over values of tens
+/// are fitted as before.
+#[test]
+fn a_stride_over_a_few_units_fits_nothing() {
+    let f = Fit::new(
+        &[
+            obs(&[2, 170], &[2368]),
+            obs(&[1, 209], &[2368]),
+            obs(&[5, 100], &[4672]),
+        ],
+        64,
+    );
+    assert_eq!(f.predict(&[7, 194]), Err(NoPrediction::Unfit));
+    let s = |w: u64| round(96 * w.div_ceil(4), 64);
+    let f = Fit::new(&[obs(&[1, 123], &[s(123)]), obs(&[1, 245], &[s(245)])], 64);
+    let at = f.predict(&[1, 190]).unwrap().sizes[0];
+    assert!((s(190)..=s(190) + 64).contains(&at), "{at}");
+}

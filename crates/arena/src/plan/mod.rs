@@ -296,12 +296,13 @@ impl Plan {
         self.lower_bound
     }
 
-    /// Whether each block is where a dynamic arena would put it (the run's
-    /// own order, each block in the smallest gap free for it): the solver
-    /// plans so wherever that is as low. Worked out on each call (one
+    /// How many of the first blocks are where a dynamic arena would put
+    /// them (the run's own order, each block in the smallest gap free for
+    /// it): all of them (`len()`) where the solver found that as low, else
+    /// as many as keep the footprint. Worked out on each call (one
     /// placement of the plan's blocks), for a run that leaves the plan.
-    pub(crate) fn run_order(&self) -> bool {
-        solver::is_run_order(&self.recording.requests(), &self.offsets)
+    pub(crate) fn run_order_start(&self) -> usize {
+        solver::run_order_start(&self.recording.requests(), &self.offsets)
     }
 
     /// Alignment the plan's block needs (the largest of its blocks').

@@ -126,8 +126,9 @@ impl<M: Memory> RawArena<M> {
     /// dissolved, and the rest of the run is served from the pool (the
     /// block's free memory first), each later planned block offered the
     /// place the rest of the plan, placed again, gives it
-    /// ([`repair`](super::repair)); unless the plan is the run's own
-    /// placement ([`Plan::run_order`]), which the pool then goes on with.
+    /// ([`repair`](super::repair)); unless every block the run allocated
+    /// is where a dynamic arena would have it ([`Plan::run_order_start`]),
+    /// which the pool then goes on with.
     #[cold]
     pub(super) fn leave_block(&mut self, len: usize, align: usize) {
         let granule = self.pool.granule();
@@ -141,14 +142,15 @@ impl<M: Memory> RawArena<M> {
         let Some(loose) = serve.loose.take() else {
             return;
         };
-        let (slot, plan) = (serve.slot, Arc::clone(&serve.plan));
+        let (slot, plan, straight) = (serve.slot, Arc::clone(&serve.plan), serve.straight);
         let placed = self
             .plan_blocks
             .get(slot as usize)
             .and_then(Option::as_ref)
-            // A plan placed as a dynamic arena would place the run is best
-            // left to the pool's best fit: it goes on as that arena would.
-            .filter(|pb| !pb.dissolved && !plan.run_order())
+            // A run whose blocks are where a dynamic arena would have them
+            // is best left to the pool's best fit: it goes on as that arena
+            // would.
+            .filter(|pb| !pb.dissolved && !straight)
             .and_then(|pb| {
                 let size = len.checked_add(granule - 1)? & !(granule - 1);
                 let (fixed, items) =

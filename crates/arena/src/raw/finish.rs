@@ -68,6 +68,7 @@ impl<M: Memory> RawArena<M> {
         let mut planned = false;
         let mut deviated = false;
         let mut deviation = None;
+        let mut left_as_dynamic = false;
         if let Some(mut serve) = run.serve.take() {
             planned = true;
             if !serve.deviated && serve.pos != serve.plan.event_count() {
@@ -79,6 +80,7 @@ impl<M: Memory> RawArena<M> {
             }
             deviated |= serve.deviated;
             deviation = serve.why;
+            left_as_dynamic = serve.deviated && serve.straight && !serve.resized;
             let slot = serve.slot;
             let pb = self.plan_blocks[slot as usize]
                 .as_mut()
@@ -156,6 +158,7 @@ impl<M: Memory> RawArena<M> {
             planned,
             deviated,
             deviation,
+            left_as_dynamic,
             planned_allocs: self.planned_allocs - run.planned_allocs_at_start,
         };
         let traced = run.traced && self.trace.is_some();

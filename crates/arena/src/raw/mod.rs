@@ -149,6 +149,17 @@ struct Serve {
     /// After the block was dissolved, where the rest of the plan was
     /// placed again ([`repair`]); `None` before, or where it was not.
     repair: Option<Box<repair::Repair>>,
+    /// Set when the run leaves the plan: whether every block it allocated
+    /// so far is where a dynamic arena would have put it (the plan starts
+    /// with the run's own placement, [`Plan::run_order_start`], past
+    /// them). The rest is then left to the pool's best fit, which goes on
+    /// as that arena would: not served inside the block first, nor
+    /// repaired.
+    straight: bool,
+    /// Whether a block was served smaller than its slot: the blocks are
+    /// then where the plan's sizes put them, not the run's (a dynamic
+    /// arena's placement of the run's own sizes may differ).
+    resized: bool,
 }
 
 /// A block drawn from the pool to serve a planned run.
@@ -617,14 +628,23 @@ impl<M: Memory> RawArena<M> {
                     Self::materialize(serve, &mut run.rec, run.blocks);
                     serve.deviated = true;
                     serve.loose = Some(loose::Loose::new(&serve.plan, serve.pos));
+                    serve.straight = Self::straight(&serve.plan, run.blocks);
                     self.deviations += 1;
                 }
             }
             // The rest of the run stays inside the plan's block while it
             // can; else the block is dissolved and the rest is served from
-            // it first.
-            if let Some(served) = self.alloc_loose(len, align) {
-                return Ok(served);
+            // it first. A run whose blocks are all where a dynamic arena
+            // would have them is left to the pool's best fit at once.
+            let straight = self
+                .run
+                .as_ref()
+                .and_then(|r| r.serve.as_ref())
+                .is_some_and(|s| s.straight);
+            if !straight {
+                if let Some(served) = self.alloc_loose(len, align) {
+                    return Ok(served);
+                }
             }
             self.leave_block(len, align);
         }

@@ -61,6 +61,8 @@ impl<M: Memory> RawArena<M> {
             recording: self.trace.is_some(),
             loose: None,
             repair: None,
+            straight: false,
+            resized: false,
         })
     }
 
@@ -101,6 +103,7 @@ impl<M: Memory> RawArena<M> {
         if size != step.size || align != step.align as usize {
             // Served, but smaller than recorded: this run's own recording
             // differs from the plan's from here on.
+            serve.resized = true;
             Self::materialize(serve, &mut run.rec, run.blocks);
         }
         let ptr = M::at(pb.raw.ptr, step.offset);
@@ -151,6 +154,7 @@ impl<M: Memory> RawArena<M> {
                         serve.deviated = true;
                         serve.why = Some(Deviation::Order);
                         serve.loose = Some(Loose::new(&serve.plan, serve.pos));
+                        serve.straight = Self::straight(&serve.plan, run.blocks);
                         *deviations += 1;
                     }
                 } else if let Some(loose) = serve.loose.as_mut() {
@@ -161,6 +165,13 @@ impl<M: Memory> RawArena<M> {
                 }
             }
         }
+    }
+
+    /// Whether a run on `plan` that leaves it after `blocks` allocations
+    /// has them all where a dynamic arena would ([`Serve::straight`]).
+    #[cold]
+    pub(super) fn straight(plan: &Plan, blocks: u32) -> bool {
+        blocks as usize <= plan.run_order_start()
     }
 
     /// What a caller that serves the open planned run's exact steps itself
@@ -208,6 +219,7 @@ impl<M: Memory> RawArena<M> {
         if upto <= serve.pos {
             return;
         }
+        serve.resized |= !smaller.is_empty();
         // Bytes in use outside planned blocks do not change meanwhile.
         let others = self.pool.in_use() - self.plan_reserved;
         let mut peak = run.peak;

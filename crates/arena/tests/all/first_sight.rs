@@ -219,33 +219,36 @@ fn an_image_height_that_never_varied_is_predicted_at_the_lower_bound() {
 /// swapped), every fell-back run's high-water against the same run's on
 /// a fresh dynamic arena. Every run is held to the envelope in
 /// [`run`](super::families) (the block and the dynamic need, and an
-/// eighth); this holds the distribution where it stands (2026-11-28, a
-/// plan that is the run's own placement where that is as low, and a run
-/// that leaves it served on by the pool's best fit, `solver/outputs.rs`:
-/// 190 of 293 within a granule, 132 below the dynamic run; over all of
-/// them mean 1.0180x, p95 1.277x, worst 2.304x, 15.08 MiB past their
-/// dynamic runs in all. Before, with the rest of a run that leaves its
-/// plan's block placed again, `raw/repair.rs`: 181 of 293, mean 1.0226x,
-/// 15.35 MiB; before that: 174 of 293, 117 below, mean 1.0322x, p95
-/// 1.315x, 18.76 MiB. Before the run was repaired in place and enclosing
-/// blocks stacked low: 155 of 293; main before the round before: worst
-/// fell-back run 24.9x, kept 5.46x). Kept predictions over the dynamic run
-/// by more than a granule: 46 of 324, worst 2.517x. The issue's goal, 99%
-/// within a granule and all within 1.05x, is not met, and not by any
-/// repair that leaves the blocks live at the deviation where the plan put
-/// them: placing the rest of each over-run knowing its true sizes and
-/// frees would put 64 of the 119 back (BENCHMARKS.md). Plans placed as a
+/// eighth); a run that left its plan with every block where a dynamic
+/// arena would have it (`RunReport::left_as_dynamic`) to its dynamic run
+/// or the plan's block it drew, to a granule; and this holds the
+/// distribution where it stands (2026-11-28, plans that start with the
+/// run's own placement as far as that is as low, `Search::dynamic_start`
+/// in `solver/outputs.rs`, a run that leaves one there left to the pool's
+/// best fit, and strided factors fitted only over values of 3 or more,
+/// `fit.rs`: 181 of 261 within a granule, 111 below the dynamic run, 35
+/// left as a dynamic arena would be; over all of them mean 1.0143x, p95
+/// 1.232x, worst 2.304x, 11.12 MiB past their dynamic runs in all and 1.72
+/// MiB under them net. Before: 190 of 293 within a granule, mean 1.0180x,
+/// p95 1.277x, 15.08 MiB past; the strided factors alone gave 170 of 261,
+/// 14.26 MiB. Before plans were the run's own placement where that is as
+/// low: 181 of 293, 15.35 MiB; before the run was repaired in place and
+/// enclosing blocks stacked low: 155 of 293; main before the round before:
+/// worst fell-back run 24.9x, kept 5.46x). Kept predictions over the
+/// dynamic run by more than a granule: 42 of 305, worst 2.517x; in all the
+/// kept runs are 30.0 MiB under their dynamic runs. The issue's goal, 99%
+/// within a granule and all within 1.05x, is not met: plans placed as a
 /// dynamic arena would, always, put the fell-back runs at 0.96 MiB past
 /// their dynamic runs in all, but 235 of the 324 kept predictions over
-/// theirs: the plan's lower footprint is what a kept run is for. 16 are
-/// plans larger than the run's dynamic need. The sequence is
-/// deterministic (a fixed seed), so the figures move only when the planner
-/// does.
+/// theirs, and the kept runs 0.4 MiB over their dynamic runs in all
+/// instead of 33.9 under (BENCHMARKS.md): the plan's lower footprint is
+/// what a kept run is for. The sequence is deterministic (a fixed seed),
+/// so the figures move only when the planner does.
 #[test]
 fn fell_back_runs_against_no_plan() {
     let f = fell_back_against_no_plan(super::families::arena);
     // (The figures are in the doc above.)
-    f.holds(1.019);
+    f.holds(1.015);
     // Kept predictions: mostly a few granules over (safe-side slots on
     // runs of a few KiB); the worst are local models (a block no model
     // explains at every shape, fitted to the three nearest) through a
@@ -269,24 +272,27 @@ fn fell_back_runs_against_no_plan_on_pages() {
         )
         .unwrap()
     });
-    f.holds(1.020);
+    f.holds(1.016);
 }
 
 impl FellBack {
-    /// The fell-back runs where they stand: enough of them, 64% within a
+    /// The fell-back runs where they stand: enough of them, 68% within a
     /// granule of their dynamic runs, a mean over them of at most `mean`
-    /// times their dynamic runs' high-water, p95 1.30x, worst 2.5x.
+    /// times their dynamic runs' high-water, p95 1.25x, worst 2.5x; and
+    /// enough of them left where a dynamic arena would be (each held, as
+    /// it goes, to its dynamic run or its plan's block).
     fn holds(&self, mean: f64) {
         assert!(self.fell >= 250, "{} fell-back runs", self.fell);
         assert!(
-            self.within * 100 >= self.fell * 64,
+            self.within * 100 >= self.fell * 68,
             "{} of {} within a granule",
             self.within,
             self.fell
         );
         assert!(self.mean <= mean, "mean {:.4}x", self.mean);
-        assert!(self.p95 <= 1.30, "p95 {:.3}x", self.p95);
+        assert!(self.p95 <= 1.25, "p95 {:.3}x", self.p95);
         assert!(self.worst <= 2.5, "worst {:.3}x", self.worst);
+        assert!(self.as_dynamic >= 30, "{} left as dynamic", self.as_dynamic);
     }
 }
 
@@ -294,6 +300,8 @@ impl FellBack {
 struct FellBack {
     fell: u32,
     within: u32,
+    /// Left with every block where a dynamic arena would have it.
+    as_dynamic: u32,
     /// Over every fell-back run: its high-water over its dynamic run's.
     mean: f64,
     p95: f64,
@@ -317,7 +325,10 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
         TestRng::deterministic_rng(RngAlgorithm::ChaCha),
     );
     let runs = prop::collection::vec(((1usize..9, 16usize..300), twist()), 12);
-    let (mut fell, mut within, mut kept) = (0u32, 0u32, 0u32);
+    let (mut fell, mut within, mut kept, mut as_dynamic) = (0u32, 0u32, 0u32, 0u32);
+    // Bytes under their dynamic runs, over the fell-back and kept runs.
+    let (mut saved, mut kept_saved) = (0f64, 0f64);
+    let mut as_dynamic_over: Vec<f64> = Vec::new();
     let mut over: Vec<f64> = Vec::new();
     let mut kept_over: Vec<f64> = Vec::new();
     // Every fell-back run's high-water over its dynamic run's, and the
@@ -337,6 +348,7 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
             if !report.deviated {
                 if lookup.source == PlanSource::Predicted {
                     kept += 1;
+                    kept_saved += dynamic.high_water as f64 - report.high_water as f64;
                     if report.high_water > dynamic.high_water + GRANULE {
                         kept_over.push(report.high_water as f64 / dynamic.high_water as f64);
                     }
@@ -344,6 +356,23 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
                 continue;
             }
             fell += 1;
+            // A run that left its plan with every block where a dynamic
+            // arena would have it goes on as that arena would: no higher
+            // than its dynamic run, or than the plan's block it drew.
+            if report.left_as_dynamic {
+                as_dynamic += 1;
+                let plan = lookup.plan.as_ref().map_or(0, |p| p.size());
+                assert!(
+                    report.high_water <= dynamic.high_water.max(plan) + GRANULE,
+                    "[{b}, {w}] {twist:?}: left as a dynamic arena, at {} against {} (plan {plan})",
+                    report.high_water,
+                    dynamic.high_water
+                );
+                if report.high_water > dynamic.high_water + GRANULE {
+                    as_dynamic_over.push(report.high_water as f64 / dynamic.high_water as f64);
+                }
+            }
+            saved += dynamic.high_water as f64 - report.high_water as f64;
             ratios.push(report.high_water as f64 / dynamic.high_water as f64);
             excess += report.high_water.saturating_sub(dynamic.high_water);
             if report.high_water <= dynamic.high_water + GRANULE {
@@ -362,17 +391,26 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
     let mean = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
     let p95 = ratios.get(ratios.len() * 95 / 100).copied().unwrap_or(1.0);
     let below = ratios.iter().filter(|&&r| r < 1.0).count();
+    let mib = |b: f64| b / (1 << 20) as f64;
+    let as_dynamic_worst = as_dynamic_over.iter().copied().fold(1.0, f64::max);
     println!(
         "{within} of {fell} fell-back runs within a granule of the dynamic run ({below} \
-         below it); the rest: median {median:.3}x, worst {worst:.3}x; all: mean {mean:.4}x, \
-         p95 {p95:.3}x, {:.2} MiB past their dynamic runs in all; kept predictions over it \
-         by more than a granule: {} of {kept}, worst {kept_worst:.3}x",
-        excess as f64 / (1 << 20) as f64,
+         below it; {as_dynamic} left as a dynamic arena would be, {} of them over it, worst \
+         {as_dynamic_worst:.4}x); the rest: median \
+         {median:.3}x, worst {worst:.3}x; all: mean {mean:.4}x, p95 {p95:.3}x, {:.2} MiB past \
+         their dynamic runs in all, {:.2} MiB under them net; kept predictions over it by \
+         more than a granule: {} of {kept}, worst {kept_worst:.3}x; {:.2} MiB under their \
+         dynamic runs net",
+        as_dynamic_over.len(),
+        mib(excess as f64),
+        mib(saved),
         kept_over.len(),
+        mib(kept_saved),
     );
     FellBack {
         fell,
         within,
+        as_dynamic,
         mean,
         p95,
         worst,
@@ -386,9 +424,8 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
 const MODELS: usize = 150;
 
 /// [`MODELS`], or `TENSOR_ARENA_FAMILIES` where set (a larger sample for
-/// BENCHMARKS.md: 1,050 give 2,171 fell-back runs); the first [`MODELS`]
-/// are the same either way. The tests' bounds are the default sample's:
-/// at 1,050 the worst fell-back run is 3.288x, over the 2.5x they hold.
+/// BENCHMARKS.md: 1,200 give 2,118 fell-back runs); the first [`MODELS`]
+/// are the same either way. The tests' bounds are the default sample's.
 fn models() -> usize {
     std::env::var("TENSOR_ARENA_FAMILIES")
         .ok()

@@ -9,18 +9,20 @@
 //!
 //! Where it stands (2026-11-28; planned against no plan): det's middle
 //! block 4x, 178.1 MiB against 180.5 (it was 215.6 before the rest of the
-//! plan was placed again); its largest block 2x, 200.0 against 180.5;
-//! rec's middle block 4x and largest 2x, 22.0 and 20.4, as with no plan
-//! (31.6 and 24.2 before rec's plan became the run's own placement, which
-//! is as low: `solver/outputs.rs`, `Search::as_dynamic`); DenseNet's
-//! largest 2x, 128.6 against 94.9 (its middle block is small: served
-//! inside the plan). Those two stay over: at the deviation, a block live
-//! there sits where the plan put it, in the range the grown block needs
-//! for its life, which a dynamic arena had left free (det's largest: a 50
-//! MiB block the plan put at 50 MiB, the grown 100 MiB block live beside
-//! it); their plans are lower than the run's own placement, so it is not
-//! theirs. Each is held where it stands; the goal (no run past its
-//! dynamic run by more than a granule) is not met on them.
+//! plan was placed again); its largest block 2x, 180.5 as with no plan
+//! (200.0 before det's plan started with the run's own placement as far
+//! as that is as low, `Search::dynamic_start` in `solver/outputs.rs`: the
+//! run leaves it there, every block where a dynamic arena has it, and the
+//! pool's best fit goes on as that arena would); rec's middle block 4x
+//! and largest 2x, 22.0 and 20.4, as with no plan (31.6 and 24.2 before
+//! rec's plan became the run's own placement, which is as low:
+//! `Search::as_dynamic`); DenseNet's middle block 4x, 79.6 against 94.9;
+//! its largest 2x, 128.6 against 94.9. That one stays over: at the
+//! deviation, a block live there sits where the plan put it, in the range
+//! the grown block needs for its life, which a dynamic arena had left
+//! free; DenseNet's plan starts with less of the run's own placement than
+//! the block's place in the run. It is held where it stands; the goal (no
+//! run past its dynamic run by more than a granule) is not met on it.
 
 use crate::common::{read_trace, TraceRun};
 use crate::gpu_traces::{arena, replay};
@@ -48,16 +50,18 @@ fn grown(run: &TraceRun, largest: bool, times: usize) -> TraceRun {
 #[test]
 fn a_grown_block_against_no_plan() {
     let granule = tensor_arena::ArenaConfig::default().alignment;
-    // (trace, largest, times, bound over the dynamic run in thousandths).
+    // (trace, largest, times, bound over the dynamic run in thousandths,
+    // whether the run leaves its plan with every block where a dynamic
+    // arena has it).
     let cases = [
-        ("ort/ppocr-det.trace", false, 4, 1000),
-        ("ort/ppocr-det.trace", true, 2, 1110),
-        ("ort/ppocr-rec.trace", false, 4, 1000),
-        ("ort/ppocr-rec.trace", true, 2, 1000),
-        ("ort/densenet121.trace", false, 4, 1000),
-        ("ort/densenet121.trace", true, 2, 1360),
+        ("ort/ppocr-det.trace", false, 4, 1000, false),
+        ("ort/ppocr-det.trace", true, 2, 1000, true),
+        ("ort/ppocr-rec.trace", false, 4, 1000, true),
+        ("ort/ppocr-rec.trace", true, 2, 1000, true),
+        ("ort/densenet121.trace", false, 4, 1000, false),
+        ("ort/densenet121.trace", true, 2, 1360, false),
     ];
-    for (name, largest, times, bound) in cases {
+    for (name, largest, times, bound, as_dynamic) in cases {
         let first = read_trace(name).swap_remove(0);
         let (_, recording) = replay(&arena(), None, &first);
         let plan = std::sync::Arc::new(tensor_arena::Plan::from_recording(&recording).unwrap());
@@ -69,12 +73,17 @@ fn a_grown_block_against_no_plan() {
         let (dynamic, _) = replay(&crate::gpu_traces::arena(), None, &run);
         let (hw, dyn_hw) = (report.high_water, dynamic.high_water);
         println!(
-            "{name} {} {times}x: {:.1} MiB planned, {:.1} with no plan",
+            "{name} {} {times}x: {:.1} MiB planned, {:.1} with no plan (left as a dynamic arena: {})",
             if largest { "largest" } else { "middle" },
             hw as f64 / (1 << 20) as f64,
-            dyn_hw as f64 / (1 << 20) as f64
+            dyn_hw as f64 / (1 << 20) as f64,
+            report.left_as_dynamic
         );
         assert!(report.planned);
+        assert_eq!(
+            report.left_as_dynamic, as_dynamic,
+            "{name} largest={largest}"
+        );
         assert!(
             hw <= dyn_hw + granule || hw as u128 * 1000 <= dyn_hw as u128 * bound,
             "{name} largest={largest} {times}x: {hw} against {dyn_hw}"

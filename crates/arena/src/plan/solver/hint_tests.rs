@@ -180,6 +180,37 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    /// Where the run's own order is not as low, the plan starts with as
+    /// much of it as keeps the footprint: its first `run_order_start`
+    /// requests are where a dynamic arena's best fit puts them (so a run
+    /// that leaves the plan before them has its live blocks there), the
+    /// plan is valid, and a search started from the order it hands on
+    /// places as low or lower.
+    #[test]
+    fn a_plan_starts_as_a_dynamic_arena_would_where_that_is_as_low(
+        shape in structure(),
+        scale in 1usize..9,
+    ) {
+        let requests = scaled(&shape, scale);
+        let (offsets, top) = run_order_best_fit(&requests);
+        let (solution, hint) = plan_hinted(&requests, None);
+        prop_assert!(validate(&requests, &solution).is_ok());
+        let start = run_order_start(&requests, &solution.offsets);
+        prop_assert!(start <= requests.len());
+        prop_assert_eq!(&solution.offsets[..start], &offsets[..start]);
+        if let Some(&at) = solution.offsets.get(start) {
+            // The first request past the start is elsewhere.
+            prop_assert_ne!(at, offsets[start]);
+            prop_assert!(solution.size < top);
+        }
+        let (again, _) = plan_hinted(&requests, hint.as_ref());
+        prop_assert!(again.size <= solution.size);
+    }
+}
+
 /// A block freed at once, one that lives on, and an output that starts
 /// while it lives: the run's order puts the second where the first was and
 /// the output over it, as low as any plan, and as a dynamic arena would.

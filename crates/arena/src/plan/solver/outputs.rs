@@ -33,6 +33,81 @@ impl Search {
         }
     }
 
+    /// Where the run's own order is not as low ([`Search::as_dynamic`]):
+    /// the longest start of it placed as a dynamic arena would (the run's
+    /// first allocations in its order, each in the smallest gap free at
+    /// its start), then the outputs (low, as [`Search::settle`] puts
+    /// them), then the rest in the best order, that is as low as the best
+    /// (sought by halving: a longer start is rarely lower). A run that
+    /// leaves such a plan before the end of that start has its live
+    /// blocks where a dynamic arena would have them, and the pool's best
+    /// fit goes on with it as that arena would. After a search
+    /// (`searched`); else recognised in the order the structure's hint
+    /// placed, with best fit. Whether the plan starts so (with at least
+    /// [`MIN_START`] of the items).
+    pub(super) fn dynamic_start(&mut self, problem: &Problem, searched: bool) -> bool {
+        let n = problem.len();
+        let order = problem.run_order();
+        if n < 2 * MIN_START {
+            return false;
+        }
+        if !searched {
+            let same = self
+                .best_order
+                .iter()
+                .zip(&order)
+                .take_while(|(a, b)| a == b)
+                .count();
+            return self.best_fit == Fit::Best && same >= MIN_START;
+        }
+        let lasting = &problem.lifetimes.lasting().outputs;
+        let with_start = |k: usize| {
+            let mut taken = vec![false; n];
+            let mut o = order[..k].to_vec();
+            for &i in &order[..k] {
+                taken[i as usize] = true;
+            }
+            for &i in lasting {
+                if !taken[i as usize] {
+                    taken[i as usize] = true;
+                    o.push(i);
+                }
+            }
+            o.extend(
+                self.best_order
+                    .iter()
+                    .copied()
+                    .filter(|&i| !taken[i as usize]),
+            );
+            o
+        };
+        // The whole order is not as low (`as_dynamic`); the empty start is
+        // the best order placed with best fit, which may not be.
+        let (mut lo, mut hi) = (0usize, n);
+        let mut found: Option<(Decoder, usize)> = None;
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            let mut decoder = Decoder::new(problem, with_start(mid));
+            let placed = decoder.decode(problem, 0, Fit::Best, self.best);
+            self.spent += decoder.work;
+            match placed {
+                Some(top) => {
+                    lo = mid;
+                    found = Some((decoder, top));
+                }
+                None => hi = mid,
+            }
+        }
+        match found {
+            Some((decoder, top)) if lo >= MIN_START => {
+                self.keep(&decoder, top, Fit::Best);
+                self.walk.clear();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Puts the buffers live at the run's end (its outputs) at the bottom
     /// of the plan, where the footprint allows it (placed first, then the
     /// rest in the best order, no higher than the best): a run that leaves
@@ -89,6 +164,10 @@ impl Search {
         }
     }
 }
+
+/// The fewest items a start placed as a dynamic arena would
+/// ([`Search::dynamic_start`]) must hold to be taken over the outputs low.
+const MIN_START: usize = 2;
 
 impl Problem {
     /// The items in the order the run allocates them (by start; items

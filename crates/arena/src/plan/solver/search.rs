@@ -74,8 +74,9 @@ pub(crate) fn plan_hinted(requests: &[Request], hint: Option<&Hint>) -> (Solutio
     };
     let mut search = Search::new(&problem);
     let hinted = search.run(&problem, start, round);
-    // The run's own order where it is as low; else outputs low.
-    let dynamic = search.as_dynamic(&problem, !hinted);
+    // The run's own order where it is as low; else as long a start of it
+    // as keeps the footprint; else outputs low.
+    let dynamic = search.as_dynamic(&problem, !hinted) || search.dynamic_start(&problem, !hinted);
     if !dynamic {
         search.settle(&problem);
     }
@@ -102,17 +103,31 @@ pub(crate) fn plan_hinted(requests: &[Request], hint: Option<&Hint>) -> (Solutio
 /// Whether `offsets` (one per request) are the run's own order's, each
 /// request in the smallest gap between those live at its start: where a
 /// dynamic arena's best fit would put them.
+#[cfg(test)]
 pub(crate) fn is_run_order(requests: &[Request], offsets: &[usize]) -> bool {
+    run_order_start(requests, offsets) == requests.len()
+}
+
+/// How many of the first requests `offsets` (one per request) place where
+/// the run's own order does ([`is_run_order`]): a run that leaves its plan
+/// before its allocation of that index has its live blocks where a dynamic
+/// arena would have them. (Requests that take no part, placed anywhere,
+/// count.) `0` where the requests cannot be planned.
+pub(crate) fn run_order_start(requests: &[Request], offsets: &[usize]) -> usize {
     let Some(problem) = Problem::new(requests) else {
-        return false;
+        return 0;
     };
     let mut decoder = Decoder::new(&problem, problem.run_order());
-    decoder.decode(&problem, 0, Fit::Best, usize::MAX).is_some()
-        && problem
-            .items
-            .iter()
-            .zip(&decoder.offset)
-            .all(|(it, &at)| offsets.get(it.request) == Some(&at))
+    if decoder.decode(&problem, 0, Fit::Best, usize::MAX).is_none() {
+        return 0;
+    }
+    // Items are in request order, which is the run's (by start).
+    problem
+        .items
+        .iter()
+        .zip(&decoder.offset)
+        .find(|(it, &at)| offsets.get(it.request) != Some(&at))
+        .map_or(requests.len(), |(it, _)| it.request)
 }
 
 /// The planning problem: the active requests and their conflicts.
