@@ -11,16 +11,16 @@ impl Search {
     /// have put them, and what follows is served from the same free spans.
     /// Tried after a search (`searched`), or taken when the start the
     /// structure's last plan left is that order and placed at the bound.
-    /// Whether the plan is now that placement.
-    pub(super) fn as_dynamic(&mut self, problem: &Problem, searched: bool) -> bool {
-        let order = problem.run_order();
+    /// Whether the plan is now that placement. (`order`: the run's,
+    /// [`Problem::run_order`].)
+    pub(super) fn as_dynamic(&mut self, problem: &Problem, order: &[u32], searched: bool) -> bool {
         if self.best_fit == Fit::Best && self.best_order == order {
             return true;
         }
         if !searched {
             return false;
         }
-        let mut decoder = Decoder::new(problem, order);
+        let mut decoder = Decoder::new(problem, order.to_vec());
         let placed = decoder.decode(problem, 0, Fit::Best, self.best);
         self.spent += decoder.work;
         match placed {
@@ -44,10 +44,14 @@ impl Search {
     /// fit goes on with it as that arena would. After a search
     /// (`searched`); else recognised in the order the structure's hint
     /// placed, with best fit. Whether the plan starts so (with at least
-    /// [`MIN_START`] of the items).
-    pub(super) fn dynamic_start(&mut self, problem: &Problem, searched: bool) -> bool {
+    /// [`MIN_START`] of the items). (`order`: the run's.)
+    pub(super) fn dynamic_start(
+        &mut self,
+        problem: &Problem,
+        order: &[u32],
+        searched: bool,
+    ) -> bool {
         let n = problem.len();
-        let order = problem.run_order();
         if n < 2 * MIN_START {
             return false;
         }
@@ -55,7 +59,7 @@ impl Search {
             let same = self
                 .best_order
                 .iter()
-                .zip(&order)
+                .zip(order)
                 .take_while(|(a, b)| a == b)
                 .count();
             return self.best_fit == Fit::Best && same >= MIN_START;

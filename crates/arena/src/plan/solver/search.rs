@@ -76,7 +76,9 @@ pub(crate) fn plan_hinted(requests: &[Request], hint: Option<&Hint>) -> (Solutio
     let hinted = search.run(&problem, start, round);
     // The run's own order where it is as low; else as long a start of it
     // as keeps the footprint; else outputs low.
-    let dynamic = search.as_dynamic(&problem, !hinted) || search.dynamic_start(&problem, !hinted);
+    let order = problem.run_order();
+    let dynamic = search.as_dynamic(&problem, &order, !hinted)
+        || search.dynamic_start(&problem, &order, !hinted);
     if !dynamic {
         search.settle(&problem);
     }
