@@ -145,12 +145,11 @@ fn given_back_lazily_the_pages_stop_counting_and_come_back_settled() {
     // free, or already taken by the kernel, but for its start that shares
     // a granule with the small block below it (kept committed): its
     // present pages are at most the mapping's `LazyFree` and that granule.
-    // Counted on the block's own pages, not as
-    // the mapping's `Rss` less `LazyFree`: a neighbour that the kernel
-    // merged into the mapping (another test's memory) adds pages in use to
-    // that figure (seen once on CI: 1.9 MiB in use where the small block
-    // is 64 KiB), but only this process's lazily given back pages add to
-    // `LazyFree`.
+    // Counted on the block's own pages, not as the mapping's `Rss` less
+    // `LazyFree`: memory that the kernel merged into the mapping (another
+    // test's, beside this one) adds its pages in use to that figure (seen
+    // once on CI: 1.9 MiB in use where the small block is 64 KiB), and
+    // only lazily freed pages add to `LazyFree`.
     let present = resident_pages(large_addr, LARGE) * PAGE;
     assert!(
         present <= after.1 + (1 << 20),
