@@ -81,7 +81,9 @@ pub struct BudgetStats {
 /// Shared as `Arc<Budget>`.
 #[derive(Debug)]
 pub struct Budget {
-    limit: usize,
+    /// The limit in bytes; adjusted by [`Budget::set_limit`] (a limit
+    /// shared with other processes follows what they hold).
+    limit: AtomicUsize,
     /// How long a commit over the limit waits for busy members to give
     /// memory back at their run boundaries (zero: not at all).
     wait: Duration,
@@ -127,7 +129,7 @@ impl Budget {
     /// its caches.
     pub fn with_wait(limit: usize, wait: Duration) -> Arc<Self> {
         Arc::new(Self {
-            limit,
+            limit: AtomicUsize::new(limit),
             wait,
             waited: AtomicU64::new(0),
             committed: AtomicUsize::new(0),
@@ -154,7 +156,15 @@ impl Budget {
 
     /// The limit in bytes.
     pub fn limit(&self) -> usize {
-        self.limit
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Sets the limit to `bytes`: for a caller whose limit moves (a limit
+    /// shared with other processes, which follows what they hold). Memory
+    /// committed over a lowered limit stays; only new commits must fit
+    /// under it (idle members give back first, as always).
+    pub fn set_limit(&self, bytes: usize) {
+        self.limit.store(bytes, Ordering::Relaxed);
     }
 
     /// Bytes committed by the members now.
@@ -188,7 +198,7 @@ impl Budget {
     /// A snapshot of the counters.
     pub fn stats(&self) -> BudgetStats {
         BudgetStats {
-            limit: self.limit,
+            limit: self.limit(),
             committed: self.committed(),
             peak_committed: self.peak.load(Ordering::Relaxed),
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
@@ -226,7 +236,7 @@ impl Budget {
             let need = self
                 .committed()
                 .saturating_add(bytes)
-                .saturating_sub(self.limit);
+                .saturating_sub(self.limit());
             self.reclaim(need, &[true, false]);
             if self.try_charge(bytes) {
                 if polls > 0 {
@@ -254,8 +264,9 @@ impl Budget {
 
     fn try_charge(&self, bytes: usize) -> bool {
         let mut cur = self.committed.load(Ordering::Relaxed);
+        let limit = self.limit();
         loop {
-            let Some(new) = cur.checked_add(bytes).filter(|&n| n <= self.limit) else {
+            let Some(new) = cur.checked_add(bytes).filter(|&n| n <= limit) else {
                 return false;
             };
             match self.committed.compare_exchange_weak(

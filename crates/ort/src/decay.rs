@@ -149,11 +149,22 @@ pub(crate) fn wake_if_due() {
     }
 }
 
+/// Whether a pass gave memory back since the decay thread last told the
+/// default limit's ledger.
+static REPUBLISH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The decay thread: decays what is due, then sleeps until the next
 /// deadline, or until woken.
 fn run() {
     loop {
-        match decay_due() {
+        let due = decay_due();
+        // What the workers gave back is the container's again: said to
+        // the ledger of the default limit (outside the pass's lock, which
+        // a fork takes after the default limit's).
+        if REPUBLISH.swap(false, Ordering::AcqRel) {
+            crate::limit::republish();
+        }
+        match due {
             Some(wait) => std::thread::park_timeout(wait),
             None => std::thread::park(),
         }
@@ -231,6 +242,9 @@ fn decay_due() -> Option<Duration> {
     // Runtime): given back with the rest.
     if decayed_any || learned {
         trim_system_heap();
+    }
+    if decayed_any {
+        REPUBLISH.store(true, Ordering::Release);
     }
     next.map(|n| Duration::from_nanos(n.saturating_sub(now_ns())))
 }

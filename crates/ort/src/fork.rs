@@ -74,6 +74,7 @@ pub fn parent() {
 /// - [`prepare`] was called in the parent just before the fork.
 pub unsafe fn child() {
     crate::forklock::release();
+    limit::child_after_fork();
     decay::child_after_fork();
     decay::wake_if_due();
 }

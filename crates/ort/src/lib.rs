@@ -6,6 +6,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod adopt;
+mod admit;
 mod block;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -17,6 +18,7 @@ mod forklock;
 mod heaps;
 mod key;
 mod learn;
+mod ledger;
 mod limit;
 mod pool;
 mod raw;
@@ -38,9 +40,11 @@ pub use error::OrtArenaError;
 pub use follow::Shrink;
 pub use heaps::{limit_system_heaps, map_large_blocks, IDLE_RSS_SYSTEM_HEAPS, MAX_MMAP_THRESHOLD};
 pub use key::{KeyInputs, RunKey};
+pub use admit::{Admission, AdmissionStats, MAX_PASSES};
+pub use ledger::LEDGER_DIR_ENV;
 pub use limit::{
-    default_budget, default_memory_limit, set_default_memory_limit, LimitSource, MemoryLimit,
-    CGROUP_PERCENT, MEMORY_LIMIT_ENV, MEMTOTAL_PERCENT,
+    check_memory_limit, default_budget, default_memory_limit, margin, parse_memory_limit,
+    set_default_memory_limit, LimitSource, MemoryLimit, MEMORY_LIMIT_ENV, MEMTOTAL_PERCENT,
 };
 pub use ort;
 pub use pool::{Checkout, CheckoutFuture, PoolStats, WorkerPool};

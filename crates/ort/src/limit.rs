@@ -1,31 +1,40 @@
 //! The default limit on the memory the process's workers commit: one
-//! [`Budget`] shared by every worker made without a budget of its own, so
-//! that a request too large for the machine fails alone, with an
-//! out-of-memory error, instead of the kernel's OOM killer taking the
-//! server.
+//! [`Budget`] shared by every worker made without a budget of its own, and
+//! one limit shared by every process of the container, so that a request
+//! too large for the machine fails alone, with an out-of-memory error,
+//! instead of the kernel's OOM killer taking the server.
 //!
-//! | where the limit comes from (first that applies) | limit |
+//! | where the limit comes from (first that applies) | what it limits |
 //! |---|---|
-//! | [`set_default_memory_limit`], called before the first worker | what it says (`None`: no limit) |
-//! | `TENSOR_ARENA_MEMORY_LIMIT` in the environment | bytes (`512M`, `4GiB`, `1073741824`), or `off` |
-//! | the process's cgroup: `memory.max`, `memory.high` (v2), `memory.limit_in_bytes` (v1), the smallest up the hierarchy | [`CGROUP_PERCENT`] % of it |
-//! | `MemTotal` in `/proc/meminfo` | [`MEMTOTAL_PERCENT`] % of it |
+//! | [`set_default_memory_limit`], called before the first worker | the arenas of every process that sets the same limit in the same container, together (`None`: no limit) |
+//! | `TENSOR_ARENA_MEMORY_LIMIT` in the environment | the same: bytes (`512M`, `4GiB`, `1073741824`), or `off` |
+//! | the process's cgroup: `memory.max`, `memory.high` (v2), `memory.limit_in_bytes` (v1), the smallest up the hierarchy | the whole container: its processes' arenas get what the rest of those processes (measured as they run) and a margin ([`margin`]) leave |
+//! | `MemTotal` in `/proc/meminfo` | [`MEMTOTAL_PERCENT`] % of it, for the arenas of the processes of this cgroup together |
 //!
-//! Why those fractions: in a container the limit is the server's own, and
-//! what the arenas do not hold is the rest of the process (weights, ONNX
-//! Runtime's own allocations, the input tensors, stacks) and page cache
-//! charged to the group: a quarter is left to those. Without a group,
-//! `MemTotal` is the whole machine, shared with other processes and the
-//! kernel: half. Either way the limit only refuses a commit that would
-//! pass it; idle workers first give their cache back (the budget asks
-//! them), so a busy server keeps its memory and only a request that cannot
-//! fit fails. It applies to memory this crate owns (every worker's arena),
-//! not to the rest of the process.
+//! One limit per container: the processes that share a limit (a server's
+//! workers, forked or spawned; replicas on one node) meet in a ledger in
+//! shared memory ([`crate::ledger`]): each says what its runs were
+//! promised, what its arenas hold and what the rest of it holds, and each
+//! admits its runs into what the others leave ([`crate::admit`]). No
+//! daemon: a process killed mid-run gives its share back within about a
+//! second. `TENSOR_ARENA_LEDGER_DIR=off` makes the limit this process's
+//! alone.
+//!
+//! Why a whole limit less what the processes measure, not a fixed share:
+//! the rest of a process (sessions, the application's buffers, the
+//! interpreter) differs from one service to the next, and every worker
+//! process has one; a fixed share per process promised 150% of a 1 GiB
+//! container to two workers. Without a group, `MemTotal` is the whole
+//! machine, shared with other processes and the kernel: half, for the
+//! arenas. The limit only refuses a commit that would pass it; idle
+//! workers first give their cache back (the budget asks them), so a busy
+//! server keeps its memory and only a request that cannot fit fails.
 //!
 //! The limit is read once, when the first worker without a budget of its
 //! own is made; a worker given [`WorkerOptions::budget`](crate::WorkerOptions::budget)
 //! uses that budget instead.
 
+use crate::admit::{Admission, Room, Shared};
 use crate::forklock::{hold, ForkMutex};
 use crate::OrtArenaError;
 use std::path::{Path, PathBuf};
@@ -36,9 +45,13 @@ use tensor_arena::Budget;
 /// optional suffix `K`, `M`, `G`, `T` (or `KiB`... : powers of 1024), or
 /// `off` for none.
 pub const MEMORY_LIMIT_ENV: &str = "TENSOR_ARENA_MEMORY_LIMIT";
-/// The share of the process's cgroup limit the default limit takes, in
-/// percent (see the module docs for why).
-pub const CGROUP_PERCENT: usize = 75;
+/// What a container's whole limit keeps free besides the rest of its
+/// processes: the kernel's memory charged to the group (page tables,
+/// sockets) and what a process allocates between two samples of its
+/// memory: 5% of the limit, at least 48 MiB.
+pub fn margin(limit: usize) -> usize {
+    (limit / 20).max(48 << 20)
+}
 /// The share of `MemTotal` the default limit takes when the process has no
 /// cgroup limit, in percent.
 pub const MEMTOTAL_PERCENT: usize = 50;
@@ -50,7 +63,8 @@ pub enum LimitSource {
     Code,
     /// [`MEMORY_LIMIT_ENV`].
     Environment,
-    /// [`CGROUP_PERCENT`] % of this control group file's limit.
+    /// This control group file's limit: the container's whole memory,
+    /// shared by its processes (arenas and the rest).
     Cgroup(PathBuf),
     /// [`MEMTOTAL_PERCENT`] % of `MemTotal`.
     MemTotal,
@@ -59,7 +73,10 @@ pub enum LimitSource {
 /// The default limit of the process's workers' memory, and its source.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryLimit {
-    /// Bytes all workers without a budget of their own may commit together.
+    /// Bytes: for [`LimitSource::Cgroup`], the container's whole limit
+    /// (the arenas get what the rest of its processes leave); otherwise
+    /// what the arenas of every process sharing the limit may commit
+    /// together.
     pub bytes: usize,
     /// Where the number came from.
     pub source: LimitSource,
@@ -70,7 +87,7 @@ pub struct MemoryLimit {
 enum Default {
     Unchosen,
     Chosen(Option<MemoryLimit>),
-    Made(Option<(MemoryLimit, Arc<Budget>)>),
+    Made(Option<(MemoryLimit, Arc<Budget>)>, Arc<Admission>),
 }
 
 static DEFAULT: ForkMutex<Default> = ForkMutex::new(Default::Unchosen);
@@ -87,15 +104,14 @@ pub(crate) fn prepare_fork() {
 ///
 /// # Errors
 /// [`OrtArenaError::MemoryLimit`] if a worker without a budget of its own
-/// was made already (the limit in force then stays), or if `bytes` is 0.
+/// was made already (the limit in force then stays), or if `bytes` is 0
+/// or more than the machine's memory.
 pub fn set_default_memory_limit(bytes: Option<usize>) -> Result<(), OrtArenaError> {
-    if bytes == Some(0) {
-        return Err(OrtArenaError::MemoryLimit(
-            "a limit of 0 bytes; use None for no limit".into(),
-        ));
+    if let Some(b) = bytes {
+        check_bytes(b)?;
     }
     let mut d = DEFAULT.lock();
-    if let Default::Made(_) = *d {
+    if let Default::Made(..) = *d {
         return Err(OrtArenaError::MemoryLimit(
             "the default limit is set before the first worker is made; it is in force already"
                 .into(),
@@ -115,7 +131,7 @@ pub fn set_default_memory_limit(bytes: Option<usize>) -> Result<(), OrtArenaErro
 /// [`OrtArenaError::MemoryLimit`] if [`MEMORY_LIMIT_ENV`] holds no size.
 pub fn default_memory_limit() -> Result<Option<MemoryLimit>, OrtArenaError> {
     match &*DEFAULT.lock() {
-        Default::Made(m) => Ok(m.as_ref().map(|(l, _)| l.clone())),
+        Default::Made(m, _) => Ok(m.as_ref().map(|(l, _)| l.clone())),
         Default::Chosen(l) => Ok(l.clone()),
         Default::Unchosen => from_environment_or_system(),
     }
@@ -129,19 +145,96 @@ pub fn default_memory_limit() -> Result<Option<MemoryLimit>, OrtArenaError> {
 /// [`OrtArenaError::MemoryLimit`] if [`MEMORY_LIMIT_ENV`] holds no size
 /// (nothing is made then; the next call reads it again).
 pub fn default_budget() -> Result<Option<Arc<Budget>>, OrtArenaError> {
+    Ok(made()?.0)
+}
+
+/// The admission of the default limit's runs ([`crate::admit`]): shared
+/// by every pool whose workers commit under the default budget.
+///
+/// # Errors
+/// As [`default_budget`].
+pub(crate) fn default_admission() -> Result<Arc<Admission>, OrtArenaError> {
+    Ok(made()?.1)
+}
+
+/// The default budget and admission, made the first time.
+fn made() -> Result<(Option<Arc<Budget>>, Arc<Admission>), OrtArenaError> {
     let mut d = DEFAULT.lock();
     let limit = match &*d {
-        Default::Made(m) => return Ok(m.as_ref().map(|(_, b)| Arc::clone(b))),
+        Default::Made(m, a) => return Ok((m.as_ref().map(|(_, b)| Arc::clone(b)), Arc::clone(a))),
         Default::Chosen(l) => l.clone(),
         Default::Unchosen => from_environment_or_system()?,
     };
-    let made = limit.map(|l| {
-        let b = Budget::new(l.bytes);
-        (l, b)
-    });
+    let (made, admission) = match limit {
+        None => (None, Admission::unlimited()),
+        Some(l) => {
+            let budget = Budget::new(l.bytes);
+            let admission = shared(&l, &budget);
+            (Some((l, budget)), admission)
+        }
+    };
     let budget = made.as_ref().map(|(_, b)| Arc::clone(b));
-    *d = Default::Made(made);
-    Ok(budget)
+    *d = Default::Made(made, Arc::clone(&admission));
+    Ok((budget, admission))
+}
+
+/// The admission of `limit`, shared with the container's other processes
+/// through a ledger where one can be opened (else this process's alone,
+/// said once on stderr).
+fn shared(limit: &MemoryLimit, budget: &Arc<Budget>) -> Arc<Admission> {
+    let dir = match std::env::var(crate::ledger::LEDGER_DIR_ENV) {
+        Ok(v) if v.trim().eq_ignore_ascii_case("off") => {
+            return Admission::of_budget(Arc::clone(budget))
+        }
+        Ok(v) if !v.trim().is_empty() => PathBuf::from(v.trim()),
+        _ => PathBuf::from("/dev/shm"),
+    };
+    let whole = matches!(limit.source, LimitSource::Cgroup(_));
+    let identity = format!(
+        "{:?} {} {} {}",
+        limit.source,
+        limit.bytes,
+        crate::ledger::pid_namespace(),
+        std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default()
+    );
+    let key = crate::ledger::key_of(&identity);
+    match crate::ledger::Ledger::open(&dir, &key) {
+        Ok(ledger) => Admission::new(Room::Shared(Shared {
+            budget: Arc::clone(budget),
+            ledger,
+            limit: limit.bytes,
+            whole,
+            margin: if whole { margin(limit.bytes) } else { 0 },
+        })),
+        Err(e) => {
+            eprintln!(
+                "tensor-arena-ort: the memory limit is counted for this process alone: \
+                 its ledger in {} cannot be opened ({e})",
+                dir.display()
+            );
+            Admission::of_budget(Arc::clone(budget))
+        }
+    }
+}
+
+/// In a forked child: the default limit's admission as the child has it
+/// (no run in flight, a ledger slot of its own). Called by
+/// [`crate::fork::child`] with the default's lock free.
+pub(crate) fn child_after_fork() {
+    let mut d = DEFAULT.lock();
+    if let Default::Made(_, a) = &mut *d {
+        *a = a.after_fork();
+    }
+}
+
+/// Publishes what the process holds to the default limit's ledger (after
+/// idle workers gave memory back), if the default is made.
+pub(crate) fn republish() {
+    let admission = match &*DEFAULT.lock() {
+        Default::Made(_, a) => Arc::clone(a),
+        _ => return,
+    };
+    admission.republish();
 }
 
 fn from_environment_or_system() -> Result<Option<MemoryLimit>, OrtArenaError> {
@@ -165,15 +258,37 @@ fn from_environment_or_system() -> Result<Option<MemoryLimit>, OrtArenaError> {
 
 /// [`MEMORY_LIMIT_ENV`]'s value: `Ok(None)` for `off`.
 fn parse_env(value: &str) -> Result<Option<usize>, OrtArenaError> {
+    parse_memory_limit(value).map_err(|e| match e {
+        OrtArenaError::MemoryLimit(m) => OrtArenaError::MemoryLimit(format!("{MEMORY_LIMIT_ENV}: {m}")),
+        e => e,
+    })
+}
+
+/// A memory limit as text, as [`MEMORY_LIMIT_ENV`] takes it and the
+/// Python package's `set_memory_limit` too: bytes (`1073741824`), with a
+/// suffix `K`, `M`, `G`, `T` (`KB`, `KiB`, ...: powers of 1024), or
+/// `off`/`none` (`Ok(None)`: no limit). The value is checked against the
+/// machine: more than its memory (`MemTotal`) is an error, not a limit
+/// that never applies.
+///
+/// # Errors
+/// [`OrtArenaError::MemoryLimit`] naming the value: not a size, 0 (use
+/// `off`), negative, too large to count, or over the machine's memory.
+pub fn parse_memory_limit(value: &str) -> Result<Option<usize>, OrtArenaError> {
     let v = value.trim();
     if v.eq_ignore_ascii_case("off") || v.eq_ignore_ascii_case("none") {
         return Ok(None);
     }
     let bad = || {
         OrtArenaError::MemoryLimit(format!(
-            "{MEMORY_LIMIT_ENV}={value:?}: not a size (bytes, or with K, M, G, T; or off)"
+            "{value:?}: not a size (bytes, or with K, M, G, T; or off)"
         ))
     };
+    if v.starts_with('-') {
+        return Err(OrtArenaError::MemoryLimit(format!(
+            "{value:?}: a limit is not negative (off: no limit)"
+        )));
+    }
     let digits = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
     let n: usize = v[..digits].parse().map_err(|_| bad())?;
     let shift = match v[digits..].trim().to_ascii_lowercase().as_str() {
@@ -185,22 +300,36 @@ fn parse_env(value: &str) -> Result<Option<usize>, OrtArenaError> {
         _ => return Err(bad()),
     };
     let bytes = n.checked_mul(1usize << shift).ok_or_else(bad)?;
-    if bytes == 0 {
-        return Err(bad());
-    }
-    Ok(Some(bytes))
+    check_bytes(bytes).map(Some)
 }
 
-/// The limit from the system: the process's cgroup (`cgroup_root`, the
-/// text of `/proc/self/cgroup`), else `MemTotal` (the text of
-/// `/proc/meminfo`).
-fn system_limit(cgroup_root: &Path, self_cgroup: &str, meminfo: &str) -> Option<MemoryLimit> {
-    if let Some((bytes, file)) = cgroup_limit(cgroup_root, self_cgroup) {
-        return Some(MemoryLimit {
-            bytes: percent(bytes, CGROUP_PERCENT),
-            source: LimitSource::Cgroup(file),
-        });
+/// `bytes` as a limit: not 0, not over the machine's memory.
+///
+/// # Errors
+/// [`OrtArenaError::MemoryLimit`] saying which.
+pub fn check_memory_limit(bytes: usize) -> Result<usize, OrtArenaError> {
+    check_bytes(bytes)
+}
+
+fn check_bytes(bytes: usize) -> Result<usize, OrtArenaError> {
+    if bytes == 0 {
+        return Err(OrtArenaError::MemoryLimit(
+            "a limit of 0 bytes; use off (None) for no limit".into(),
+        ));
     }
+    if let Some(total) = mem_total(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default()) {
+        if bytes > total {
+            return Err(OrtArenaError::MemoryLimit(format!(
+                "a limit of {bytes} bytes is more than this machine's memory ({total} bytes): \
+                 it would never apply; use off (None) for no limit"
+            )));
+        }
+    }
+    Ok(bytes)
+}
+
+/// `MemTotal` of `/proc/meminfo`'s text, in bytes.
+fn mem_total(meminfo: &str) -> Option<usize> {
     let kib: usize = meminfo.lines().find_map(|l| {
         l.strip_prefix("MemTotal:")?
             .trim()
@@ -209,14 +338,27 @@ fn system_limit(cgroup_root: &Path, self_cgroup: &str, meminfo: &str) -> Option<
             .parse()
             .ok()
     })?;
+    kib.checked_mul(1024)
+}
+
+/// The limit from the system: the process's cgroup (`cgroup_root`, the
+/// text of `/proc/self/cgroup`), else `MemTotal` (the text of
+/// `/proc/meminfo`).
+fn system_limit(cgroup_root: &Path, self_cgroup: &str, meminfo: &str) -> Option<MemoryLimit> {
+    if let Some((bytes, file)) = cgroup_limit(cgroup_root, self_cgroup) {
+        return Some(MemoryLimit {
+            bytes,
+            source: LimitSource::Cgroup(file),
+        });
+    }
     Some(MemoryLimit {
-        bytes: percent(kib.checked_mul(1024)?, MEMTOTAL_PERCENT),
+        bytes: percent(mem_total(meminfo)?, MEMTOTAL_PERCENT),
         source: LimitSource::MemTotal,
     })
 }
 
-/// `share` % of `bytes`, rounded down (exact: 75 % of 4 GiB is 3 GiB, not
-/// the 3 GiB less 72 bytes that dividing first gives).
+/// `share` % of `bytes`, rounded down (exact: 50 % of 4 GiB is 2 GiB,
+/// whatever the order of the operations).
 fn percent(bytes: usize, share: usize) -> usize {
     (bytes as u128 * share as u128 / 100) as usize
 }
@@ -276,10 +418,18 @@ mod tests {
         assert_eq!(parse_env(" 4GiB ").unwrap(), Some(4 << 30));
         assert_eq!(parse_env("64 kb").unwrap(), Some(64 << 10));
         assert_eq!(parse_env("off").unwrap(), None);
-        for bad in ["", "lots", "12X", "0", "-5M", "99999999999999999999T"] {
+        for bad in ["", "lots", "12X", "0", "-5M", "-1", "99999999999999999999T", "1024T"] {
             let err = parse_env(bad).unwrap_err();
             assert!(err.to_string().contains(MEMORY_LIMIT_ENV), "{bad}: {err}");
         }
+        // Each says what is wrong with it.
+        let zero = parse_memory_limit("0").unwrap_err().to_string();
+        assert!(zero.contains("0 bytes") && zero.contains("off"), "{zero}");
+        let neg = parse_memory_limit("-1").unwrap_err().to_string();
+        assert!(neg.contains("negative"), "{neg}");
+        let huge = parse_memory_limit("1024T").unwrap_err().to_string();
+        assert!(huge.contains("machine's memory"), "{huge}");
+        assert!(set_default_memory_limit(Some(usize::MAX / 2)).is_err());
     }
 
     fn tree(files: &[(&str, &str)]) -> PathBuf {
@@ -308,8 +458,9 @@ mod tests {
             ("app/server/memory.high", "4294967296\n"),
         ]);
         let l = system_limit(&root, "0::/app/server\n", MEMINFO).unwrap();
-        // Three quarters of the 4 GiB limit, in bytes.
-        assert_eq!(l.bytes, 3 << 30);
+        // The 4 GiB limit, whole: the processes' rest comes off it as
+        // measured.
+        assert_eq!(l.bytes, 4 << 30);
         assert_eq!(
             l.source,
             LimitSource::Cgroup(root.join("app/server/memory.high"))
@@ -320,7 +471,7 @@ mod tests {
             ("memory/grp/memory.limit_in_bytes", "1073741824\n"),
         ]);
         let l = system_limit(&root, "4:memory:/grp\n0::/\n", MEMINFO).unwrap();
-        assert_eq!(l.bytes, 768 << 20);
+        assert_eq!(l.bytes, 1 << 30);
     }
 
     #[test]

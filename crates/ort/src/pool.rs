@@ -15,6 +15,7 @@
 //! and asks again at once queues behind the waiters. Hence the invariant:
 //! a worker is idle only while nobody waits.
 
+use crate::admit::{Admission, AdmissionStats};
 use crate::runners::Runners;
 use crate::worker::{Worker, WorkerOptions};
 use crate::OrtArenaError;
@@ -62,6 +63,9 @@ impl<S> Clone for WorkerPool<S> {
 
 struct Inner<S> {
     size: usize,
+    /// Where the workers' runs are admitted: the default limit's (shared
+    /// by every pool under it), or this pool's budget's.
+    admission: Arc<Admission>,
     state: Mutex<State<S>>,
     /// Blocking checkouts wait here.
     returned: Condvar,
@@ -155,6 +159,10 @@ pub struct PoolStats {
     pub checkouts: u64,
     /// Of those, checkouts that found every worker busy and waited.
     pub waits: u64,
+    /// How the workers' runs were admitted by what they need: the queue,
+    /// waits, bytes promised, retries alone, refusals. Shared by every
+    /// pool under the default limit.
+    pub admission: AdmissionStats,
 }
 
 impl WorkerPool<()> {
@@ -198,6 +206,10 @@ impl WorkerPool<()> {
             }
         });
         let size = self.inner.size;
+        let own_admission = options
+            .budget
+            .is_some()
+            .then(|| self.inner.admission.after_fork());
         if took.is_none() {
             // Its lock was held: it keeps its workers, never used again
             // (dropping them could wait on that lock's holder).
@@ -207,12 +219,13 @@ impl WorkerPool<()> {
         while kept.len() < size {
             kept.push(Worker::new(options.clone())?);
         }
-        Ok(Self::from_workers(kept))
-    }
-
-    /// A pool of these workers (at least one).
-    fn from_workers(workers: Vec<Worker>) -> Self {
-        Self::of(workers.into_iter().map(|w| (w, ())).collect())
+        let admission = match own_admission {
+            Some(a) => a,
+            // The default limit's admission, as the child has it
+            // (`fork::child` made it).
+            None => crate::limit::default_admission()?,
+        };
+        Ok(Self::of(kept.into_iter().map(|w| (w, ())).collect(), admission))
     }
 }
 
@@ -235,14 +248,23 @@ impl<S> WorkerPool<S> {
             .into_iter()
             .map(|s| Ok((Worker::new(options.clone())?, s)))
             .collect::<Result<Vec<_>, OrtArenaError>>()?;
-        Ok(Self::of(idle))
+        let admission = match &options.budget {
+            None => crate::limit::default_admission()?,
+            Some(b) => Admission::of_budget(Arc::clone(b)),
+        };
+        Ok(Self::of(idle, admission))
     }
 
-    /// A pool of these workers and states, all idle.
-    fn of(idle: Vec<(Worker, S)>) -> Self {
+    /// A pool of these workers and states, all idle, their runs admitted
+    /// by `admission`.
+    fn of(mut idle: Vec<(Worker, S)>, admission: Arc<Admission>) -> Self {
+        for (w, _) in &mut idle {
+            w.set_admission(Some(Arc::clone(&admission)));
+        }
         Self {
             inner: Arc::new(Inner {
                 size: idle.len(),
+                admission,
                 state: Mutex::new(State {
                     idle,
                     waiting: VecDeque::new(),
@@ -270,7 +292,13 @@ impl<S> WorkerPool<S> {
             idle: st.idle.len(),
             checkouts: st.checkouts,
             waits: st.waits,
+            admission: self.inner.admission.stats(),
         }
+    }
+
+    /// Where the pool's runs are admitted ([`crate::admit`]).
+    pub fn admission(&self) -> &Arc<Admission> {
+        &self.inner.admission
     }
 
     fn checkout_of(&self, st: &mut State<S>, parts: (Worker, S)) -> Checkout<S> {

@@ -101,6 +101,7 @@ fn alloc(size: usize) -> Option<NonNull<u8>> {
         slot::Served::Arena(ptr) => Some(ptr),
         slot::Served::NoWorker => system_alloc(size),
         slot::Served::OverBudget => {
+            THREAD_REFUSED_BYTES.with(|c| c.set(c.get().max(size)));
             REFUSED_ALLOCS.fetch_add(1, Ordering::Relaxed);
             THREAD_REFUSED_ALLOCS.with(|c| c.set(c.get() + 1));
             None
@@ -143,6 +144,15 @@ thread_local! {
     /// tests, which call `Alloc` from Rust).
     static THROW_ON_FAILURE: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
     static THREAD_FAILED_ALLOCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// The largest request a budget refused on this thread since
+    /// [`take_refused_bytes`] last asked.
+    static THREAD_REFUSED_BYTES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The largest request a budget refused on this thread since the last
+/// call (0: none), and starts counting again.
+pub(crate) fn take_refused_bytes() -> usize {
+    THREAD_REFUSED_BYTES.with(|c| c.replace(0))
 }
 
 /// Requests on this thread that neither the arena nor the system allocator

@@ -1,6 +1,7 @@
 //! A thread's arena for ONNX Runtime runs: owned, `Send`, any number of
 //! models, wrapped around the caller's own `session.run(...)`.
 
+use crate::admit::{Admission, Ticket};
 use crate::decay::Decay;
 use crate::follow::{Follow, Shrink};
 use crate::key::RunKey;
@@ -27,6 +28,9 @@ use tensor_arena::{
 pub struct Plans {
     id: u64,
     cache: Arc<PlanCache<RunKey>>,
+    /// The largest run of the model seen so far (its high-water, bytes; 0:
+    /// none yet): what a run with no plan is admitted for.
+    largest: AtomicUsize,
     /// Where the plans are loaded from and saved to, and what the last
     /// save saw (`crate::store`).
     pub(crate) store: Option<Stored>,
@@ -57,6 +61,7 @@ impl Plans {
         Self {
             id: NEXT_PLANS.fetch_add(1, Ordering::Relaxed),
             cache: Arc::new(cache),
+            largest: AtomicUsize::new(0),
             store: None,
         }
     }
@@ -94,6 +99,12 @@ impl Plans {
 
     pub(crate) fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The largest run of the model seen so far, in bytes (0 before the
+    /// first run ends): what a run with no plan is admitted for.
+    pub fn largest_run(&self) -> usize {
+        self.largest.load(Ordering::Relaxed)
     }
 }
 
@@ -193,6 +204,14 @@ pub struct RunInfo {
     /// `std::bad_alloc` (the run then failed: its error names the
     /// exception).
     pub failed_allocs: u64,
+    /// The largest request the budget refused during the run (0: none).
+    pub refused_bytes: usize,
+    /// Bytes the run was admitted for (0: no admission; see
+    /// [`WorkerPool`](crate::WorkerPool)).
+    pub admitted: usize,
+    /// Whether the run was admitted alone (a model's first run, or a retry
+    /// after running out of memory).
+    pub alone: bool,
     /// Whether the closure returned `Ok`.
     pub succeeded: bool,
     /// Whether this run taught its key a plan.
@@ -272,6 +291,9 @@ pub struct Worker {
     /// The budget its commits are charged to: its options', else the
     /// process's default, if any.
     budget: Option<Arc<Budget>>,
+    /// Where its runs are admitted, when it belongs to a pool
+    /// ([`crate::admit`]).
+    admission: Option<Arc<Admission>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -339,6 +361,7 @@ impl Worker {
             follow: Follow::new(options.shrink),
             pressure_seen: budget.as_ref().map_or(0, |b| b.pressure()),
             budget,
+            admission: None,
             options,
             runs: 0,
             last: None,
@@ -366,18 +389,122 @@ impl Worker {
         key: &RunKey,
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
-        let lookup = if self.options.plans {
+        let lookup = self.lookup(plans, key);
+        // A run the limit could never hold is run all the same (its
+        // allocations are refused and it fails as before): `run` cannot
+        // return an error of its own. `run_retrying` refuses it at once.
+        let ticket = match &self.admission {
+            Some(a) => {
+                let (need, alone) = need_of(plans, &lookup);
+                a.admit(need, alone).ok()
+            }
+            None => None,
+        };
+        self.run_once(plans, key, lookup, ticket, f)
+    }
+
+    /// [`Worker::run`] for a worker of a [`WorkerPool`](crate::WorkerPool),
+    /// whose runs are admitted by what they will need ([`crate::admit`]),
+    /// with the retry a memory limit calls for: a run that runs out of
+    /// memory beside others is run again once, alone (no other run of the
+    /// process beside it), if it could fit alone; `f` is called again then.
+    ///
+    /// # Errors
+    /// `f`'s error; [`OrtArenaError::OutOfMemory`] at once, without
+    /// calling `f`, when the run's plan needs more than the limit can give
+    /// a run alone, and after the run when it ran out of memory and needs
+    /// more than that (the message names the need and the limit).
+    pub fn run_retrying<T>(
+        &mut self,
+        plans: &Plans,
+        key: &RunKey,
+        mut f: impl FnMut() -> Result<T, OrtArenaError>,
+    ) -> Result<T, OrtArenaError> {
+        let lookup = self.lookup(plans, key);
+        let (need, alone) = need_of(plans, &lookup);
+        let ticket = match &self.admission {
+            Some(a) => Some(a.admit(need, alone)?),
+            None => None,
+        };
+        let out = self.run_once(plans, key, lookup, ticket, &mut f);
+        let Some(admission) = self.admission.clone() else {
+            return out;
+        };
+        let Some(info) = self.last.as_ref().filter(|i| i.out_of_memory()) else {
+            return out;
+        };
+        if out.is_ok() {
+            return out;
+        }
+        // What the run reached, and the request it was refused.
+        let demand = info
+            .report
+            .high_water
+            .saturating_add(info.refused_bytes)
+            .max(need);
+        let most = admission.most_now();
+        if demand > most || info.alone {
+            return Err(OrtArenaError::OutOfMemory(format!(
+                "the run needs at least {demand} bytes; the memory limit leaves a run at most \
+                 {most} bytes{}",
+                if info.alone { " (it ran alone)" } else { "" }
+            )));
+        }
+        admission.count_retry();
+        let lookup = self.lookup(plans, key);
+        let again = need_of(plans, &lookup).0.max(demand);
+        let ticket = admission.admit(again, true)?;
+        self.run_once(plans, key, lookup, Some(ticket), f)
+    }
+
+    /// The plan for `key`'s run, if any.
+    fn lookup(&self, plans: &Plans, key: &RunKey) -> Lookup {
+        if self.options.plans {
             let _section = crate::learn::section();
             plans.cache.lookup(key)
         } else {
             Lookup::none(DynamicReason::Off)
-        };
+        }
+    }
+
+    /// Sets where this worker's runs are admitted (its pool's).
+    pub(crate) fn set_admission(&mut self, admission: Option<Arc<Admission>>) {
+        self.admission = admission;
+    }
+
+    /// Runs `f` as [`Worker::run`] describes, `lookup` and `ticket` (its
+    /// admission, held until the run's memory is given back) made.
+    fn run_once<T, E>(
+        &mut self,
+        plans: &Plans,
+        key: &RunKey,
+        lookup: Lookup,
+        ticket: Option<Ticket>,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
         let planned_size = lookup.plan.as_ref().map(|p| p.size());
         // A run with no plan (its key's own, or one predicted from its
         // family) is recorded: its plan is learned.
         let record = self.options.plans && lookup.plan.is_none();
         let slot = Arc::clone(&self.slot);
         let mut core = slot.lock();
+        let admitted = ticket.as_ref().map_or(0, |t| t.need());
+        let alone = ticket.as_ref().is_some_and(Ticket::alone);
+        if let Some(t) = &ticket {
+            // What the arenas hold follows the runs in flight: where the
+            // limit's members hold more than the runs in flight were
+            // promised (by a fifth and a granule), this worker does not
+            // carry its cache beyond this run's need into the run.
+            if let Some(b) = t.admission().budget() {
+                let promised = t.admission().promised_now();
+                let slack = promised / 5 + (2 << 20);
+                let reserved = core.arena_stats().reserved;
+                if b.committed() > promised.saturating_add(slack) && reserved > admitted {
+                    core.shrink_to(admitted);
+                }
+            }
+        }
+        crate::raw::take_refused_bytes();
         core.begin_run(lookup.plan.clone(), record);
         let calls_before = crate::raw::thread_alloc_calls();
         let failed_before = crate::raw::thread_failed_allocs();
@@ -388,6 +515,7 @@ impl Worker {
         };
         let calls = crate::raw::thread_alloc_calls();
         let failed_allocs = crate::raw::thread_failed_allocs() - failed_before;
+        let refused_bytes = crate::raw::take_refused_bytes();
         let (report, recording) = core.finish_run().unwrap_or_default();
         let succeeded = result.is_ok();
         let not_served = watch.finish::<T>(calls.0 - calls_before.0);
@@ -406,6 +534,9 @@ impl Worker {
         // What this model needs for this key: its plan's block, or what the
         // run reached.
         let mut need = planned_size.unwrap_or(report.high_water);
+        if not_served.is_none() {
+            plans.largest.fetch_max(report.high_water, Ordering::Relaxed);
+        }
         let mut learned = false;
         if self.options.plans && not_served.is_none() {
             let _section = crate::learn::section();
@@ -442,6 +573,8 @@ impl Worker {
         self.runs += 1;
         slot.publish(&core);
         drop(core);
+        // The promise ends with the run's memory given back.
+        drop(ticket);
         if let Some(d) = &self.decay {
             d.used();
         }
@@ -462,6 +595,9 @@ impl Worker {
             alloc_calls: calls.0 - calls_before.0,
             refused_allocs: calls.1 - calls_before.1,
             failed_allocs,
+            refused_bytes,
+            admitted,
+            alone,
             succeeded,
             learned,
             plan,
@@ -541,6 +677,19 @@ impl Worker {
 
     pub(crate) fn slot(&self) -> &Arc<Slot> {
         &self.slot
+    }
+}
+
+/// What a run of `lookup` is admitted for: its plan's block; with none,
+/// the largest run of the model seen so far; for the model's first run,
+/// nothing known: alone.
+fn need_of(plans: &Plans, lookup: &Lookup) -> (usize, bool) {
+    match &lookup.plan {
+        Some(p) => (p.size(), false),
+        None => match plans.largest_run() {
+            0 => (0, true),
+            n => (n, false),
+        },
     }
 }
 

@@ -1,0 +1,561 @@
+//! Admission: a run starts when what it will need fits in what the memory
+//! limit has not promised to the runs in flight.
+//!
+//! | a run's need | where it comes from |
+//! |---|---|
+//! | its key's plan, exact or predicted | the plan's block |
+//! | no plan, the model has run before | the largest run of the model seen so far |
+//! | the model's first run | unknown: it runs alone (no other run of the process beside it) |
+//! | a retry after running out of memory | what the failed run reached plus the request refused, alone |
+//!
+//! | rule | why |
+//! |---|---|
+//! | first come, first served | a waiting run is never overtaken by one that came later... |
+//! | ...except that a run that fits now may pass the head of the queue when the head does not fit, at most [`MAX_PASSES`] times per head | small runs use the room a large one leaves; the head waits for at most that many passes and the runs in flight |
+//! | a run that needs more than the limit could ever give it is refused at once | it cannot fit alone; waiting would not help ([`OrtArenaError::OutOfMemory`] names its need and the limit) |
+//! | a run alone waits for the runs in flight to end, and nothing passes it or starts beside it | a retry after running out of memory must not run out again because of its neighbours |
+//!
+//! The number of workers bounds how many runs are in flight; within that,
+//! memory decides: more small runs at once than large ones. Where the
+//! limit is the container's ([`crate::ledger`]), the room is the limit
+//! less what the other processes hold and the rest of every process, read
+//! at most every [`REFRESH`] (a waiting run reads it again each time).
+
+use crate::ledger::{Ledger, Others, Share};
+use crate::OrtArenaError;
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+use tensor_arena::Budget;
+
+/// How many later runs may pass the head of the queue (each fitting when
+/// the head does not) before nothing passes it.
+pub const MAX_PASSES: u32 = 8;
+/// How stale the room a shared limit leaves may be when a run is admitted
+/// without waiting.
+pub const REFRESH: Duration = Duration::from_millis(20);
+/// How often a waiting run looks at the room again without being woken
+/// (other processes do not wake it).
+const POLL: Duration = Duration::from_millis(10);
+
+/// Where the room comes from.
+pub(crate) enum Room {
+    /// No limit: every run is admitted at once (and counted).
+    Unlimited,
+    /// A budget of this process alone: its limit.
+    Budget(Arc<Budget>),
+    /// A limit shared by the processes of a container through a ledger.
+    Shared(Shared),
+}
+
+/// A limit shared through a [`Ledger`].
+pub(crate) struct Shared {
+    /// The process's budget: its limit is set to this process's room.
+    pub(crate) budget: Arc<Budget>,
+    pub(crate) ledger: Ledger,
+    /// The container's limit in bytes.
+    pub(crate) limit: usize,
+    /// Whether the limit is the container's whole memory (the rest of
+    /// every process and [`Shared::margin`] come off it), or one the
+    /// program set for the arenas alone.
+    pub(crate) whole: bool,
+    /// What is kept free under a whole limit: the kernel's own memory
+    /// charged to the group, and what processes allocate between samples.
+    pub(crate) margin: usize,
+}
+
+/// The admission counters of a pool (or of the process's default limit).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AdmissionStats {
+    /// Bytes the runs may be promised together now (the limit less what
+    /// other processes and the rest of the process hold); `usize::MAX`
+    /// without a limit.
+    pub room: usize,
+    /// Bytes promised to the runs in flight now.
+    pub promised: usize,
+    /// The most promised at once.
+    pub promised_peak: usize,
+    /// Runs in flight.
+    pub running: usize,
+    /// The most runs in flight at once.
+    pub running_peak: usize,
+    /// Runs waiting to be admitted now.
+    pub queued: usize,
+    /// Runs admitted so far.
+    pub admitted: u64,
+    /// Of those, runs that waited.
+    pub waited: u64,
+    /// Of those, runs that passed the head of the queue.
+    pub passed: u64,
+    /// Total time runs waited.
+    pub wait_total: Duration,
+    /// The longest wait.
+    pub wait_max: Duration,
+    /// Runs that ran out of memory and were run again, alone.
+    pub retried_alone: u64,
+    /// Runs refused at once: they need more than the limit can give.
+    pub refused: u64,
+    /// Processes sharing the limit (this one included; 1 when not shared).
+    pub processes: usize,
+}
+
+struct Waiter {
+    id: u64,
+    need: usize,
+    alone: bool,
+    passed: u32,
+}
+
+#[derive(Default)]
+struct State {
+    promised: usize,
+    running: usize,
+    /// A run admitted alone is in flight.
+    alone_running: bool,
+    queue: VecDeque<Waiter>,
+    next_id: u64,
+    /// The room, and when it was read (shared limits).
+    room: Option<(usize, Instant)>,
+    /// The other processes, as last read.
+    others: Others,
+    /// The rest of this process (its anonymous memory outside arenas).
+    rest: usize,
+    stats: AdmissionStats,
+}
+
+/// The admission of one limit's runs (see the module docs). Shared as
+/// `Arc<Admission>` by the workers of a pool, or by every pool of the
+/// process's default limit.
+pub struct Admission {
+    room: Room,
+    state: Mutex<State>,
+    /// Waiting runs wait here (the standard library's: nothing is left
+    /// behind in a forked child).
+    turn: Condvar,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// An admitted run: its promise is given back when dropped.
+pub(crate) struct Ticket {
+    admission: Arc<Admission>,
+    need: usize,
+    alone: bool,
+}
+
+impl Ticket {
+    /// The admission it came from.
+    pub(crate) fn admission(&self) -> &Arc<Admission> {
+        &self.admission
+    }
+
+    /// Bytes the run was admitted for.
+    pub(crate) fn need(&self) -> usize {
+        self.need
+    }
+
+    /// Whether the run was admitted alone.
+    pub(crate) fn alone(&self) -> bool {
+        self.alone
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut st = self.admission.lock();
+        st.promised -= self.need;
+        st.running -= 1;
+        if self.alone {
+            st.alone_running = false;
+        }
+        self.admission.publish(&st);
+        drop(st);
+        self.admission.turn.notify_all();
+    }
+}
+
+impl Admission {
+    pub(crate) fn new(room: Room) -> Arc<Self> {
+        Arc::new(Self {
+            room,
+            state: Mutex::new(State::default()),
+            turn: Condvar::new(),
+        })
+    }
+
+    /// No limit.
+    pub fn unlimited() -> Arc<Self> {
+        Self::new(Room::Unlimited)
+    }
+
+    /// The admission of `budget`'s limit, for this process alone.
+    pub fn of_budget(budget: Arc<Budget>) -> Arc<Self> {
+        Self::new(Room::Budget(budget))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The budget whose limit this admission follows, if any.
+    pub(crate) fn budget(&self) -> Option<&Arc<Budget>> {
+        match &self.room {
+            Room::Unlimited => None,
+            Room::Budget(b) => Some(b),
+            Room::Shared(s) => Some(&s.budget),
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> AdmissionStats {
+        let st = self.lock();
+        let mut s = st.stats;
+        s.room = match &self.room {
+            Room::Unlimited => usize::MAX,
+            Room::Budget(b) => b.limit(),
+            Room::Shared(_) => st.room.map_or(0, |r| r.0),
+        };
+        s.promised = st.promised;
+        s.running = st.running;
+        s.queued = st.queue.len();
+        s.processes = 1 + st.others.processes;
+        s
+    }
+
+    /// The most a run alone could be given: the limit, less (for a
+    /// container's whole limit) the margin and the rest of the processes.
+    fn most(&self, st: &State) -> usize {
+        match &self.room {
+            Room::Unlimited => usize::MAX,
+            Room::Budget(b) => b.limit(),
+            Room::Shared(s) => base(s, st),
+        }
+    }
+
+    /// The room for this process's runs together, read again if stale
+    /// (or `fresh`).
+    fn room(&self, st: &mut State, fresh: bool) -> usize {
+        let s = match &self.room {
+            Room::Unlimited => return usize::MAX,
+            Room::Budget(b) => return b.limit(),
+            Room::Shared(s) => s,
+        };
+        if let Some((r, at)) = st.room {
+            if !fresh && at.elapsed() < REFRESH {
+                return r;
+            }
+        }
+        let committed = s.budget.committed();
+        st.rest = crate::ledger::anon_resident()
+            .and_then(|a| usize::try_from(a).ok())
+            .map_or(0, |a| a.saturating_sub(committed));
+        st.others = s.ledger.others(false);
+        let held = usize::try_from(st.others.held).unwrap_or(usize::MAX);
+        let room = base(s, st).saturating_sub(held);
+        // This process's commits must fit in its room too (idle workers
+        // give back first; a commit that still does not fit is refused).
+        s.budget.set_limit(room);
+        st.room = Some((room, Instant::now()));
+        self.publish(st);
+        room
+    }
+
+    /// Publishes this process's share to the ledger, if shared.
+    fn publish(&self, st: &State) {
+        if let Room::Shared(s) = &self.room {
+            s.ledger.publish(Share {
+                promised: st.promised as u64,
+                committed: s.budget.committed() as u64,
+                rest: st.rest as u64,
+                alone: st.alone_running || st.queue.iter().any(|w| w.alone),
+            });
+        }
+    }
+
+    /// Publishes what this process holds now (after idle workers gave
+    /// memory back, say), so that other processes see it.
+    pub(crate) fn republish(&self) {
+        if let Room::Shared(_) = &self.room {
+            let mut st = self.lock();
+            self.room(&mut st, true);
+        }
+    }
+
+    /// Whether a run of `need` fits now.
+    fn fits(&self, st: &mut State, need: usize, alone: bool, fresh: bool) -> bool {
+        if st.alone_running {
+            return false;
+        }
+        if alone {
+            return st.running == 0 && need <= self.room(st, fresh);
+        }
+        let room = self.room(st, fresh);
+        !st.others.alone && st.promised.saturating_add(need) <= room
+    }
+
+    /// Admits a run of `need` bytes (`alone`: with no other run beside
+    /// it), waiting its turn.
+    ///
+    /// # Errors
+    /// [`OrtArenaError::OutOfMemory`] at once when `need` is more than the
+    /// limit could ever give one run.
+    pub(crate) fn admit(self: &Arc<Self>, need: usize, alone: bool) -> Result<Ticket, OrtArenaError> {
+        let mut st = self.lock();
+        let most = {
+            // The room read fresh, so that the refusal is not a stale one.
+            self.room(&mut st, true);
+            self.most(&st)
+        };
+        if need > most {
+            st.stats.refused += 1;
+            return Err(OrtArenaError::OutOfMemory(format!(
+                "the run needs {need} bytes; the memory limit leaves a run at most {most} \
+                 bytes (the limit less what the rest of the processes holds)"
+            )));
+        }
+        if st.queue.is_empty() && self.fits(&mut st, need, alone, false) {
+            return Ok(self.admitted(st, need, alone, None));
+        }
+        st.next_id += 1;
+        let id = st.next_id;
+        st.queue.push_back(Waiter {
+            id,
+            need,
+            alone,
+            passed: 0,
+        });
+        self.publish(&st);
+        let since = Instant::now();
+        loop {
+            st = self
+                .turn
+                .wait_timeout(st, POLL)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            let at = st.queue.iter().position(|w| w.id == id).expect("queued");
+            let go = if at == 0 {
+                self.fits(&mut st, need, alone, true)
+            } else {
+                let head = &st.queue[0];
+                let may_pass = !alone && !head.alone && head.passed < MAX_PASSES;
+                let head_need = (head.need, head.alone);
+                may_pass
+                    && self.fits(&mut st, need, false, true)
+                    && !self.fits(&mut st, head_need.0, head_need.1, false)
+            };
+            if go {
+                if at != 0 {
+                    st.queue[0].passed += 1;
+                    st.stats.passed += 1;
+                }
+                st.queue.remove(at);
+                let ticket = self.admitted(st, need, alone, Some(since.elapsed()));
+                // The next in line looks again.
+                self.turn.notify_all();
+                return Ok(ticket);
+            }
+        }
+    }
+
+    fn admitted(
+        self: &Arc<Self>,
+        mut st: MutexGuard<'_, State>,
+        need: usize,
+        alone: bool,
+        waited: Option<Duration>,
+    ) -> Ticket {
+        st.promised += need;
+        st.running += 1;
+        st.alone_running |= alone;
+        let (promised, running) = (st.promised, st.running);
+        let s = &mut st.stats;
+        s.admitted += 1;
+        s.promised_peak = s.promised_peak.max(promised);
+        s.running_peak = s.running_peak.max(running);
+        if let Some(w) = waited {
+            s.waited += 1;
+            s.wait_total += w;
+            s.wait_max = s.wait_max.max(w);
+        }
+        self.publish(&st);
+        Ticket {
+            admission: Arc::clone(self),
+            need,
+            alone,
+        }
+    }
+
+    /// Bytes promised to the runs in flight now.
+    pub(crate) fn promised_now(&self) -> usize {
+        self.lock().promised
+    }
+
+    /// Counts a run retried alone.
+    pub(crate) fn count_retry(&self) {
+        self.lock().stats.retried_alone += 1;
+    }
+
+    /// The most a run alone could be given now (for an error's message).
+    pub(crate) fn most_now(&self) -> usize {
+        let mut st = self.lock();
+        self.room(&mut st, true);
+        self.most(&st)
+    }
+
+    /// This admission as a forked child has it: the same limit, no run in
+    /// flight, nobody waiting (those were the parent's threads), and a slot
+    /// of its own in the ledger.
+    pub(crate) fn after_fork(&self) -> Arc<Self> {
+        let room = match &self.room {
+            Room::Unlimited => Room::Unlimited,
+            Room::Budget(b) => Room::Budget(Arc::clone(b)),
+            Room::Shared(s) => match Ledger::open(
+                s.ledger.path().parent().unwrap_or(std::path::Path::new("/")),
+                s.ledger
+                    .path()
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.rsplit('-').next())
+                    .unwrap_or("x"),
+            ) {
+                Ok(ledger) => Room::Shared(Shared {
+                    budget: Arc::clone(&s.budget),
+                    ledger,
+                    limit: s.limit,
+                    whole: s.whole,
+                    margin: s.margin,
+                }),
+                Err(_) => Room::Budget(Arc::clone(&s.budget)),
+            },
+        };
+        Self::new(room)
+    }
+}
+
+/// What a shared limit leaves this process's runs before the other
+/// processes' arenas: the limit, less (for a whole limit) the margin and
+/// the rest of every process.
+fn base(s: &Shared, st: &State) -> usize {
+    if !s.whole {
+        return s.limit;
+    }
+    let others_rest = usize::try_from(st.others.rest).unwrap_or(usize::MAX);
+    s.limit
+        .saturating_sub(s.margin)
+        .saturating_sub(st.rest)
+        .saturating_sub(others_rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    #[test]
+    fn runs_are_admitted_by_bytes_not_by_count() {
+        let a = Admission::of_budget(Budget::new(100));
+        let t1 = a.admit(40, false).unwrap();
+        let t2 = a.admit(40, false).unwrap();
+        assert_eq!(a.stats().promised, 80);
+        // 30 more does not fit: it waits until one ends.
+        let a2 = Arc::clone(&a);
+        let started = Arc::new(AtomicUsize::new(0));
+        let s2 = Arc::clone(&started);
+        let h = std::thread::spawn(move || {
+            let t = a2.admit(30, false).unwrap();
+            s2.store(1, SeqCst);
+            drop(t);
+        });
+        while a.stats().queued == 0 {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(started.load(SeqCst), 0, "admitted over the limit");
+        drop(t1);
+        h.join().unwrap();
+        assert_eq!(started.load(SeqCst), 1);
+        drop(t2);
+        let s = a.stats();
+        assert_eq!((s.promised, s.running, s.admitted, s.waited), (0, 0, 3, 1));
+        assert_eq!(s.promised_peak, 80);
+    }
+
+    #[test]
+    fn a_run_larger_than_the_limit_is_refused_at_once() {
+        let a = Admission::of_budget(Budget::new(100));
+        let t = Instant::now();
+        let err = a.admit(101, false).err().expect("refused");
+        assert!(t.elapsed() < Duration::from_millis(100));
+        let msg = err.to_string();
+        assert!(msg.contains("101") && msg.contains("100"), "{msg}");
+        assert!(matches!(err, OrtArenaError::OutOfMemory(_)));
+        assert_eq!(a.stats().refused, 1);
+    }
+
+    #[test]
+    fn a_small_run_passes_a_large_head_a_bounded_number_of_times() {
+        let a = Admission::of_budget(Budget::new(100));
+        let big_in_flight = a.admit(60, false).unwrap();
+        // The head needs 50: it waits for the 60.
+        let a2 = Arc::clone(&a);
+        let head = std::thread::spawn(move || drop(a2.admit(50, false).unwrap()));
+        while a.stats().queued == 0 {
+            std::thread::yield_now();
+        }
+        // Small runs of 10 fit beside the 60: they pass, up to MAX_PASSES.
+        let mut smalls = Vec::new();
+        for _ in 0..MAX_PASSES {
+            smalls.push(a.admit(4, false).unwrap());
+        }
+        assert_eq!(a.stats().passed, u64::from(MAX_PASSES));
+        // The next one may not pass any more, though it fits: it waits.
+        let a3 = Arc::clone(&a);
+        let late = Arc::new(AtomicUsize::new(0));
+        let l2 = Arc::clone(&late);
+        let after = std::thread::spawn(move || {
+            let t = a3.admit(4, false).unwrap();
+            l2.store(1, SeqCst);
+            drop(t);
+        });
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(late.load(SeqCst), 0, "the head was starved");
+        drop(smalls);
+        drop(big_in_flight);
+        head.join().unwrap();
+        after.join().unwrap();
+        assert_eq!(late.load(SeqCst), 1);
+    }
+
+    #[test]
+    fn a_run_alone_waits_for_the_runs_in_flight_and_nothing_starts_beside_it() {
+        let a = Admission::of_budget(Budget::new(100));
+        let t1 = a.admit(10, false).unwrap();
+        let a2 = Arc::clone(&a);
+        let alone_in = Arc::new(AtomicUsize::new(0));
+        let flag = Arc::clone(&alone_in);
+        let h = std::thread::spawn(move || {
+            let t = a2.admit(30, true).unwrap();
+            flag.store(1, SeqCst);
+            std::thread::sleep(Duration::from_millis(30));
+            flag.store(2, SeqCst);
+            drop(t);
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(alone_in.load(SeqCst), 0, "alone beside a run");
+        drop(t1);
+        while alone_in.load(SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        // While it runs, a small run waits.
+        let t = a.admit(1, false).unwrap();
+        assert_eq!(alone_in.load(SeqCst), 2, "a run started beside one alone");
+        drop(t);
+        h.join().unwrap();
+    }
+}
