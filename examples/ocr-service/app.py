@@ -3,36 +3,38 @@ deployment settings of docs/python-deploy.md.
 
     POST /ocr      the image's bytes (PNG, JPEG) as the body
                    -> 200 {"lines": [{"text", "score", "box"}], ...}
-                   -> 503 (Retry-After: 1) when the run was refused memory
-                   -> 400 for a body that is not an image, 413 for one over
+                   -> 413 for a request whose runs cannot fit in the
+                      memory limit even alone (the message says what they
+                      need and what the limit leaves), or a body over
                       OCR_MAX_BODY bytes
+                   -> 400 for a body that is not an image
     GET  /healthz  200 once the sessions are made
-    GET  /memory   the process's RSS and peak, the arenas' limit (the
-                   default and the pool's budget) and stats
+    GET  /memory   the process's RSS and peak, the arenas' limit and stats
 
-Run it (from this folder, after install.sh):
+Run it (from this folder, after install.sh), with as many worker
+processes as the machine has cores:
 
-    MALLOC_ARENA_MAX=2 python -m uvicorn app:app --host 0.0.0.0 --port 8000
+    MALLOC_ARENA_MAX=2 python -m uvicorn app:app --host 0.0.0.0 --port 8000 --workers 2
 
-What makes the process's memory bounded, not only the arena's:
+Nothing here is sized by hand. What keeps the container's memory bounded:
 - ``with ta.patch():`` around making ``RapidOCR()``: its det, cls and rec
   sessions are tensor-arena's, so their tensors come from the pool's
-  arenas, under the process's memory limit (``ta.memory_limit()``: 75 % of
-  the container's, unless ``TENSOR_ARENA_MEMORY_LIMIT`` says otherwise).
-- under a container's memory limit, the arenas' budget is what the rest
-  of the process leaves (``_fitted_budget``), so that a request
-  the container cannot hold is refused by the arena, not killed by the
-  kernel with every other request;
-- a concurrency cap the size of the pool (``OCR_WORKERS``, default 4): at
-  most that many requests decode, preprocess and run at once, on that many
-  threads of the service's own executor. Without it every waiting request
-  holds its decoded image and preprocessing buffers (the pool bounds only
-  the runs), and every thread of the server's thread pool grows a glibc
-  heap of its own.
-- ``OutOfMemory`` -> 503: rapidocr re-raises every error of a run as its
-  own ``ONNXRuntimeError`` (``raise ... from e``); ``ta.out_of_memory``
-  finds ours in the ``__cause__`` chain. The run failed alone; the service
-  goes on.
+  arenas, under the container's memory limit (``ta.memory_limit()``).
+- tensor-arena admits each run by what it will need (its plan, or the
+  largest run of the model so far): under a container's limit, every
+  worker process of the server shares one limit, less what the rest of
+  each process holds (measured as it runs), so a run waits its turn
+  instead of the kernel killing a worker. A run that runs out of memory
+  beside others runs again alone; one that cannot fit even alone fails at
+  once with ``OutOfMemory`` (-> 413 here). The number of workers is an
+  upper bound; memory decides how many run at once.
+- What is left to the application, because tensor-arena cannot see it:
+  its own decoding and preprocessing. The executor below bounds how many
+  requests decode at once (the others wait holding only their bytes), and
+  OCR_MAX_BODY bounds a body.
+- ``ta.out_of_memory`` finds our ``OutOfMemory`` in the ``__cause__``
+  chain: rapidocr re-raises every error of a run as its own
+  ``ONNXRuntimeError``.
 """
 
 from __future__ import annotations
@@ -47,20 +49,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from PIL import UnidentifiedImageError
 
+# Runs at once at most (the pool's workers) and requests decoding at once.
 WORKERS = int(os.environ.get("OCR_WORKERS", "4"))
 MAX_BODY = int(os.environ.get("OCR_MAX_BODY", str(16 << 20)))
-# What one request in flight holds outside the arenas (its body, decoded
-# image, resized and normalised copies, crops, results): about 35 MiB
-# measured on large pages, so 64 MiB with a margin (docs/python-deploy.md).
-RESERVE_PER_REQUEST = int(os.environ.get("OCR_RESERVE_PER_REQUEST", str(64 << 20)))
 
-# The sessions first (only those made inside the block are tensor-arena's),
-# then the pool, sized and limited (below), before any run.
+# The sessions first (only those made inside the block are tensor-arena's).
 with ta.patch():
     from rapidocr_onnxruntime import RapidOCR
     from rapidocr_onnxruntime.utils.load_image import LoadImageError
 
     engine = RapidOCR()
+
+ta.configure(workers=WORKERS)
 
 
 def _rss_kib() -> dict:
@@ -75,30 +75,10 @@ def _rss_kib() -> dict:
     return out
 
 
-def _fitted_budget():
-    """Under a memory cgroup (a container's ``--memory``), a budget of what
-    the rest of the process leaves the arenas: the group's limit less the
-    RSS now (the sessions made) and RESERVE_PER_REQUEST per request in
-    flight. tensor-arena's own default (75 % of the group) assumes the rest
-    fits in a quarter; for this service at 8 workers in 1 GiB it did not
-    (the kernel killed it: BENCHMARKS.md). None (the default limit) where
-    the limit is not the cgroup's: TENSOR_ARENA_MEMORY_LIMIT, if set, wins."""
-    lim = ta.memory_limit()
-    if lim is None or lim["source"] != "cgroup":
-        return None
-    with open(lim["file"]) as f:
-        group = int(f.read().split()[0])
-    rest = _rss_kib()["VmRSS"] * 1024 + WORKERS * RESERVE_PER_REQUEST
-    return ta.Budget(max(group - rest, 32 << 20))
-
-
-ta.configure(workers=WORKERS, budget=_fitted_budget())
-
-
 @asynccontextmanager
 async def lifespan(app: FastAPI):
-    # Made here, on the server's event loop.
-    app.state.cap = asyncio.Semaphore(WORKERS)
+    # Made here, on the server's event loop: at most WORKERS requests
+    # decode, preprocess and run at once; the others wait in its queue.
     app.state.executor = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="ocr")
     try:
         yield
@@ -125,22 +105,19 @@ async def ocr(request: Request):
         return JSONResponse({"error": "empty body: send the image's bytes"}, status_code=400)
     if len(body) > MAX_BODY:
         return JSONResponse({"error": f"body over {MAX_BODY} bytes"}, status_code=413)
-    # The cap: decoding, preprocessing and the runs of at most WORKERS
-    # requests at once; the others wait here holding only their bytes.
-    async with request.app.state.cap:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(request.app.state.executor, _ocr, body)
-        except Exception as e:  # rapidocr wraps ours: look in the chain
-            if ta.out_of_memory(e) is not None:
-                return JSONResponse(
-                    {"error": "out of memory: the request was refused, retry later"},
-                    status_code=503,
-                    headers={"Retry-After": "1"},
-                )
-            if isinstance(e, (LoadImageError, UnidentifiedImageError)):
-                return JSONResponse({"error": f"not an image: {e}"}, status_code=400)
-            raise
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(request.app.state.executor, _ocr, body)
+    except Exception as e:  # rapidocr wraps ours: look in the chain
+        oom = ta.out_of_memory(e)
+        if oom is not None:
+            # Admitted by its need and retried alone: it does not fit.
+            return JSONResponse(
+                {"error": f"too large for this server's memory: {oom}"}, status_code=413
+            )
+        if isinstance(e, (LoadImageError, UnidentifiedImageError)):
+            return JSONResponse({"error": f"not an image: {e}"}, status_code=400)
+        raise
 
 
 @app.get("/healthz")
@@ -154,7 +131,13 @@ def memory():
     return {
         "rss_kib": _rss_kib(),
         "limit": ta.memory_limit(),
-        "budget": (lambda b: b.limit if b else None)(ta.config()["budget"]),
         "workers": WORKERS,
-        "arena": {k: s[k] for k in ("reserved_current", "reserved_peak", "ooms", "runs")},
+        "arena": {
+            k: s[k]
+            for k in (
+                "reserved_current", "reserved_peak", "ooms", "runs", "admission_room",
+                "admitted_peak", "runs_in_flight_peak", "queued", "admission_waits",
+                "retried_alone", "refused", "processes_sharing_limit",
+            )
+        },
     }

@@ -5,10 +5,11 @@ server stopped on every path (a finally: terminate, then kill).
 
 - rendered text images get 200 and their words back;
 - a body that is not an image gets 400, and the service goes on;
-- under TENSOR_ARENA_MEMORY_LIMIT=32M every OCR run is refused memory:
-  rapidocr wraps our OutOfMemory in its ONNXRuntimeError, the service
-  answers 503 with Retry-After, and goes on answering (/healthz, /memory,
-  another 503); /memory shows the limit and where it came from.
+- under TENSOR_ARENA_MEMORY_LIMIT=32M an OCR run of a page cannot fit even
+  alone: rapidocr wraps our OutOfMemory in its ONNXRuntimeError, the
+  service answers 413 naming the run's need and the limit, and goes on
+  answering (/healthz, /memory, another 413); /memory shows the limit and
+  where it came from, and the refusal or the retry alone.
 """
 
 from __future__ import annotations
@@ -111,15 +112,17 @@ def test_ocr_answers_and_bad_input(tmp_path):
         assert mem["limit"] is None or mem["limit"]["source"] in ("cgroup", "memtotal"), mem
 
 
-def test_out_of_memory_is_503_and_the_service_goes_on(tmp_path):
+def test_a_request_that_cannot_fit_alone_is_413_and_the_service_goes_on(tmp_path):
     with service(tmp_path, TENSOR_ARENA_MEMORY_LIMIT="32M") as (url, _):
         img = images(1)[0]
         code, headers, body = request(url + "/ocr", img)
-        assert code == 503, body
-        assert headers.get("Retry-After") == "1" and "out of memory" in body["error"], (headers, body)
+        assert code == 413, body
+        msg = body["error"]
+        assert "too large" in msg and "needs" in msg and "bytes" in msg, body
         assert request(url + "/healthz")[0] == 200
         code, _, mem = request(url + "/memory")
         assert mem["limit"] == {"bytes": 32 << 20, "source": "environment", "file": None}, mem
-        assert mem["arena"]["ooms"] >= 1, mem
+        arena = mem["arena"]
+        assert arena["ooms"] + arena["refused"] >= 1, mem
         code, _, body = request(url + "/ocr", img)
-        assert code == 503, body
+        assert code == 413, body

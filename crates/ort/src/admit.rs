@@ -305,7 +305,11 @@ impl Admission {
     /// # Errors
     /// [`OrtArenaError::OutOfMemory`] at once when `need` is more than the
     /// limit could ever give one run.
-    pub(crate) fn admit(self: &Arc<Self>, need: usize, alone: bool) -> Result<Ticket, OrtArenaError> {
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        need: usize,
+        alone: bool,
+    ) -> Result<Ticket, OrtArenaError> {
         let mut st = self.lock();
         let most = {
             // The room read fresh, so that the refusal is not a stale one.
@@ -416,7 +420,10 @@ impl Admission {
             Room::Unlimited => Room::Unlimited,
             Room::Budget(b) => Room::Budget(Arc::clone(b)),
             Room::Shared(s) => match Ledger::open(
-                s.ledger.path().parent().unwrap_or(std::path::Path::new("/")),
+                s.ledger
+                    .path()
+                    .parent()
+                    .unwrap_or(std::path::Path::new("/")),
                 s.ledger
                     .path()
                     .file_name()

@@ -165,7 +165,10 @@ impl Ledger {
         if v != VERSION && v != 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("{}: ledger version {v}, not {VERSION}", ledger.path.display()),
+                format!(
+                    "{}: ledger version {v}, not {VERSION}",
+                    ledger.path.display()
+                ),
             ));
         }
         Ok(ledger)
@@ -297,6 +300,27 @@ impl Ledger {
         out
     }
 
+    /// Writes a slot for process `pid` (another process of the container,
+    /// in a test), with its real start time.
+    #[cfg(test)]
+    pub(crate) fn pretend(&self, pid: u32, share: Share) {
+        for i in 0..SLOTS {
+            let s = self.slot(i);
+            if s.pid
+                .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                s.promised.store(share.promised, Ordering::Relaxed);
+                s.committed.store(share.committed, Ordering::Relaxed);
+                s.rest.store(share.rest, Ordering::Relaxed);
+                s.alone.store(u64::from(share.alone), Ordering::Relaxed);
+                let start = start_time(pid).expect("a live process").max(1);
+                s.start.store(start, Ordering::Release);
+                return;
+            }
+        }
+    }
+
     /// Frees slot `i`, whose process `pid` is gone: only the reader whose
     /// swap to [`FREEING`] succeeds clears it.
     fn free(&self, i: usize, pid: u32) {
@@ -386,7 +410,8 @@ mod tests {
         let b = Ledger::open(d.path(), "k").unwrap();
         let live = b.slot(7);
         live.pid.store(1, Ordering::Relaxed);
-        live.start.store(start_time(1).unwrap().max(1), Ordering::Relaxed);
+        live.start
+            .store(start_time(1).unwrap().max(1), Ordering::Relaxed);
         live.promised.store(100, Ordering::Relaxed);
         live.rest.store(7, Ordering::Relaxed);
         let dead = b.slot(9);

@@ -5,8 +5,8 @@
 #![cfg_attr(not(feature = "load-dynamic"), allow(rustdoc::broken_intra_doc_links))]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-mod adopt;
 mod admit;
+mod adopt;
 mod block;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -32,6 +32,7 @@ mod store;
 mod tensors;
 mod worker;
 
+pub use admit::{Admission, AdmissionStats, MAX_PASSES};
 pub use adopt::{is_registered, is_registered_on, register, SessionBuilderExt};
 #[cfg(feature = "cuda")]
 pub use cuda::{cuda_run, cuda_shrink, cuda_stats, CudaExt, CudaRun, DeviceStats, TorchStats};
@@ -40,7 +41,6 @@ pub use error::OrtArenaError;
 pub use follow::Shrink;
 pub use heaps::{limit_system_heaps, map_large_blocks, IDLE_RSS_SYSTEM_HEAPS, MAX_MMAP_THRESHOLD};
 pub use key::{KeyInputs, RunKey};
-pub use admit::{Admission, AdmissionStats, MAX_PASSES};
 pub use ledger::LEDGER_DIR_ENV;
 pub use limit::{
     check_memory_limit, default_budget, default_memory_limit, margin, parse_memory_limit,
@@ -135,3 +135,6 @@ pub fn arenas() -> (usize, tensor_arena::Stats) {
     let (stats, n) = slot::all_stats();
     (n, stats)
 }
+
+#[cfg(test)]
+mod admit_tests;

@@ -259,7 +259,9 @@ fn from_environment_or_system() -> Result<Option<MemoryLimit>, OrtArenaError> {
 /// [`MEMORY_LIMIT_ENV`]'s value: `Ok(None)` for `off`.
 fn parse_env(value: &str) -> Result<Option<usize>, OrtArenaError> {
     parse_memory_limit(value).map_err(|e| match e {
-        OrtArenaError::MemoryLimit(m) => OrtArenaError::MemoryLimit(format!("{MEMORY_LIMIT_ENV}: {m}")),
+        OrtArenaError::MemoryLimit(m) => {
+            OrtArenaError::MemoryLimit(format!("{MEMORY_LIMIT_ENV}: {m}"))
+        }
         e => e,
     })
 }
@@ -418,7 +420,16 @@ mod tests {
         assert_eq!(parse_env(" 4GiB ").unwrap(), Some(4 << 30));
         assert_eq!(parse_env("64 kb").unwrap(), Some(64 << 10));
         assert_eq!(parse_env("off").unwrap(), None);
-        for bad in ["", "lots", "12X", "0", "-5M", "-1", "99999999999999999999T", "1024T"] {
+        for bad in [
+            "",
+            "lots",
+            "12X",
+            "0",
+            "-5M",
+            "-1",
+            "99999999999999999999T",
+            "1024T",
+        ] {
             let err = parse_env(bad).unwrap_err();
             assert!(err.to_string().contains(MEMORY_LIMIT_ENV), "{bad}: {err}");
         }

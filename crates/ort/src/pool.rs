@@ -225,7 +225,10 @@ impl WorkerPool<()> {
             // (`fork::child` made it).
             None => crate::limit::default_admission()?,
         };
-        Ok(Self::of(kept.into_iter().map(|w| (w, ())).collect(), admission))
+        Ok(Self::of(
+            kept.into_iter().map(|w| (w, ())).collect(),
+            admission,
+        ))
     }
 }
 

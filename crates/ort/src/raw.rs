@@ -161,6 +161,28 @@ pub(crate) fn thread_failed_allocs() -> u64 {
     THREAD_FAILED_ALLOCS.with(std::cell::Cell::get)
 }
 
+/// `Alloc` as ONNX Runtime calls it, from a Rust test: the block, or
+/// `None` counted as a failed request (as `Alloc` counts it before it
+/// throws).
+#[cfg(test)]
+pub(crate) fn alloc_for_test(size: usize) -> Option<NonNull<u8>> {
+    let p = alloc(size);
+    if p.is_none() {
+        THREAD_FAILED_ALLOCS.with(|c| c.set(c.get() + 1));
+    }
+    p
+}
+
+/// `Free` of a block [`alloc_for_test`] returned.
+///
+/// # Safety
+/// `p` came from [`alloc_for_test`] and is freed once.
+#[cfg(test)]
+pub(crate) unsafe fn free_for_test(p: NonNull<u8>) {
+    // SAFETY: the caller's obligation.
+    unsafe { free(p) }
+}
+
 /// Makes `Alloc` on this thread return null instead of throwing (for
 /// callers in Rust, which cannot catch a C++ exception).
 #[cfg(test)]

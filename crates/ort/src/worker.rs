@@ -535,7 +535,9 @@ impl Worker {
         // run reached.
         let mut need = planned_size.unwrap_or(report.high_water);
         if not_served.is_none() {
-            plans.largest.fetch_max(report.high_water, Ordering::Relaxed);
+            plans
+                .largest
+                .fetch_max(report.high_water, Ordering::Relaxed);
         }
         let mut learned = false;
         if self.options.plans && not_served.is_none() {

@@ -4,12 +4,14 @@
 //! | call | what it does |
 //! |---|---|
 //! | `memory_limit()` | the limit every worker without a `Budget` of its own commits under: `{"bytes": n, "source": ..., "file": ...}`, or `None` for no limit |
-//! | `set_memory_limit(bytes)` | sets it (`None`: no limit), before `configure()` and the first run |
+//! | `set_memory_limit(limit)` | sets it (bytes, text such as `"1G"`, or `None`: no limit), before `configure()` and the first run |
 //!
 //! Where it comes from, first that applies: `set_memory_limit`, then
-//! `TENSOR_ARENA_MEMORY_LIMIT` (`512M`, `4GiB`, bytes, or `off`), then 75 %
-//! of the process's cgroup limit (a container's `--memory`), then 50 % of
-//! `MemTotal`. It is read once, when the first worker is made.
+//! `TENSOR_ARENA_MEMORY_LIMIT` (`512M`, `4GiB`, bytes, or `off`), then the
+//! process's cgroup limit (a container's `--memory`: the whole container,
+//! whose processes' arenas get what the rest of those processes leave),
+//! then 50 % of `MemTotal`. Every process of the container under the same
+//! limit shares it. It is read once, when the first worker is made.
 
 use crate::errors::InvalidArgument;
 use pyo3::prelude::*;
@@ -46,18 +48,58 @@ fn memory_limit(py: Python<'_>) -> PyResult<Option<Bound<'_, PyDict>>> {
     Ok(Some(d))
 }
 
-/// Sets the default limit of the process's workers' memory in bytes
-/// (`None`: no limit), in place of `TENSOR_ARENA_MEMORY_LIMIT`'s and the
-/// system's. Call it before `configure()` and the first run (either makes the
-/// pool's workers).
+/// Sets the default limit of the process's workers' memory (`None` or
+/// `"off"`: no limit), in place of `TENSOR_ARENA_MEMORY_LIMIT`'s and the
+/// system's: bytes as an int, or text as the variable takes it (`"512M"`,
+/// `"1G"`, `"4GiB"`). Every process of the container that sets the same
+/// limit shares it. Call it before `configure()` and the first run (either
+/// makes the pool's workers).
 ///
 /// # Errors
-/// `InvalidArgument` for 0 bytes, or once `configure()` or a run made the
+/// `InvalidArgument` for a value that is not a size, 0, negative or more
+/// than the machine's memory, or once `configure()` or a run made the
 /// pool's workers (the limit in force then stays).
 #[pyfunction]
 #[pyo3(signature = (limit))]
-fn set_memory_limit(limit: Option<usize>) -> PyResult<()> {
-    tensor_arena_ort::set_default_memory_limit(limit)
+fn set_memory_limit(limit: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+    let bytes = match limit {
+        None => None,
+        Some(v) => memory_size(&v)?,
+    };
+    tensor_arena_ort::set_default_memory_limit(bytes)
+        .map_err(|e| InvalidArgument::new_err(e.to_string()))
+}
+
+/// A memory size from Python: an int (bytes), text (`"1G"`, `"off"`), or
+/// `None`/`"off"` for no limit; checked as [`set_memory_limit`] says.
+pub(crate) fn memory_size(v: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+    if v.is_none() {
+        return Ok(None);
+    }
+    if let Ok(text) = v.extract::<String>() {
+        return tensor_arena_ort::parse_memory_limit(&text)
+            .map_err(|e| InvalidArgument::new_err(e.to_string()));
+    }
+    if v.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(InvalidArgument::new_err(
+            "a memory limit is a size (bytes, or text such as \"1G\"), not a bool",
+        ));
+    }
+    let n: i128 = v.extract().map_err(|_| {
+        InvalidArgument::new_err(format!(
+            "a memory limit is bytes (an int) or text such as \"1G\", not {v}"
+        ))
+    })?;
+    if n < 0 {
+        return Err(InvalidArgument::new_err(format!(
+            "a memory limit of {n} bytes: a limit is not negative (None: no limit)"
+        )));
+    }
+    let bytes = usize::try_from(n).map_err(|_| {
+        InvalidArgument::new_err(format!("a memory limit of {n} bytes is too large"))
+    })?;
+    tensor_arena_ort::check_memory_limit(bytes)
+        .map(Some)
         .map_err(|e| InvalidArgument::new_err(e.to_string()))
 }
 

@@ -169,10 +169,16 @@ pub struct Budget {
 #[pymethods]
 impl Budget {
     /// A budget of `limit` bytes; a commit over it waits up to `wait`
-    /// seconds for busy workers to give memory back (0: no wait).
+    /// seconds for busy workers to give memory back (0: no wait). `limit`
+    /// is bytes or text as `set_memory_limit` takes it (`"512M"`).
     #[new]
     #[pyo3(signature = (limit, wait = 0.0))]
-    fn new(limit: usize, wait: f64) -> PyResult<Self> {
+    fn new(limit: Bound<'_, PyAny>, wait: f64) -> PyResult<Self> {
+        let Some(limit) = crate::limit::memory_size(&limit)? else {
+            return Err(InvalidArgument::new_err(
+                "a Budget needs a limit; for none, configure(budget=False)",
+            ));
+        };
         if !(wait.is_finite() && wait >= 0.0) {
             return Err(InvalidArgument::new_err(format!(
                 "wait must be a number of seconds >= 0, not {wait}"
@@ -376,7 +382,17 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// `allocations`, `frees`, `ooms`, `free_bytes`, `largest_free_block`;
 /// and the pool's: `arenas` (alive), `workers` (the pool's size),
 /// `checkouts`, `waits`, `runs`, `planned_runs`, `system_allocs` (tensors
-/// ONNX Runtime allocated outside a run: session creation).
+/// ONNX Runtime allocated outside a run: session creation); and its
+/// admission by predicted need: `admission_room` (bytes the runs may be
+/// promised together now; `None` without a limit), `admitted_current` and
+/// `admitted_peak` (bytes promised to runs in flight), `runs_in_flight`,
+/// `runs_in_flight_peak`, `queued` (runs waiting for room now),
+/// `admissions`, `admission_waits`, `admission_passes` (runs that fitted
+/// and went ahead of a larger one), `wait_seconds_total`,
+/// `wait_seconds_max`, `retried_alone` (runs that ran out of memory beside
+/// others and ran again alone), `refused` (runs that could not fit alone)
+/// and `processes_sharing_limit` (the container's processes under one
+/// limit).
 #[pyfunction]
 fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let (n, s) = tensor_arena_ort::arenas();
@@ -407,6 +423,23 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("waits", pool.map_or(0, |p| p.waits))?;
     d.set_item("runs", s.runs)?;
     d.set_item("planned_runs", s.planned_runs)?;
+    // Admission by predicted need (shared by every pool under the
+    // default limit).
+    let a = pool.map(|p| p.admission).unwrap_or_default();
+    d.set_item("admission_room", (a.room != usize::MAX).then_some(a.room))?;
+    d.set_item("admitted_current", a.promised)?;
+    d.set_item("admitted_peak", a.promised_peak)?;
+    d.set_item("runs_in_flight", a.running)?;
+    d.set_item("runs_in_flight_peak", a.running_peak)?;
+    d.set_item("queued", a.queued)?;
+    d.set_item("admissions", a.admitted)?;
+    d.set_item("admission_waits", a.waited)?;
+    d.set_item("admission_passes", a.passed)?;
+    d.set_item("wait_seconds_total", a.wait_total.as_secs_f64())?;
+    d.set_item("wait_seconds_max", a.wait_max.as_secs_f64())?;
+    d.set_item("retried_alone", a.retried_alone)?;
+    d.set_item("refused", a.refused)?;
+    d.set_item("processes_sharing_limit", a.processes)?;
     d.set_item("system_allocs", counters.system_allocs)?;
     Ok(d)
 }

@@ -437,7 +437,9 @@ impl Session {
             // Held until the run is counted: a fork waits for all of it,
             // so the child finds none of the locks below held.
             let in_ort = pool::in_onnxruntime();
-            let out = worker.run(&self.plans, &key, || {
+            // Admitted by what the run will need; run again once, alone,
+            // if it ran out of memory beside other runs and fits alone.
+            let out = worker.run_retrying(&self.plans, &key, || {
                 tensor_arena_ort::run_shared(&self.session, &feed_values, None)
             });
             let info = worker.last_run().cloned().unwrap_or_default();

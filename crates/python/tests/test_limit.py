@@ -97,5 +97,29 @@ def test_out_of_memory_finds_the_cause():
     except Wrapped as w:
         assert ta.out_of_memory(w) is oom
     assert issubclass(ta.OutOfMemory, ta.Error)
-    with pytest.raises(TypeError):
+
+
+def test_limit_values_are_parsed_alike_and_checked_against_the_machine():
+    # The same text as TENSOR_ARENA_MEMORY_LIMIT takes; each bad value says
+    # what is wrong with it; a limit over the machine's memory is refused.
+    out = child("""
+        import tensor_arena.onnxruntime as ta
+        for v in [0, -1, "0", "-1", "lots", "1024T", 1 << 60, True, 1.5]:
+            try:
+                ta.set_memory_limit(v)
+                print(repr(v), "taken")
+            except ta.InvalidArgument as e:
+                print(repr(v), "InvalidArgument:", e)
         ta.set_memory_limit("1G")
+        print(ta.memory_limit())
+        ta.set_memory_limit("off")
+        print(ta.memory_limit())
+        ta.set_memory_limit(512 << 20)
+        print(ta.memory_limit()["bytes"])
+        """)
+    lines = out.splitlines()
+    assert all("InvalidArgument" in l for l in lines[:9]), out
+    assert "0 bytes" in lines[0] and "negative" in lines[1], out
+    assert "machine's memory" in lines[5] and "machine's memory" in lines[6], out
+    assert lines[9] == "{'bytes': 1073741824, 'source': 'set_memory_limit', 'file': None}", out
+    assert lines[10:] == ["None", "536870912"], out

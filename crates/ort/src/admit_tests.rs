@@ -1,0 +1,214 @@
+//! Admission through real workers and a real ledger: runs admitted by what
+//! they need stay under the limit where the same runs counted by workers
+//! alone run out of memory; a run that ran out beside others succeeds
+//! alone; a killed process's share comes back.
+
+use crate::admit::{Admission, Room, Shared};
+use crate::ledger::{Ledger, Share};
+use crate::{OrtArenaError, Plans, RunKey, WorkerOptions, WorkerPool};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tensor_arena::Budget;
+
+const MIB: usize = 1 << 20;
+
+/// A run as ONNX Runtime makes one: `bytes` allocated through the
+/// registered allocator on this thread, written, held `hold`, freed.
+fn run_of(bytes: usize, hold: Duration) -> Result<(), OrtArenaError> {
+    crate::raw::return_null_on_failure();
+    let Some(p) = crate::raw::alloc_for_test(bytes) else {
+        return Err(OrtArenaError::Ort("bad_alloc".into()));
+    };
+    // SAFETY: `p` is a block of `bytes` bytes just handed out.
+    unsafe { std::ptr::write_bytes(p.as_ptr(), 1, bytes) };
+    std::thread::sleep(hold);
+    // SAFETY: `p` came from `alloc_for_test`, freed once.
+    unsafe { crate::raw::free_for_test(p) };
+    Ok(())
+}
+
+fn options(budget: &Arc<Budget>) -> WorkerOptions {
+    WorkerOptions {
+        budget: Some(Arc::clone(budget)),
+        decay: None,
+        ..WorkerOptions::default()
+    }
+}
+
+/// Four runs of 20 MiB at once under a limit of 48 MiB: admitted by their
+/// plan's block, at most two run together and none runs out of memory.
+/// Without admission (four workers, four runs) the third commit is refused.
+#[test]
+fn runs_admitted_by_their_plans_never_run_out_of_memory() {
+    let budget = Budget::new(48 * MIB);
+    let pool = WorkerPool::new(4, options(&budget)).unwrap();
+    let plans = Arc::new(Plans::default());
+    let key = RunKey::from_shapes([[20i64]]);
+    {
+        let mut c = pool.checkout();
+        c.worker()
+            .run_retrying(&plans, &key, || run_of(20 * MIB, Duration::ZERO))
+            .unwrap();
+        assert!(c.worker().last_run().unwrap().learned);
+    }
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (pool, plans, key) = (pool.clone(), Arc::clone(&plans), key.clone());
+                s.spawn(move || {
+                    let mut c = pool.checkout();
+                    let out = c
+                        .worker()
+                        .run_retrying(&plans, &key, || run_of(20 * MIB, Duration::from_millis(40)));
+                    (out, c.worker().last_run().cloned().unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (out, info) in &results {
+        assert!(out.is_ok(), "{out:?}");
+        assert_eq!(info.failed_allocs, 0, "ran out of memory: {info:?}");
+        assert!(info.admitted >= 20 * MIB, "admitted by its plan: {info:?}");
+    }
+    let a = pool.stats().admission;
+    assert!(a.running_peak <= 2, "three 20 MiB runs in 48 MiB: {a:?}");
+    assert!(a.waited >= 1, "{a:?}");
+    assert_eq!(a.retried_alone, 0, "{a:?}");
+    assert!(budget.stats().peak_committed <= 48 * MIB);
+}
+
+/// A run whose need was underestimated (the model's runs so far were
+/// small and it has no plan) runs out of memory beside a large one; it
+/// runs again alone, once the large one ended, and succeeds.
+#[test]
+fn a_run_that_ran_out_beside_others_runs_again_alone() {
+    let budget = Budget::new(48 * MIB);
+    let pool = WorkerPool::new(
+        2,
+        WorkerOptions {
+            plans: false,
+            ..options(&budget)
+        },
+    )
+    .unwrap();
+    let (small_model, big_model) = (Plans::default(), Plans::default());
+    let key = RunKey::from_shapes([[1i64]]);
+    for (plans, bytes) in [(&small_model, MIB), (&big_model, 30 * MIB)] {
+        let mut c = pool.checkout();
+        c.worker()
+            .run_retrying(plans, &key, || run_of(bytes, Duration::ZERO))
+            .unwrap();
+    }
+    assert_eq!(small_model.largest_run() / MIB, 1);
+    std::thread::scope(|s| {
+        let big = s.spawn(|| {
+            let mut c = pool.checkout();
+            c.worker().run_retrying(&big_model, &key, || {
+                run_of(30 * MIB, Duration::from_millis(300))
+            })
+        });
+        // The large run is in flight when the underestimated one starts.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pool.stats().admission.running == 0 {
+            assert!(Instant::now() < deadline);
+            std::thread::yield_now();
+        }
+        let mut c = pool.checkout();
+        let out = c
+            .worker()
+            .run_retrying(&small_model, &key, || run_of(30 * MIB, Duration::ZERO));
+        assert!(out.is_ok(), "not run again alone: {out:?}");
+        let info = c.worker().last_run().unwrap();
+        assert!(info.alone && info.succeeded, "{info:?}");
+        drop(c);
+        big.join().unwrap().unwrap();
+    });
+    let a = pool.stats().admission;
+    assert_eq!(a.retried_alone, 1, "{a:?}");
+}
+
+/// A run that could not fit even alone is refused with an error naming
+/// its need and the limit, and the runs beside it are not disturbed.
+#[test]
+fn a_run_too_large_to_fit_alone_fails_with_its_need_and_the_limit() {
+    let budget = Budget::new(16 * MIB);
+    let pool = WorkerPool::new(2, options(&budget)).unwrap();
+    let plans = Plans::default();
+    let key = RunKey::from_shapes([[3i64]]);
+    let mut c = pool.checkout();
+    let err = c
+        .worker()
+        .run_retrying(&plans, &key, || run_of(40 * MIB, Duration::ZERO))
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, OrtArenaError::OutOfMemory(_)), "{err:?}");
+    assert!(
+        msg.contains("needs at least") && msg.contains(&format!("{}", 16 * MIB)),
+        "{msg}"
+    );
+    // The next run, small, succeeds.
+    c.worker()
+        .run_retrying(&plans, &RunKey::from_shapes([[4i64]]), || {
+            run_of(MIB, Duration::ZERO)
+        })
+        .unwrap();
+}
+
+/// A process that holds part of a shared limit and is killed (SIGKILL)
+/// gives its share back: the run waiting for it is admitted within a few
+/// seconds.
+#[test]
+fn a_killed_process_share_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    // Another process of the container, with 40 MiB of the 64 held.
+    let mut other = Command::new("sleep").arg("60").spawn().unwrap();
+    let writer = Ledger::open(dir.path(), "k").unwrap();
+    writer.pretend(
+        other.id(),
+        Share {
+            promised: 40 * MIB as u64,
+            committed: 40 * MIB as u64,
+            rest: 0,
+            alone: false,
+        },
+    );
+    let budget = Budget::new(64 * MIB);
+    let admission = Admission::new(Room::Shared(Shared {
+        budget,
+        ledger: Ledger::open(dir.path(), "k").unwrap(),
+        limit: 64 * MIB,
+        whole: false,
+        margin: 0,
+    }));
+    assert!(
+        admission.admit(20 * MIB, false).is_ok(),
+        "20 MiB fits beside 40"
+    );
+    let waiting = {
+        let a = Arc::clone(&admission);
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let t = a.admit(30 * MIB, false).unwrap();
+            drop(t);
+            t0.elapsed()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(admission.stats().queued, 1, "30 MiB admitted beside 40");
+    other.kill().unwrap();
+    let killed = Instant::now();
+    other.wait().unwrap();
+    // Within 5 s of the kill, the waiting run is admitted.
+    while !waiting.is_finished() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the killed process's share never came back: {:?}",
+            admission.stats()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(waiting.join().unwrap() >= Duration::from_millis(300));
+    assert_eq!(admission.stats().processes, 1);
+}
