@@ -9,9 +9,9 @@ present) until REQUESTS were sent, while the server's RSS is read from its
 Prints one JSON line: status counts, the server's RSS with its sessions made
 (before the load), its peak (VmHWM, which counts mapped files too), the
 largest RssAnon sampled every 0.25 s (what a memory cgroup charges, less
-page cache), its RSS after the idle wait, in MiB, and the arena's limit. Exit status 1 if any answer was neither 200 nor 503
-or a connection failed (a 503 is the service refusing a request it has no
-memory for: expected under a tight limit).
+page cache), its RSS after the idle wait, in MiB, and the arena's limit. Exit status 1 if any answer was not 200, 413 or 503,
+or a connection failed (a 413 is the service refusing a request that
+cannot fit in its memory limit even alone: expected under a tight limit).
 """
 
 from __future__ import annotations
@@ -147,10 +147,12 @@ def main() -> int:
         "rss_after_load_mib": mib(after_load["rss_kib"]["VmRSS"]),
         "rss_idle_mib": mib(idle["rss_kib"]["VmRSS"]), "idle_s": a.idle,
         "arena_reserved_peak_mib": mib(idle["arena"]["reserved_peak"] / 1024),
-        "limit": idle["limit"], "budget_mib": idle["budget"] and mib(idle["budget"] / 1024),
-        "arena_ooms": idle["arena"]["ooms"],
+        "limit": idle["limit"], "arena_ooms": idle["arena"]["ooms"],
+        "admission": {k: idle["arena"].get(k) for k in (
+            "admission_room", "admitted_peak", "runs_in_flight_peak", "admission_waits",
+            "retried_alone", "refused", "processes_sharing_limit")},
     }))
-    bad = [k for k in counts if k not in (200, 503)]
+    bad = [k for k in counts if k not in (200, 413, 503)]
     return 1 if bad else 0
 
 

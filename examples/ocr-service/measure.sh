@@ -8,7 +8,8 @@
 #   examples/ocr-service/measure.sh CLIENTS REQUESTS [IDLE_S]
 #
 # Environment: the server's own (MALLOC_ARENA_MAX, LD_PRELOAD,
-# TENSOR_ARENA_MEMORY_LIMIT, OCR_WORKERS) is passed on. MEMORY_MAX=1G runs
+# TENSOR_ARENA_MEMORY_LIMIT, OCR_WORKERS) is passed on; UVICORN_WORKERS=N
+# starts N worker processes (uvicorn's --workers). MEMORY_MAX=1G runs
 # the server in a new memory control group with that limit (needs root and
 # a writable /sys/fs/cgroup: v2's memory.max, else v1's
 # memory.limit_in_bytes), as `docker run --memory 1g` would. The figures in
@@ -28,7 +29,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-start=(exec "$py" -m uvicorn app:app --host 127.0.0.1 --port "$port" --log-level warning)
+start=(exec "$py" -m uvicorn app:app --host 127.0.0.1 --port "$port" --log-level warning --workers "${UVICORN_WORKERS:-1}")
 if [ -n "${MEMORY_MAX:-}" ]; then
     bytes="$("$py" -c "import sys; v = sys.argv[1].upper(); m = {'K': 10, 'M': 20, 'G': 30}; print(int(v[:-1]) << m[v[-1]] if v[-1] in m else int(v))" "$MEMORY_MAX")"
     if [ -f /sys/fs/cgroup/cgroup.controllers ]; then

@@ -62,6 +62,30 @@ pub(crate) struct Shared {
     /// What is kept free under a whole limit: the kernel's own memory
     /// charged to the group, and what processes allocate between samples.
     pub(crate) margin: usize,
+    /// The group's usage files, for a whole limit: what the group holds
+    /// (`memory.current`, v1's `memory.usage_in_bytes`) and its
+    /// `memory.stat` (page cache the kernel can drop: `inactive_file`).
+    /// `None`: the processes' own figures are summed instead.
+    pub(crate) usage: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+/// What a group holds that the kernel cannot simply drop: its usage less
+/// its inactive page cache (the working set, as container runtimes count
+/// it), from its usage file and `memory.stat`.
+fn working_set(usage: &std::path::Path, stat: &std::path::Path) -> Option<usize> {
+    let used: usize = std::fs::read_to_string(usage).ok()?.trim().parse().ok()?;
+    let stat = std::fs::read_to_string(stat).unwrap_or_default();
+    let field = |name: &str| {
+        stat.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == name).then(|| v.trim().parse::<usize>().ok())?
+        })
+    };
+    // v1's hierarchical figure where there is one, else the group's own.
+    let inactive = field("total_inactive_file")
+        .or_else(|| field("inactive_file"))
+        .unwrap_or(0);
+    Some(used.saturating_sub(inactive))
 }
 
 /// The admission counters of a pool (or of the process's default limit).
@@ -120,6 +144,9 @@ struct State {
     others: Others,
     /// The rest of this process (its anonymous memory outside arenas).
     rest: usize,
+    /// The rest of the whole group (all it holds but the arenas), where
+    /// its usage can be read.
+    group_rest: Option<usize>,
     stats: AdmissionStats,
 }
 
@@ -256,6 +283,20 @@ impl Admission {
             .and_then(|a| usize::try_from(a).ok())
             .map_or(0, |a| a.saturating_sub(committed));
         st.others = s.ledger.others(false);
+        // Under a whole limit with the group's own figures: the rest is
+        // everything the group holds but the arenas (processes that are
+        // not ours, the kernel's memory, page cache in use).
+        st.group_rest = s
+            .usage
+            .as_ref()
+            .filter(|_| s.whole)
+            .and_then(|(u, stat)| working_set(u, stat))
+            .map(|ws| {
+                let arenas = usize::try_from(st.others.committed)
+                    .unwrap_or(usize::MAX)
+                    .saturating_add(committed);
+                ws.saturating_sub(arenas)
+            });
         let held = usize::try_from(st.others.held).unwrap_or(usize::MAX);
         let room = base(s, st).saturating_sub(held);
         // This process's commits must fit in its room too (idle workers
@@ -273,7 +314,12 @@ impl Admission {
                 promised: st.promised as u64,
                 committed: s.budget.committed() as u64,
                 rest: st.rest as u64,
-                alone: st.alone_running || st.queue.iter().any(|w| w.alone),
+                // Only a run alone at the head of the queue (or running)
+                // holds the other processes' new runs back: one further
+                // back waits behind this process's own head, and two
+                // processes whose heads waited for each other's flags
+                // would wait for ever.
+                alone: st.alone_running || st.queue.front().is_some_and(|w| w.alone),
             });
         }
     }
@@ -293,7 +339,15 @@ impl Admission {
             return false;
         }
         if alone {
-            return st.running == 0 && need <= self.room(st, fresh);
+            // Nothing of this process runs, nothing of the others is in
+            // flight, and no other process waiting alone goes first (the
+            // lowest PID does).
+            let room = self.room(st, fresh);
+            let first = st
+                .others
+                .alone_pid
+                .is_none_or(|p| p > std::process::id());
+            return st.running == 0 && st.others.promised == 0 && first && need <= room;
         }
         let room = self.room(st, fresh);
         !st.others.alone && st.promised.saturating_add(need) <= room
@@ -374,6 +428,26 @@ impl Admission {
         alone: bool,
         waited: Option<Duration>,
     ) -> Ticket {
+        // A run alone is promised all the room there is: other processes
+        // of a shared limit see it held, and wait (a model's first run,
+        // whose need nobody knows, is one).
+        let need = match (&self.room, alone) {
+            (Room::Shared(_), true) => need.max(st.room.map_or(0, |r| r.0)),
+            _ => need,
+        };
+        if std::env::var_os("TENSOR_ARENA_ADMIT_LOG").is_some() {
+            eprintln!(
+                "admit pid={} need={} alone={alone} promised={} room={:?} others={:?} rest={} group_rest={:?} committed={:?}",
+                std::process::id(),
+                need >> 20,
+                st.promised >> 20,
+                st.room.map(|r| r.0 >> 20),
+                st.others,
+                st.rest >> 20,
+                st.group_rest.map(|r| r >> 20),
+                self.budget().map(|b| b.committed() >> 20)
+            );
+        }
         st.promised += need;
         st.running += 1;
         st.alone_running |= alone;
@@ -437,6 +511,7 @@ impl Admission {
                     limit: s.limit,
                     whole: s.whole,
                     margin: s.margin,
+                    usage: s.usage.clone(),
                 }),
                 Err(_) => Room::Budget(Arc::clone(&s.budget)),
             },
@@ -452,17 +527,30 @@ fn base(s: &Shared, st: &State) -> usize {
     if !s.whole {
         return s.limit;
     }
-    let others_rest = usize::try_from(st.others.rest).unwrap_or(usize::MAX);
-    s.limit
-        .saturating_sub(s.margin)
-        .saturating_sub(st.rest)
-        .saturating_sub(others_rest)
+    let rest = st.group_rest.unwrap_or_else(|| {
+        let others_rest = usize::try_from(st.others.rest).unwrap_or(usize::MAX);
+        st.rest.saturating_add(others_rest)
+    });
+    s.limit.saturating_sub(s.margin).saturating_sub(rest)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    #[test]
+    fn a_groups_working_set_is_its_usage_less_inactive_page_cache() {
+        let d = tempfile::tempdir().unwrap();
+        let (usage, stat) = (d.path().join("memory.current"), d.path().join("memory.stat"));
+        std::fs::write(&usage, "1000000\n").unwrap();
+        std::fs::write(&stat, "anon 5\ninactive_file 300000\nactive_file 7\n").unwrap();
+        assert_eq!(working_set(&usage, &stat), Some(700_000));
+        // v1: the hierarchical figure wins.
+        std::fs::write(&stat, "inactive_file 1\ntotal_inactive_file 400000\n").unwrap();
+        assert_eq!(working_set(&usage, &stat), Some(600_000));
+        assert_eq!(working_set(&d.path().join("none"), &stat), None);
+    }
 
     #[test]
     fn runs_are_admitted_by_bytes_not_by_count() {

@@ -181,6 +181,7 @@ fn a_killed_process_share_comes_back() {
         limit: 64 * MIB,
         whole: false,
         margin: 0,
+        usage: None,
     }));
     assert!(
         admission.admit(20 * MIB, false).is_ok(),

@@ -69,10 +69,17 @@ pub struct Others {
     /// What their arenas need: for each, the larger of its promises and
     /// its committed bytes.
     pub held: u64,
+    /// What their arenas hold (committed).
+    pub committed: u64,
     /// What the rest of those processes holds.
     pub rest: u64,
     /// Whether one of them waits to run a run alone.
     pub alone: bool,
+    /// The lowest PID of those that wait to run a run alone (two
+    /// processes waiting so go in that order).
+    pub alone_pid: Option<u32>,
+    /// What their runs in flight were promised.
+    pub promised: u64,
 }
 
 /// A process's view of a ledger file.
@@ -289,13 +296,22 @@ impl Ledger {
                 continue;
             }
             out.processes += 1;
+            out.committed = out
+                .committed
+                .saturating_add(s.committed.load(Ordering::Relaxed));
             out.held = out.held.saturating_add(
                 s.promised
                     .load(Ordering::Relaxed)
                     .max(s.committed.load(Ordering::Relaxed)),
             );
             out.rest = out.rest.saturating_add(s.rest.load(Ordering::Relaxed));
-            out.alone |= s.alone.load(Ordering::Acquire) != 0;
+            out.promised = out
+                .promised
+                .saturating_add(s.promised.load(Ordering::Relaxed));
+            if s.alone.load(Ordering::Acquire) != 0 {
+                out.alone = true;
+                out.alone_pid = Some(out.alone_pid.map_or(pid, |p| p.min(pid)));
+            }
         }
         out
     }

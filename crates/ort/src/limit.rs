@@ -205,6 +205,16 @@ fn shared(limit: &MemoryLimit, budget: &Arc<Budget>) -> Arc<Admission> {
             limit: limit.bytes,
             whole,
             margin: if whole { margin(limit.bytes) } else { 0 },
+            usage: match &limit.source {
+                LimitSource::Cgroup(file) => file.parent().and_then(|dir| {
+                    let usage = ["memory.current", "memory.usage_in_bytes"]
+                        .iter()
+                        .map(|f| dir.join(f))
+                        .find(|p| p.exists())?;
+                    Some((usage, dir.join("memory.stat")))
+                }),
+                _ => None,
+            },
         })),
         Err(e) => {
             eprintln!(

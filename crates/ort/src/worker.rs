@@ -467,8 +467,13 @@ impl Worker {
         }
     }
 
-    /// Sets where this worker's runs are admitted (its pool's).
-    pub(crate) fn set_admission(&mut self, admission: Option<Arc<Admission>>) {
+    /// Sets where this worker's runs are admitted by what they will need
+    /// ([`Admission`]; `None`: not admitted, as a worker made alone). A
+    /// [`WorkerPool`](crate::WorkerPool) sets its own on its workers; a
+    /// server that keeps workers itself (one per thread of a fixed pool)
+    /// shares one among them, typically [`Admission::of_budget`] of their
+    /// budget.
+    pub fn set_admission(&mut self, admission: Option<Arc<Admission>>) {
         self.admission = admission;
     }
 

@@ -426,7 +426,8 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     // Admission by predicted need (shared by every pool under the
     // default limit).
     let a = pool.map(|p| p.admission).unwrap_or_default();
-    d.set_item("admission_room", (a.room != usize::MAX).then_some(a.room))?;
+    let room = pool.and_then(|p| (p.admission.room != usize::MAX).then_some(p.admission.room));
+    d.set_item("admission_room", room)?;
     d.set_item("admitted_current", a.promised)?;
     d.set_item("admitted_peak", a.promised_peak)?;
     d.set_item("runs_in_flight", a.running)?;

@@ -7,7 +7,7 @@
 //! the peak), `start` to take the first requests, `finished` after the last request (the main thread reads the RSS
 //! with the workers still holding their memory), `release` to let them go.
 
-use super::report::{BudgetReport, ConfigReport, ModelPlans};
+use super::report::{AdmissionReport, BudgetReport, ConfigReport, ModelPlans};
 use super::stream::{self, Request, Stage};
 use super::{PoolArgs, PoolConfig};
 use crate::ort_cmd::child::{load_runtime, run_error};
@@ -20,8 +20,8 @@ use tensor_arena::Budget;
 use tensor_arena_ort::ort::session::Session;
 use tensor_arena_ort::ort::value::DynValue;
 use tensor_arena_ort::{
-    hash_outputs, make_input, open_session, run_shared, InputSpec, Memory, Plans, RunKey,
-    SessionOptions, Worker, WorkerOptions,
+    hash_outputs, make_input, open_session, run_shared, Admission, InputSpec, Memory, Plans,
+    RunKey, SessionOptions, Worker, WorkerOptions,
 };
 
 /// The pipeline's three sessions, their one input each and their plans.
@@ -140,8 +140,11 @@ pub fn main(args: &PoolArgs, config: PoolConfig) -> Result<ExitCode, String> {
     if config == PoolConfig::Budget && args.budget.is_none() {
         return Err("the budget configuration needs --budget".into());
     }
+    // The budget configuration's runs are admitted by what they need
+    // against its limit, shared by its workers.
+    let admission = budget.as_ref().map(|b| Admission::of_budget(Arc::clone(b)));
     let memories = (0..args.workers)
-        .map(|_| make_memories(config, budget.as_ref()))
+        .map(|_| make_memories(config, budget.as_ref(), admission.as_ref()))
         .collect::<Result<Vec<_>, _>>()?;
     let shared = Shared {
         models: &models,
@@ -155,7 +158,10 @@ pub fn main(args: &PoolArgs, config: PoolConfig) -> Result<ExitCode, String> {
         finished: Barrier::new(args.workers as usize + 1),
         release: Barrier::new(args.workers as usize + 1),
     };
-    let report = serve(args, config, &shared, memories, budget.as_ref())?;
+    let mut report = serve(args, config, &shared, memories, budget.as_ref())?;
+    if config == PoolConfig::Budget {
+        report.admission = admission.map(|a| AdmissionReport::of(&a.stats()));
+    }
     // Saved after the last request, outside every measured one.
     for plans in &models.plans {
         if let Some(Err(e)) = plans.save() {
@@ -169,13 +175,21 @@ pub fn main(args: &PoolArgs, config: PoolConfig) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn make_memories(config: PoolConfig, budget: Option<&Arc<Budget>>) -> Result<Memories, String> {
+fn make_memories(
+    config: PoolConfig,
+    budget: Option<&Arc<Budget>>,
+    admission: Option<&Arc<Admission>>,
+) -> Result<Memories, String> {
     let worker = || {
-        Worker::new(WorkerOptions {
+        let mut w = Worker::new(WorkerOptions {
             budget: budget.cloned(),
             ..WorkerOptions::default()
         })
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+        if config == PoolConfig::Budget {
+            w.set_admission(admission.cloned());
+        }
+        Ok::<_, String>(w)
     };
     Ok(match config {
         PoolConfig::OrtDefault | PoolConfig::OrtShared => Memories::Ort,
@@ -340,6 +354,7 @@ fn serve(
             }
         }),
         outputs_hash,
+        admission: None,
     })
 }
 
@@ -449,7 +464,9 @@ fn run_model(
     let outputs = match memories {
         Memories::Ort => run(),
         Memories::PerModel(w) => w[i].run(&models.plans[i], &key(), run),
-        Memories::PerWorker(w) => w.run(&models.plans[i], &key(), run),
+        // Admitted by its need where the workers share one (the budget
+        // configuration), and run again alone if it ran out beside others.
+        Memories::PerWorker(w) => w.run_retrying(&models.plans[i], &key(), run),
     }
     .map_err(|e| run_error(e.to_string()))?;
     let info = match memories {

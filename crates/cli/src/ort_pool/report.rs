@@ -24,6 +24,46 @@ pub struct BudgetReport {
     pub wait_ms: u64,
 }
 
+/// How the budget configuration's runs were admitted by what they need.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct AdmissionReport {
+    /// Runs admitted.
+    pub admitted: u64,
+    /// Of those, runs that waited for room.
+    pub waited: u64,
+    /// Runs that fitted and went ahead of a larger one.
+    pub passed: u64,
+    /// Total time runs waited, ms.
+    pub wait_total_ms: f64,
+    /// The longest wait, ms.
+    pub wait_max_ms: f64,
+    /// The most bytes promised to runs in flight at once.
+    pub promised_peak: u64,
+    /// The most runs in flight at once.
+    pub running_peak: u64,
+    /// Runs that ran out of memory beside others and ran again alone.
+    pub retried_alone: u64,
+    /// Runs refused: they could not fit alone.
+    pub refused: u64,
+}
+
+impl AdmissionReport {
+    /// The report of these counters.
+    pub fn of(s: &tensor_arena_ort::AdmissionStats) -> Self {
+        Self {
+            admitted: s.admitted,
+            waited: s.waited,
+            passed: s.passed,
+            wait_total_ms: s.wait_total.as_secs_f64() * 1e3,
+            wait_max_ms: s.wait_max.as_secs_f64() * 1e3,
+            promised_peak: s.promised_peak as u64,
+            running_peak: s.running_peak as u64,
+            retried_alone: s.retried_alone,
+            refused: s.refused,
+        }
+    }
+}
+
 /// One configuration's results.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ConfigReport {
@@ -76,6 +116,9 @@ pub struct ConfigReport {
     pub peak_malloc_bytes: Option<u64>,
     /// The budget configuration's counters.
     pub budget: Option<BudgetReport>,
+    /// The budget configuration's admission by predicted need.
+    #[serde(default)]
+    pub admission: Option<AdmissionReport>,
     /// A hash of every output of every request, in request order; `None`
     /// when a request failed.
     pub outputs_hash: Option<String>,
@@ -197,6 +240,22 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
             b.reclaims,
             b.waited,
             b.wait_ms
+        );
+    }
+    if let Some(a) = reports.iter().find_map(|r| r.admission.as_ref()) {
+        let _ = writeln!(
+            s,
+            "admission: {} run(s), {} waited ({:.1} ms in all, longest {:.1} ms), {} went ahead of a larger one, \
+             at most {} at once and {} MiB promised, {} retried alone, {} refused",
+            a.admitted,
+            a.waited,
+            a.wait_total_ms,
+            a.wait_max_ms,
+            a.passed,
+            a.running_peak,
+            mib(a.promised_peak),
+            a.retried_alone,
+            a.refused
         );
     }
     for r in reports {
