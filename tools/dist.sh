@@ -8,7 +8,7 @@
 # later) and checked by auditwheel, the way CI builds the ones it tests
 # (tools/manylinux.sh, shared with tools/python-check.sh and
 # tools/wheel-check.sh). Installing them needs Python and pip only:
-#   pip install dist/tensor_arena-*.whl 'onnxruntime>=1.31'
+#   pip install dist/tensor_arena-*.whl 'onnxruntime>=1.31,<1.32'   (1.31: what the tests cover)
 #
 # Needs: a Rust toolchain (rust-version in Cargo.toml, 1.85 or later),
 # python3 with venv and pip, a C compiler for libgcc_s's path, and PyPI

@@ -78,6 +78,26 @@ impl Caller {
             Self::OrtUnknownStream => 2,
         }
     }
+
+    /// Who this is, for [`CudaError::UnorderedSharing`]'s message.
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Stream => {
+                "a caller on a stream (PyTorch's entries, the ctypes layer, or ONNX \
+                 Runtime's external allocator once given its stream)"
+            }
+            Self::OrtUnknownStream => {
+                "ONNX Runtime's external allocator with its compute stream unknown"
+            }
+        }
+    }
+
+    fn other(self) -> Self {
+        match self {
+            Self::Stream => Self::OrtUnknownStream,
+            Self::OrtUnknownStream => Self::Stream,
+        }
+    }
 }
 
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
@@ -198,11 +218,45 @@ pub(crate) fn with_arena_for<T>(
         }
         let seen = g.callers[index] | caller.bit();
         if seen == Caller::Stream.bit() | Caller::OrtUnknownStream.bit() {
-            return Err(CudaError::UnorderedSharing { device });
+            return Err(CudaError::UnorderedSharing {
+                device,
+                asking: caller.describe(),
+                earlier: caller.other().describe(),
+            });
         }
         g.callers[index] = seen;
     }
     with_arena(device, f)
+}
+
+/// Forgets that ONNX Runtime's external allocator allocated with its
+/// stream unknown, on every device where it did, once it holds no block
+/// (the caller checks): ONNX Runtime is being given its stream, and
+/// its blocks from then on are ordered like any stream's. Each such
+/// device is synchronised first, so that no kernel ONNX Runtime queued on
+/// its old, unknown stream still uses memory the arena hands out next.
+///
+/// # Errors
+/// [`CudaError::Driver`] if a synchronisation fails (the record is kept,
+/// and later callers on a stream are still refused).
+pub(crate) fn forget_ort_unknown_stream() -> Result<(), CudaError> {
+    let devices: Vec<usize> = {
+        let g = GLOBAL.lock();
+        g.callers
+            .iter()
+            .enumerate()
+            .filter(|(_, &bits)| bits & Caller::OrtUnknownStream.bit() != 0)
+            .map(|(i, _)| i)
+            .collect()
+    };
+    for index in devices {
+        let device = c_int::try_from(index).expect("fewer than 64 devices");
+        with_arena(device, |a| {
+            a.driver().synchronize().map_err(CudaError::Driver)
+        })?;
+        GLOBAL.lock().callers[index] &= !Caller::OrtUnknownStream.bit();
+    }
+    Ok(())
 }
 
 /// The arena of `device`, made on first use.

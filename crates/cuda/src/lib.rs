@@ -71,6 +71,10 @@ pub enum CudaError {
     UnorderedSharing {
         /// The device.
         device: i32,
+        /// The caller refused now.
+        asking: &'static str,
+        /// The other kind of caller, which allocated from the arena before.
+        earlier: &'static str,
     },
     /// A plan store could not be used: its directory is missing or not a
     /// directory, its file was refused (corrupt, another format version,
@@ -102,14 +106,19 @@ impl fmt::Display for CudaError {
             Self::BadDevice { device } => {
                 write!(f, "device ordinal {device} is out of range 0..64")
             }
-            Self::UnorderedSharing { device } => write!(
+            Self::UnorderedSharing {
+                device,
+                asking,
+                earlier,
+            } => write!(
                 f,
-                "device {device}'s arena would be shared by ONNX Runtime's external allocator, \
-                 whose compute stream is unknown, and a caller on its own stream (PyTorch): \
-                 a block one frees could reach the other with nothing ordering their kernels. \
-                 Give ONNX Runtime its stream before its first allocation \
+                "device {device}'s arena refused {asking}: {earlier} allocated from it \
+                 before, and a block one frees could reach the other with nothing ordering \
+                 their kernels. Give ONNX Runtime its stream before its first allocation \
                  (ort_cuda::set_stream, tensor_arena_cuda_ort_set_stream, or stream= in \
-                 Python's ort_cuda_provider_options, which sets user_compute_stream)"
+                 Python's ort_cuda_provider_options, which sets user_compute_stream); \
+                 given once ONNX Runtime holds no block, the device is synchronised and \
+                 its allocations without a stream are forgotten"
             ),
             Self::PlanStore(why) => f.write_str(why),
         }

@@ -36,7 +36,11 @@
 //!   event recorded at the free, as between any two streams;
 //! - without it, the two sharing one device's arena is refused with
 //!   [`CudaError::UnorderedSharing`]: whichever of them comes second gets
-//!   a null pointer and the message (PyTorch an exception).
+//!   a null pointer and the message (PyTorch an exception);
+//! - given later, once ONNX Runtime holds no block, [`set_stream`]
+//!   synchronises each device ONNX Runtime allocated from without it and
+//!   forgets that past, so ONNX Runtime (and a caller on another stream)
+//!   is served again.
 //!
 //! `empty_cache` is a shrink down to the watermark (the last runs' need
 //! plus what lives outside runs: the initializers).
@@ -86,15 +90,23 @@ fn ort_stream() -> (Stream, Caller) {
 /// [`provider_options`] passes it as `user_compute_stream`, so that ONNX
 /// Runtime computes on it. Call it before the session is made.
 ///
+/// Given after ONNX Runtime allocated without it (and freed every
+/// block), it also ends that past: each device it allocated from is
+/// synchronised (its old kernels ran on a stream the arena never knew),
+/// and the arena stops refusing callers on a stream for it.
+///
 /// # Errors
 /// [`CudaError::Arena`] while ONNX Runtime holds blocks (they were tagged
-/// with another stream).
+/// with another stream); [`CudaError::Driver`] if a synchronisation fails.
 pub fn set_stream(stream: Stream) -> Result<(), CudaError> {
     let mut s = STREAM.lock();
     if *s != Some(stream) && LIVE.load(Ordering::Acquire) > 0 {
         return Err(CudaError::Arena(ArenaError::InvalidConfig(
             "ONNX Runtime's stream cannot change while it holds blocks",
         )));
+    }
+    if LIVE.load(Ordering::Acquire) == 0 {
+        crate::ffi::forget_ort_unknown_stream()?;
     }
     *s = Some(stream);
     Ok(())

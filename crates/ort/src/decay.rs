@@ -59,6 +59,15 @@ static THREAD: ForkMutex<Option<Option<Thread>>> = ForkMutex::new(None);
 static PASS: ForkMutex<()> = ForkMutex::new(());
 /// Workers decayed by the thread (for tests and stats).
 pub(crate) static DECAYED: AtomicU64 = AtomicU64::new(0);
+/// Passes of the thread that trimmed the C library's heap.
+static TRIMS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times the decay thread has trimmed the C library's heap
+/// (glibc's `malloc_trim`, after a pass that decayed a worker or made a
+/// refit): for tests and stats. 0 where the C library is not glibc.
+pub fn system_heap_trims() -> u64 {
+    TRIMS.load(Ordering::Relaxed)
+}
 
 fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -257,10 +266,13 @@ fn decay_due() -> Option<Duration> {
 /// thread (no server thread waits for it); elsewhere a no-op.
 fn trim_system_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` only returns free heap memory to the kernel;
-    // it takes glibc's own locks and touches no memory in use.
-    unsafe {
-        libc::malloc_trim(0);
+    {
+        // SAFETY: `malloc_trim` only returns free heap memory to the
+        // kernel; it takes glibc's own locks and touches no memory in use.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        TRIMS.fetch_add(1, Ordering::Relaxed);
     }
 }
 

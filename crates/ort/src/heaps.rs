@@ -14,8 +14,8 @@
 //!
 //! But one heap is one lock for every thread's `malloc` and `free`: a
 //! malloc-heavy server whose threads pass blocks to each other loses most
-//! of its throughput to it (`BENCHMARKS.md`, "Servers: glibc heaps, decay,
-//! the pool's fairness"). Which matters more is the server's to say, so
+//! of its throughput to it (`BENCHMARKS.md`, "glibc's heaps: what one heap
+//! costs a malloc-heavy server"). Which matters more is the server's to say, so
 //! linking or using this crate changes nothing process-wide: glibc keeps
 //! its own default unless the program chooses, in its environment
 //! (`MALLOC_ARENA_MAX=N` or `GLIBC_TUNABLES=glibc.malloc.arena_max=N`, read
@@ -32,7 +32,7 @@ use std::num::NonZeroUsize;
 /// 111 MiB, two heaps 90 to 100 MiB, one heap 80 MiB). Nothing applies it
 /// unless the program passes it to [`limit_system_heaps`] (or sets
 /// `MALLOC_ARENA_MAX=1`); a malloc-heavy server pays for it in throughput
-/// (`BENCHMARKS.md`, "Servers: glibc heaps, decay, the pool's fairness").
+/// (`BENCHMARKS.md`, "glibc's heaps: what one heap costs a malloc-heavy server").
 pub const IDLE_RSS_SYSTEM_HEAPS: usize = 1;
 
 /// Limits the C library to `max` heaps for the rest of the process

@@ -36,7 +36,7 @@ pub use admit::{Admission, AdmissionStats, MAX_PASSES};
 pub use adopt::{is_registered, is_registered_on, register, SessionBuilderExt};
 #[cfg(feature = "cuda")]
 pub use cuda::{cuda_run, cuda_shrink, cuda_stats, CudaExt, CudaRun, DeviceStats, TorchStats};
-pub use decay::DEFAULT_DECAY;
+pub use decay::{system_heap_trims, DEFAULT_DECAY};
 pub use error::OrtArenaError;
 pub use follow::Shrink;
 pub use heaps::{limit_system_heaps, map_large_blocks, IDLE_RSS_SYSTEM_HEAPS, MAX_MMAP_THRESHOLD};

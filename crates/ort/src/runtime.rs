@@ -97,4 +97,40 @@ impl Runtime {
     pub fn version(&self) -> &str {
         &self.version
     }
+
+    /// The execution providers this library was built with, as ONNX
+    /// Runtime names them (`GetAvailableProviders`: the PyPI `onnxruntime`
+    /// wheel's library lists the CPU's, and Azure's; a CUDA build lists
+    /// `CUDAExecutionProvider` too, whether or not a GPU is present).
+    /// Sessions of this crate run on the CPU whatever the list says; the
+    /// Python module reads it to do what onnxruntime would with a session
+    /// asking for a provider this library lacks.
+    ///
+    /// # Errors
+    /// [`OrtArenaError::Ort`] if ONNX Runtime fails to list them.
+    pub fn available_providers(&self) -> Result<Vec<String>, OrtArenaError> {
+        let api = ort::api();
+        let mut names: *mut *mut std::ffi::c_char = std::ptr::null_mut();
+        let mut count: std::ffi::c_int = 0;
+        // SAFETY: two places for the results, written by ONNX Runtime.
+        let status = unsafe { (api.GetAvailableProviders)(&mut names, &mut count) };
+        // SAFETY: a status ONNX Runtime just returned, used once.
+        unsafe { crate::raw::status_result(status) }.map_err(OrtArenaError::Ort)?;
+        if names.is_null() {
+            return Ok(Vec::new());
+        }
+        let len = usize::try_from(count).unwrap_or(0);
+        let mut out = Vec::with_capacity(len);
+        for i in 0..len {
+            // SAFETY: ONNX Runtime returned `count` pointers at `names`, each
+            // a NUL-terminated string, alive until they are released below.
+            let name = unsafe { std::ffi::CStr::from_ptr(*names.add(i)) };
+            out.push(name.to_string_lossy().into_owned());
+        }
+        // SAFETY: the array and count ONNX Runtime returned, released once.
+        let status = unsafe { (api.ReleaseAvailableProviders)(names, count) };
+        // SAFETY: a status ONNX Runtime just returned, used once.
+        unsafe { crate::raw::status_result(status) }.map_err(OrtArenaError::Ort)?;
+        Ok(out)
+    }
 }

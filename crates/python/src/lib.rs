@@ -52,11 +52,26 @@ fn loaded() -> Option<(String, String)> {
     session::runtime().map(|rt| (rt.path().display().to_string(), rt.version().to_string()))
 }
 
+/// The execution providers the loaded library was built with (ONNX
+/// Runtime's `GetAvailableProviders`), for the Python side to do what
+/// onnxruntime would with a session asking for one the library lacks.
+///
+/// # Errors
+/// `LibraryError` before [`load`]; `Fail` if ONNX Runtime cannot list them.
+#[pyfunction]
+fn library_providers() -> PyResult<Vec<String>> {
+    let rt = session::runtime()
+        .ok_or_else(|| errors::LibraryError::new_err("ONNX Runtime is not loaded yet"))?;
+    rt.available_providers()
+        .map_err(|e| errors::Fail::new_err(e.to_string()))
+}
+
 /// The module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(loaded, m)?)?;
+    m.add_function(wrap_pyfunction!(library_providers, m)?)?;
     errors::add(m)?;
     pool::add(m)?;
     limit::add(m)?;

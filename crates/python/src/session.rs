@@ -195,7 +195,7 @@ const INTRA_SPIN_US: &str = "session.intra_op.spin_duration_us";
 /// 0.95-1.05x with 50 µs; one thread of det and rec 1.25x faster). 50 µs
 /// still covers the gaps between one run's parallel loops: a stream of
 /// small runs one at a time is as fast as with the default (BENCHMARKS.md,
-/// "Spinning for 50 µs").
+/// "Spinning").
 fn default_spin(entries: &[(String, String)]) -> Option<&'static str> {
     let set = |k: &str| {
         entries

@@ -309,3 +309,36 @@ def test_system_heap_is_the_programs_choice_and_gives_large_blocks_back():
                           "import tensor_arena.onnxruntime as ta; print(ta.system_heap(mmap_threshold=64 << 20))"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "'mmap_threshold': False" in out.stdout, out
+
+
+class _Wrapped(Exception):
+    pass
+
+
+def test_out_of_memory_follows_a_cause_set_outside_any_handler():
+    # A library that keeps the error and raises its own later, `from` it,
+    # outside the handler: only __cause__ leads to the OutOfMemory (there is
+    # no __context__), and a server must still answer 503, not 500.
+    oom = ta.OutOfMemory("refused")
+    try:
+        raise _Wrapped("a library's error") from oom
+    except _Wrapped as w:
+        assert w.__context__ is None and w.__cause__ is oom
+        assert ta.out_of_memory(w) is oom
+    # Raised from the OutOfMemory while handling another error: the cause
+    # is the OutOfMemory, the context the other error.
+    try:
+        try:
+            raise KeyError("unrelated")
+        except KeyError:
+            raise _Wrapped("during another error") from oom
+    except _Wrapped as w:
+        assert isinstance(w.__context__, KeyError)
+        assert ta.out_of_memory(w) is oom
+    # Two wrappers deep, each by __cause__ only.
+    middle = RuntimeError("middle")
+    middle.__cause__ = oom
+    outer = _Wrapped("outer")
+    outer.__cause__ = middle
+    assert ta.out_of_memory(outer) is oom
+    assert ta.out_of_memory(_Wrapped("no cause")) is None

@@ -1,5 +1,7 @@
-"""Providers and the scope of patch(): a session asking for an accelerator
-is never silently moved to the CPU, and leaving `with ta.patch():` puts
+"""Providers and the scope of patch(): a session asking only for an
+accelerator (or for one onnxruntime would run) is never silently moved to
+the CPU, a list with the CPU and an accelerator the library lacks is what
+onnxruntime makes of it, and leaving `with ta.patch():` puts
 onnxruntime's class back everywhere the patch put its own, libraries
 imported inside the block included."""
 
@@ -17,19 +19,63 @@ from tensor_arena import onnxruntime as ta
 ACCEL = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
-def test_direct_session_asking_for_an_accelerator_raises(assets):
+def test_direct_session_asking_only_for_an_accelerator_raises(assets):
+    # The project's rule: a session asking only for an accelerator is never
+    # moved to the CPU.
     path = str(assets / "ppocr_cls.onnx")
-    for providers in (ACCEL, [("CUDAExecutionProvider", {"device_id": 0})], ["TensorrtExecutionProvider"]):
+    for providers in (["CUDAExecutionProvider"], [("CUDAExecutionProvider", {"device_id": 0})], ["TensorrtExecutionProvider"]):
         with pytest.raises(ta.InvalidArgument, match="CPU only") as e:
             ta.InferenceSession(path, providers=providers)
         assert "onnxruntime.InferenceSession" in str(e.value)
+        assert "without the CPU" in str(e.value)
     s = ta.InferenceSession(path, providers=[("CPUExecutionProvider", {})])
     assert s.get_providers() == ["CPUExecutionProvider"]
     with pytest.raises(ta.InvalidArgument, match="CUDAExecutionProvider"):
-        s.set_providers(ACCEL)
+        s.set_providers(["CUDAExecutionProvider"])
     assert s.get_providers() == ["CPUExecutionProvider"]
     with pytest.raises(ta.InvalidArgument):
         ta.InferenceSession(path, providers="CPUExecutionProvider")
+
+
+def _messages(record):
+    return [str(w.message) for w in record if issubclass(w.category, UserWarning)]
+
+
+def test_an_accelerator_the_library_lacks_beside_the_cpu_is_what_onnxruntime_makes(assets):
+    # The common idiom on a machine with the CPU wheel: onnxruntime warns
+    # for each provider it lacks and makes a CPU session; a drop-in does
+    # the same, in onnxruntime's words.
+    path = str(assets / "ppocr_cls.onnx")
+    x = np.random.default_rng(5).random((2, 3, 48, 192), dtype=np.float32)
+    assert "CUDAExecutionProvider" not in onnxruntime.get_available_providers()
+    with warnings.catch_warnings(record=True) as theirs:
+        warnings.simplefilter("always")
+        o = onnxruntime.InferenceSession(path, providers=ACCEL)
+    assert o.get_providers() == ["CPUExecutionProvider"]
+    with warnings.catch_warnings(record=True) as ours:
+        warnings.simplefilter("always")
+        s = ta.InferenceSession(path, providers=ACCEL)
+    assert s.get_providers() == ["CPUExecutionProvider"]
+    assert _messages(ours) == _messages(theirs) != []
+    same(o.run(None, {"x": x}), s.run(None, {"x": x}))
+    # Options beside the names, and set_providers, alike.
+    with pytest.warns(UserWarning, match="Specified provider 'CUDAExecutionProvider' is not in available provider names"):
+        ta.InferenceSession(path, providers=[("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"])
+    with pytest.warns(UserWarning, match="CUDAExecutionProvider"):
+        s.set_providers(ACCEL)
+    assert s.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_an_accelerator_the_library_has_is_refused_even_beside_the_cpu(assets, monkeypatch):
+    # Where onnxruntime would run the session on the accelerator (a GPU
+    # build lists CUDA), a CPU session would be the silent move the rule
+    # forbids.
+    path = str(assets / "ppocr_cls.onnx")
+    monkeypatch.setattr(ta, "_library_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ta.InvalidArgument, match="CPU only"):
+            ta.InferenceSession(path, providers=ACCEL)
 
 
 def test_patched_session_asking_for_an_accelerator_is_left_to_onnxruntime(assets):

@@ -16,8 +16,8 @@
 //! Over random families (`first_sight::fell_back_runs_against_no_plan`)
 //! placing the rest whole put 130 of 293 fell-back runs below the same
 //! run's dynamic high-water (117 before) and cut their bytes past it by 6%
-//! (BENCHMARKS.md, "A run that leaves its plan's block: the rest placed
-//! again"). A run that left its plan at its first block (a plan of
+//! (BENCHMARKS.md, "A run that leaves its plan"; docs/decisions.md, "A
+//! dissolved block's run: the rest of the plan placed again, as hints"). A run that left its plan at its first block (a plan of
 //! another shape) is not placed again: its blocks would be pinned where the
 //! plan's were (a GPU trace served on the plan of another batch peaked 37
 //! MiB higher so), nor is a block under half its place.

@@ -142,3 +142,20 @@ fn an_arena_over_its_cap_sends_the_rest_to_the_system_allocator() {
         assert!(stats.reserved <= 1 << 20);
     }
 }
+
+#[test]
+fn the_pypi_librarys_providers_are_the_cpus() {
+    // The PyPI `onnxruntime` wheel's library: the CPU's provider (and
+    // Azure's), no CUDA. The Python module makes a CPU session, with
+    // onnxruntime's warning, from a list naming the CPU and a provider
+    // missing here.
+    let providers = runtime().available_providers().unwrap();
+    assert!(
+        providers.iter().any(|p| p == "CPUExecutionProvider"),
+        "{providers:?}"
+    );
+    assert!(
+        !providers.iter().any(|p| p == "CUDAExecutionProvider"),
+        "{providers:?}"
+    );
+}

@@ -75,7 +75,7 @@ def find(path: Optional[str] = None) -> str:
     raise ImportError(
         "tensor_arena.onnxruntime needs ONNX Runtime's shared library, which the "
         f"onnxruntime package ships: pip install 'onnxruntime>={MIN_ORT}' "
-        "(any version from it on; keep a pinned one), "
+        "(the tests cover 1.31; keep a pinned one), "
         f"or set {ENV} to a libonnxruntime.so of version {MIN_ORT} or later. "
         "tensor-arena itself is not on PyPI: install the wheel tools/dist.sh builds "
         "(pip install dist/tensor_arena-*.whl) or from source "

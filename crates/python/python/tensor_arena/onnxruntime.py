@@ -21,8 +21,10 @@ or ``load(path)`` overrides), so outputs are bitwise those of
 ``patch()`` makes ``onnxruntime.InferenceSession`` this class (its
 ``PatchedInferenceSession``, which leaves sessions asking for another
 provider to onnxruntime), for libraries that create their sessions
-themselves (rapidocr, magika). Sessions here are the CPU's: asking for
-another provider raises ``InvalidArgument``.
+themselves (rapidocr, magika). Sessions here are the CPU's: a list with
+the CPU and accelerators this ONNX Runtime lacks makes a CPU session with
+onnxruntime's warning; asking only for an accelerator, or for one the
+library has, raises ``InvalidArgument``.
 
 Forking (gunicorn --preload, multiprocessing with fork) is safe: the
 child gets a pool and idle decay of its own (``os.register_at_fork``).
@@ -236,20 +238,45 @@ def _accelerators(providers: Any) -> List[str]:
     return [n for n in _provider_names(providers) if n != _CPU]
 
 
+def _library_providers() -> List[str]:
+    """The providers the loaded ONNX Runtime library was built with."""
+    return list(_native.library_providers())
+
+
 def _check_providers(providers: Any) -> List[str]:
-    """CPU is the only provider here. A session asking for another one
-    (CUDA, TensorRT, ...) is refused with ``InvalidArgument``: running it
-    on the CPU instead would make a GPU service many times slower without
-    an error. (``patch()`` hands such sessions to onnxruntime instead.)"""
-    others = _accelerators(providers)
-    if others:
-        raise InvalidArgument(
-            f"tensor_arena.onnxruntime.InferenceSession runs on the CPU only, and "
-            f"{', '.join(others)} was asked for: make this session with "
-            "onnxruntime.InferenceSession (under patch(), sessions asking for "
-            "another provider are left to onnxruntime by themselves)"
-        )
-    return [_CPU]
+    """CPU is the only provider here. A list that names the CPU and
+    accelerators this ONNX Runtime was not built with (the common
+    ``["CUDAExecutionProvider", "CPUExecutionProvider"]`` on a machine
+    with the CPU wheel) gets what onnxruntime gives it: a CPU session, and
+    onnxruntime's warning for each provider it does not have. A session
+    that asks only for accelerators, or for one the library does have
+    (onnxruntime would run it there), is refused with ``InvalidArgument``:
+    running it on the CPU instead would make a GPU service many times
+    slower without an error. (``patch()`` hands such sessions to
+    onnxruntime instead.)"""
+    names = _provider_names(providers)
+    others = [n for n in names if n != _CPU]
+    if not others:
+        return [_CPU]
+    if _CPU in names:
+        available = _library_providers()
+        if not any(n in available for n in others):
+            for n in others:
+                # onnxruntime's own words (onnxruntime_inference_collection.py).
+                warnings.warn(
+                    f"Specified provider '{n}' is not in available provider names."
+                    f"Available providers: '{', '.join(available)}'",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            return [_CPU]
+    raise InvalidArgument(
+        f"tensor_arena.onnxruntime.InferenceSession runs on the CPU only, and "
+        f"{', '.join(others)} was asked for"
+        + ("" if _CPU in names else " without the CPU as a fallback")
+        + ": make this session with onnxruntime.InferenceSession (under patch(), "
+        "sessions asking for another provider are left to onnxruntime by themselves)"
+    )
 
 
 class ProviderNotice(UserWarning):
@@ -300,9 +327,13 @@ class InferenceSession:
     intra-op spinning entry, idle intra-op threads spin 50 us before they
     sleep (``session.intra_op.spin_duration_us``; ONNX Runtime's default
     spins far longer, which costs the other runs in flight their cores:
-    docs/python-deploy.md). ``providers``: the CPU's; asking for another
-    (CUDA, ...) raises ``InvalidArgument`` rather than run on the CPU
-    (``patch()`` leaves such sessions to onnxruntime). Errors are this module's exceptions (``NoSuchFile``,
+    docs/python-deploy.md). ``providers``: the CPU's. A list with the CPU
+    and accelerators this ONNX Runtime lacks (``["CUDAExecutionProvider",
+    "CPUExecutionProvider"]`` with the CPU wheel) makes a CPU session with
+    onnxruntime's warning, as onnxruntime does; asking only for an
+    accelerator, or for one the library has, raises ``InvalidArgument``
+    rather than run on the CPU (``patch()`` leaves such sessions to
+    onnxruntime). Errors are this module's exceptions (``NoSuchFile``,
     ``InvalidProtobuf``, ``InvalidArgument``, ``Fail``, ``OutOfMemory``).
     """
 
@@ -374,8 +405,10 @@ class InferenceSession:
         return self._sess_options
 
     def set_providers(self, providers: Optional[Sequence[Any]] = None, provider_options: Any = None) -> None:
-        """Only the CPU's: another provider raises ``InvalidArgument`` (this
-        session cannot move to it; make an ``onnxruntime.InferenceSession``)."""
+        """Only the CPU's, as the constructor takes them: an accelerator
+        this library lacks beside the CPU warns and stays on the CPU;
+        another raises ``InvalidArgument`` (this session cannot move to
+        it; make an ``onnxruntime.InferenceSession``)."""
         self._providers = _check_providers(providers)
 
     # tensor-arena's own.
