@@ -1,12 +1,14 @@
 //! [`Pages`]: one reservation of address space per arena, committed in
 //! place, with transparent huge pages where the system offers them.
 
+use super::thp::{self, Policy};
 use super::{
     ErrorCode, GiveBack, HostMemory, HugePages, Memory, MemoryError, MemoryOp, MemoryProps,
     PagesConfig,
 };
 use core::ffi::c_void;
 use core::ptr::NonNull;
+use rustix::io::Errno;
 use rustix::mm::{self, Advice, MapFlags, MprotectFlags, ProtFlags};
 
 /// Virtual memory from the kernel: one `mmap` reservation per arena,
@@ -39,9 +41,16 @@ use rustix::mm::{self, Advice, MapFlags, MprotectFlags, ProtFlags};
 /// [`ArenaError::CommitFailed`]: crate::ArenaError::CommitFailed
 /// [`ArenaError::ReservationExhausted`]: crate::ArenaError::ReservationExhausted
 ///
-/// With transparent huge pages (see [`HugePages`]) the range is aligned to
-/// the huge page size and advised `MADV_HUGEPAGE`, so first touching 2 MiB
-/// takes one page fault instead of 512.
+/// # Commits are populated
+/// A commit makes its range present in one call,
+/// `madvise(MADV_POPULATE_WRITE)` (Linux 5.14 and later; before, the pages
+/// fault in as they are first written): the kernel fills the range without
+/// a trap per page, and a system with no memory for it refuses the commit
+/// ([`ArenaError::CommitFailed`]) instead of the process meeting it at a
+/// first touch. With transparent huge pages (see [`HugePages`]) the range
+/// is aligned to the huge page size, and a range of whole huge pages is
+/// backed by them where the system offers them without compacting memory
+/// on the committing thread: 2 MiB then cost one fault instead of 512.
 ///
 /// With [`GiveBack::Lazily`], a decommit is `madvise(MADV_FREE)` instead:
 /// the range stays mapped and writable, and the kernel may take its pages
@@ -56,10 +65,13 @@ pub struct Pages {
     page: usize,
     /// The huge page size, or 0 without transparent huge pages.
     huge: usize,
-    /// Whether a new reservation is advised `MADV_HUGEPAGE` at once (else
-    /// only ranges given back and committed again are: see
-    /// [`HugePages::Auto`]).
-    advise_on_reserve: bool,
+    /// How a commit asks for huge pages (`Off` when `huge` is 0).
+    policy: Policy,
+    /// Whether a commit populates its range with
+    /// `madvise(MADV_POPULATE_WRITE)`; cleared when the kernel refuses it
+    /// (before Linux 5.14), and the range's pages then fault in as they
+    /// are first written.
+    populate: bool,
     /// Address ranges `[start, end)` given back with `MADV_FREE` and not
     /// committed since (disjoint, in no order; [`GiveBack::Lazily`] only).
     lazy: Vec<(usize, usize)>,
@@ -70,21 +82,83 @@ impl Pages {
     /// and whether transparent huge pages are offered.
     pub fn new(config: PagesConfig) -> Self {
         let page = rustix::param::page_size();
-        let (huge, advise_on_reserve) = match config.huge_pages {
-            HugePages::Never => (None, false),
-            HugePages::Auto => match thp() {
-                Some((size, defrag)) => (Some(size), defrag_never_stalls(&defrag)),
-                None => (None, false),
-            },
-            HugePages::Advise => (thp().map(|(size, _)| size), true),
+        let settings = match config.huge_pages {
+            HugePages::Never => None,
+            _ => thp::Settings::read().filter(|s| s.size > page),
+        };
+        let policy = thp::policy(config.huge_pages, settings);
+        let huge = match policy {
+            Policy::Off => 0,
+            _ => settings.map_or(0, |s| s.size),
         };
         Self {
             config,
             page,
-            huge: huge.filter(|&h| h > page).unwrap_or(0),
-            advise_on_reserve,
+            huge,
+            policy,
+            populate: true,
             lazy: Vec::new(),
         }
+    }
+
+    /// Asks for huge pages for the range of `len` bytes at `at`, just made
+    /// writable and not yet populated, as the policy says (see
+    /// [`HugePages::Auto`]). Returns whether the range was kept from huge
+    /// pages only until it is populated (then [`Pages::commit`] advises it,
+    /// for khugepaged). Advice only: a refusal leaves base pages.
+    fn advise_commit(&self, at: *mut c_void, len: usize) -> bool {
+        let huge = self.huge;
+        if huge == 0 || self.policy == Policy::Off || self.policy == Policy::Unadvised {
+            return false;
+        }
+        // Whole huge pages inside the range: none, nothing to ask for.
+        let start = (at as usize).next_multiple_of(huge);
+        let end = (at as usize + len) & !(huge - 1);
+        if start >= end {
+            return false;
+        }
+        let whole = self.policy == Policy::Advise
+            || thp::enough_free(thp::free_huge_pages(huge, self.page), (end - start) / huge);
+        let advice = if whole {
+            Advice::LinuxHugepage
+        } else {
+            Advice::LinuxNoHugepage
+        };
+        // SAFETY: the range lies inside a reservation of this layer and is
+        // being committed (the `Memory` contract); advice changes how its
+        // pages are backed, never its contents.
+        let _ = unsafe { mm::madvise(at, len, advice) };
+        !whole
+    }
+
+    /// Faults the range of `len` bytes at `at` (just made writable) in at
+    /// once, `madvise(MADV_POPULATE_WRITE)`: one call instead of a trap per
+    /// page. `Ok(true)` when populated; `Ok(false)` when the kernel refused
+    /// it for another reason than memory (the pages then fault in as they
+    /// are written); `Err` when the system has no memory for it.
+    fn populate(&mut self, at: *mut c_void, len: usize) -> Result<bool, MemoryError> {
+        if !self.populate {
+            return Ok(false);
+        }
+        // A signal may interrupt it; a few tries, then it is left to the
+        // first touches.
+        for _ in 0..4 {
+            // SAFETY: the range lies inside a reservation of this layer and
+            // was just made readable and writable; populating writes nothing
+            // to it (fresh pages read as zero, present ones are kept).
+            match unsafe { mm::madvise(at, len, Advice::LinuxPopulateWrite) } {
+                Ok(()) => return Ok(true),
+                Err(Errno::INTR | Errno::AGAIN) => {}
+                // Before Linux 5.14 (unknown advice): never asked again.
+                Err(Errno::INVAL) => {
+                    self.populate = false;
+                    return Ok(false);
+                }
+                Err(e @ Errno::NOMEM) => return Err(os_error(MemoryOp::Commit, len, e)),
+                Err(_) => return Ok(false),
+            }
+        }
+        Ok(false)
     }
 
     /// Replaces the range of `len` bytes at `at` by a fresh `PROT_NONE`
@@ -110,13 +184,6 @@ impl Pages {
             // Out of mappings (`vm.max_map_count`), say: the range keeps its
             // pages, still committed, as the contract allows.
             Err(e) => return Err(os_error(MemoryOp::Decommit, len, e)),
-        }
-        if self.huge > 0 {
-            // Advised (again) as it is given back: the range has been used,
-            // so its next commit is memory reused across runs, which gets
-            // huge pages (`HugePages::Auto`); advice only, as in `reserve`.
-            // SAFETY: the range is the part of the reservation just mapped.
-            let _ = unsafe { mm::madvise(at, len, Advice::LinuxHugepage) };
         }
         Ok(())
     }
@@ -186,35 +253,6 @@ impl Default for Pages {
     fn default() -> Self {
         Self::new(PagesConfig::default())
     }
-}
-
-/// The huge page size and THP's `defrag` setting, if transparent huge
-/// pages may be used with `madvise` (mode `always` or `madvise`), else
-/// `None`.
-fn thp() -> Option<(usize, String)> {
-    let setting = |name: &str| -> Option<String> {
-        let text =
-            std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{name}")).ok()?;
-        Some(text.split('[').nth(1)?.split(']').next()?.to_string())
-    };
-    let mode = setting("enabled")?;
-    if mode != "always" && mode != "madvise" {
-        return None;
-    }
-    let size = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
-        .ok()
-        .and_then(|s| s.trim().parse::<usize>().ok())
-        .unwrap_or(2 << 20);
-    size.is_power_of_two()
-        .then_some((size, setting("defrag").unwrap_or_default()))
-}
-
-/// Whether THP's `defrag` setting `mode` leaves a fault in a
-/// `MADV_HUGEPAGE` range free of direct compaction (`Documentation/admin-
-/// guide/mm/transhuge.rst`: `defer` and `never` do; `madvise`,
-/// `defer+madvise` and `always` compact on the faulting thread).
-fn defrag_never_stalls(mode: &str) -> bool {
-    mode == "defer" || mode == "never"
 }
 
 /// Bytes of address space the process may still map under a finite
@@ -324,12 +362,8 @@ impl Memory for Pages {
             // the mapping just made, which nothing uses.
             let _ = unsafe { mm::munmap(raw.wrapping_byte_add(head + len), tail) };
         }
+        // No advice here: each commit asks for huge pages as the policy says.
         let base = raw.wrapping_byte_add(head);
-        if self.huge > 0 && self.advise_on_reserve {
-            // Advice only: without it the range still works, in base pages.
-            // SAFETY: the range is the reservation just made.
-            let _ = unsafe { mm::madvise(base, len, Advice::LinuxHugepage) };
-        }
         NonNull::new(base.cast::<u8>()).ok_or(refused(None))
     }
 
@@ -340,10 +374,32 @@ impl Memory for Pages {
         // readable and writable affects no other mapping.
         unsafe { mm::mprotect(at, len, MprotectFlags::READ | MprotectFlags::WRITE) }
             .map_err(|e| os_error(MemoryOp::Commit, len, e))?;
+        let kept_from_huge = self.advise_commit(at, len);
         if !self.lazy.is_empty() {
             self.settle(at.cast::<u8>(), len);
         }
-        Ok(())
+        match self.populate(at, len) {
+            Ok(populated) => {
+                if kept_from_huge && populated {
+                    // Every page is present, so no fault in the range can
+                    // compact now; advised, khugepaged (the kernel's own
+                    // thread, under its own `defrag`) may collapse it.
+                    // SAFETY: as in `advise_commit`: the range is being
+                    // committed, and advice never changes its contents.
+                    let _ = unsafe { mm::madvise(at, len, Advice::LinuxHugepage) };
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // No memory for it: the range goes back as it was, given
+                // back, and the commit fails as an `mprotect` refusal would.
+                // SAFETY: the range lies inside a reservation of this layer
+                // and holds no live block (the arena hands out nothing in a
+                // range it is committing).
+                let _ = unsafe { self.unmap_pages(at, len) };
+                Err(e)
+            }
+        }
     }
 
     fn decommit(
@@ -418,18 +474,3 @@ impl Memory for Pages {
 // initialized and does not change under a reader; 3. `at` offsets `base`
 // with its provenance.
 unsafe impl HostMemory for Pages {}
-
-#[cfg(test)]
-mod huge_page_tests {
-    use super::defrag_never_stalls;
-
-    #[test]
-    fn only_defrag_settings_without_direct_compaction_allow_advice() {
-        for mode in ["defer", "never"] {
-            assert!(defrag_never_stalls(mode), "{mode}");
-        }
-        for mode in ["always", "madvise", "defer+madvise", ""] {
-            assert!(!defrag_never_stalls(mode), "{mode}");
-        }
-    }
-}
