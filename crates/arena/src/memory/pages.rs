@@ -72,6 +72,9 @@ pub struct Pages {
     /// (before Linux 5.14), and the range's pages then fault in as they
     /// are first written.
     populate: bool,
+    /// Free huge pages the kernel has now ([`thp::free_huge_pages`]; the
+    /// tests set a fixed answer).
+    free_huge: fn(usize, usize) -> Option<usize>,
     /// Address ranges `[start, end)` given back with `MADV_FREE` and not
     /// committed since (disjoint, in no order; [`GiveBack::Lazily`] only).
     lazy: Vec<(usize, usize)>,
@@ -97,6 +100,7 @@ impl Pages {
             huge,
             policy,
             populate: true,
+            free_huge: thp::free_huge_pages,
             lazy: Vec::new(),
         }
     }
@@ -118,7 +122,7 @@ impl Pages {
             return false;
         }
         let whole = self.policy == Policy::Advise
-            || thp::enough_free(thp::free_huge_pages(huge, self.page), (end - start) / huge);
+            || thp::enough_free((self.free_huge)(huge, self.page), (end - start) / huge);
         let advice = if whole {
             Advice::LinuxHugepage
         } else {
@@ -474,3 +478,116 @@ impl Memory for Pages {
 // initialized and does not change under a reader; 3. `at` offsets `base`
 // with its provenance.
 unsafe impl HostMemory for Pages {}
+
+#[cfg(test)]
+mod policy_tests {
+    use super::*;
+
+    const HUGE: usize = 2 << 20;
+    const LEN: usize = 8 << 20;
+
+    /// A layer with `policy` whatever the system's settings, and `free`
+    /// free huge pages whenever it asks.
+    fn pages(policy: Policy, free: fn(usize, usize) -> Option<usize>) -> Pages {
+        let mut p = Pages::new(PagesConfig {
+            reservation: 4 * LEN,
+            huge_pages: HugePages::Never,
+            give_back: GiveBack::Now,
+        });
+        p.huge = HUGE;
+        p.policy = policy;
+        p.free_huge = free;
+        p
+    }
+
+    /// Minor faults of this thread so far.
+    fn thread_faults() -> u64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let rest = &stat[stat.rfind(')').unwrap() + 1..];
+        rest.split_whitespace().nth(7).unwrap().parse().unwrap()
+    }
+
+    /// `VmFlags` of the mapping holding `addr` (`/proc/self/smaps`).
+    fn vm_flags(addr: usize) -> Vec<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let head = line.split_whitespace().next().unwrap_or("");
+            if let Some((lo, hi)) = head.split_once('-').filter(|_| !head.ends_with(':')) {
+                if let (Ok(lo), Ok(hi)) =
+                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                {
+                    inside = (lo..hi).contains(&addr);
+                    continue;
+                }
+            }
+            if inside {
+                if let Some(flags) = line.strip_prefix("VmFlags:") {
+                    return flags.split_whitespace().map(str::to_string).collect();
+                }
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    /// Commits `LEN` bytes of a fresh reservation; returns the faults and
+    /// the committed range's `VmFlags`.
+    fn commit(p: &mut Pages) -> (u64, Vec<String>) {
+        let base = p.reserve(4 * LEN, HUGE).unwrap();
+        let before = thread_faults();
+        p.commit(base, 0, LEN).unwrap();
+        let faults = thread_faults() - before;
+        let flags = vm_flags(base.as_ptr() as usize);
+        p.release(base, 4 * LEN, HUGE);
+        (faults, flags)
+    }
+
+    /// Where a fault would compact and the kernel has no free huge page,
+    /// the commit is populated in base pages (one fault each, never a
+    /// huge page, so no compaction) and advised only after, for
+    /// khugepaged. Fails if `WhereFree` advises before populating.
+    #[test]
+    fn without_free_huge_pages_a_commit_takes_base_pages_then_advises() {
+        let mut p = pages(Policy::WhereFree, |_, _| Some(0));
+        let (faults, flags) = commit(&mut p);
+        let base = (LEN / 4096) as u64;
+        assert!(
+            (base..base + 32).contains(&faults),
+            "{faults} faults for {base} base pages"
+        );
+        if p.populate {
+            assert!(flags.iter().any(|f| f == "hg"), "advised after: {flags:?}");
+        } else {
+            // No populate (before Linux 5.14): pages fault in later, so
+            // the range stays kept from huge pages.
+            assert!(flags.iter().any(|f| f == "nh"), "{flags:?}");
+        }
+        // Unknown (no /proc/buddyinfo) is taken as none free.
+        let mut p = pages(Policy::WhereFree, |_, _| None);
+        assert!(commit(&mut p).0 >= base);
+    }
+
+    /// With free huge pages, the range is advised before it is populated:
+    /// one fault per huge page where the system offers them.
+    #[test]
+    fn with_free_huge_pages_a_commit_is_advised_first() {
+        let mut p = pages(Policy::WhereFree, |_, _| Some(1 << 20));
+        let (faults, flags) = commit(&mut p);
+        assert!(flags.iter().any(|f| f == "hg"), "{flags:?}");
+        let offered = thp::Settings::read().is_some_and(|s| s.enabled != thp::Enabled::Never);
+        let free = thp::free_huge_pages(HUGE, 4096).unwrap_or(0);
+        if offered && free >= 64 && p.populate {
+            assert!(faults <= (LEN / HUGE) as u64 + 32, "{faults} faults");
+        } else {
+            assert!(faults <= (LEN / 4096) as u64 + 32, "{faults} faults");
+        }
+        // `Off` and `Unadvised` ask nothing.
+        for policy in [Policy::Off, Policy::Unadvised] {
+            let (_, flags) = commit(&mut pages(policy, |_, _| Some(0)));
+            assert!(
+                !flags.iter().any(|f| f == "hg" || f == "nh"),
+                "{policy:?}: {flags:?}"
+            );
+        }
+    }
+}
