@@ -232,7 +232,7 @@ pub const DEFAULT_RESERVATION: usize = 64 << 30;
 /// or `always`: the run that first touches its memory waits for it
 /// (magika's one large run 1.3x to 1.9x slower, `BENCHMARKS.md`,
 /// "Python"). Whatever the mode, a commit populates its range in one call
-/// (`MADV_POPULATE_WRITE`, see [`Pages`]), and no process-wide setting is
+/// (`MADV_POPULATE_WRITE`, see `Pages`), and no process-wide setting is
 /// changed. `docs/decisions.md` ("Huge pages without the stall") has the
 /// table of what `Auto` does under each `enabled` and `defrag` setting.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
