@@ -87,11 +87,57 @@ fn huge_for(bytes: usize) -> Huge {
     }
     // Four times what the policy needs (twice the commit and a margin of
     // 16), so that the tests and builds beside this one cannot take it
-    // between the reading and the commit.
+    // between the reading and the commit; and room under the cgroup's
+    // memory limit, where a huge page that cannot be charged falls back
+    // to base pages.
     match free_huge() {
-        Some(free) if free >= 4 * (bytes / HUGE) + 64 => Huge::Certain,
+        Some(free) if free >= 4 * (bytes / HUGE) + 64 && cgroup_room() >= 4 * bytes => {
+            Huge::Certain
+        }
         _ => Huge::Either,
     }
+}
+
+/// Bytes this process's memory cgroup may still charge before its limit
+/// (v2 `memory.max`, v1 `memory.limit_in_bytes`); `usize::MAX` without a
+/// limit or a cgroup to read.
+fn cgroup_room() -> usize {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let room = |dir: String, max: &str, current: &str| -> Option<usize> {
+        let read = |name: &str| -> Option<usize> {
+            std::fs::read_to_string(format!("{dir}/{name}"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        Some(read(max)?.saturating_sub(read(current)?))
+    };
+    let mut least = usize::MAX;
+    for line in cgroups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next(), parts.next(), parts.next());
+        let (Some(controllers), Some(path)) = (controllers, path) else {
+            continue;
+        };
+        let found = if controllers.is_empty() {
+            room(
+                format!("/sys/fs/cgroup{path}"),
+                "memory.max",
+                "memory.current",
+            )
+        } else if controllers.split(',').any(|c| c == "memory") {
+            room(
+                format!("/sys/fs/cgroup/memory{path}"),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        } else {
+            None
+        };
+        least = least.min(found.unwrap_or(usize::MAX));
+    }
+    least
 }
 
 /// Whether the kernel has `MADV_POPULATE_WRITE` (Linux 5.14).
