@@ -245,11 +245,12 @@ pub enum HugePages {
     /// compacts (`defrag` `defer` or `never`), the range is advised
     /// `MADV_HUGEPAGE`; where the system gives huge pages without advice
     /// (`enabled` `always`) and a fault without advice never compacts
-    /// (`defrag` other than `always`), nothing is asked; elsewhere the
-    /// range is advised only when the kernel has free huge pages for it
-    /// (`/proc/buddyinfo`, with a margin), else populated in base pages
-    /// (`MADV_NOHUGEPAGE` while it is populated) and advised after, so
-    /// that khugepaged, the kernel's own thread, may collapse it later.
+    /// (`defrag` other than `always`), nothing is asked; elsewhere only as
+    /// many of the range's huge pages as the kernel has free
+    /// (`/proc/buddyinfo`: at most half of them past a margin) are
+    /// advised, and the rest is populated in base pages (`MADV_NOHUGEPAGE`
+    /// while it is populated) and advised after, so that khugepaged, the
+    /// kernel's own thread, may collapse it later.
     #[default]
     Auto,
     /// Where the system offers them, every commit is advised, whatever

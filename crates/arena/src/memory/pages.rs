@@ -107,32 +107,48 @@ impl Pages {
 
     /// Asks for huge pages for the range of `len` bytes at `at`, just made
     /// writable and not yet populated, as the policy says (see
-    /// [`HugePages::Auto`]). Returns whether the range was kept from huge
-    /// pages only until it is populated (then [`Pages::commit`] advises it,
-    /// for khugepaged). Advice only: a refusal leaves base pages.
-    fn advise_commit(&self, at: *mut c_void, len: usize) -> bool {
+    /// [`HugePages::Auto`]). Returns the offset from which the range was
+    /// kept from huge pages only until it is populated (then
+    /// [`Pages::commit`] advises that part, for khugepaged), or `None`.
+    /// Advice only: a refusal leaves base pages.
+    fn advise_commit(&self, at: *mut c_void, len: usize) -> Option<usize> {
         let huge = self.huge;
         if huge == 0 || self.policy == Policy::Off || self.policy == Policy::Unadvised {
-            return false;
+            return None;
         }
         // Whole huge pages inside the range: none, nothing to ask for.
-        let start = (at as usize).next_multiple_of(huge);
-        let end = (at as usize + len) & !(huge - 1);
+        let (first, last) = (at as usize, at as usize + len);
+        let start = first.next_multiple_of(huge);
+        let end = last & !(huge - 1);
         if start >= end {
-            return false;
+            return None;
         }
-        let whole = self.policy == Policy::Advise
-            || thp::enough_free((self.free_huge)(huge, self.page), (end - start) / huge);
-        let advice = if whole {
-            Advice::LinuxHugepage
+        let blocks = (end - start) / huge;
+        let take = if self.policy == Policy::Advise {
+            blocks
         } else {
-            Advice::LinuxNoHugepage
+            thp::huge_pages_to_take((self.free_huge)(huge, self.page), blocks)
         };
-        // SAFETY: the range lies inside a reservation of this layer and is
-        // being committed (the `Memory` contract); advice changes how its
-        // pages are backed, never its contents.
-        let _ = unsafe { mm::madvise(at, len, advice) };
-        !whole
+        // Huge pages below `split`, base pages from it on.
+        let split = match take {
+            0 => first,
+            t if t == blocks => last,
+            t => start + t * huge,
+        };
+        for (from, to, advice) in [
+            (first, split, Advice::LinuxHugepage),
+            (split, last, Advice::LinuxNoHugepage),
+        ] {
+            if from < to {
+                // SAFETY: `from..to` lies inside the range being committed,
+                // inside a reservation of this layer (the `Memory`
+                // contract), derived from `at`; advice changes how its pages
+                // are backed, never its contents.
+                let _ =
+                    unsafe { mm::madvise(at.wrapping_byte_add(from - first), to - from, advice) };
+            }
+        }
+        (split < last).then_some(split - first)
     }
 
     /// Faults the range of `len` bytes at `at` (just made writable) in at
@@ -384,13 +400,16 @@ impl Memory for Pages {
         }
         match self.populate(at, len) {
             Ok(populated) => {
-                if kept_from_huge && populated {
+                if let Some(off) = kept_from_huge.filter(|_| populated) {
                     // Every page is present, so no fault in the range can
                     // compact now; advised, khugepaged (the kernel's own
                     // thread, under its own `defrag`) may collapse it.
-                    // SAFETY: as in `advise_commit`: the range is being
-                    // committed, and advice never changes its contents.
-                    let _ = unsafe { mm::madvise(at, len, Advice::LinuxHugepage) };
+                    // SAFETY: as in `advise_commit`: `off < len`, the part
+                    // lies in the range being committed, and advice never
+                    // changes its contents.
+                    let _ = unsafe {
+                        mm::madvise(at.wrapping_byte_add(off), len - off, Advice::LinuxHugepage)
+                    };
                 }
                 Ok(())
             }
@@ -565,6 +584,31 @@ mod policy_tests {
         // Unknown (no /proc/buddyinfo) is taken as none free.
         let mut p = pages(Policy::WhereFree, |_, _| None);
         assert!(commit(&mut p).0 >= base);
+    }
+
+    /// With free huge pages for part of the range, that part is advised
+    /// before it is populated, and the rest populated in base pages and
+    /// advised after.
+    #[test]
+    fn with_free_huge_pages_for_part_of_a_commit_that_part_takes_them() {
+        // 16 kept as a margin, half of the other 4: 2 of the 4 huge pages.
+        let mut p = pages(Policy::WhereFree, |_, _| Some(20));
+        let (faults, flags) = commit(&mut p);
+        let half = (LEN / 2 / 4096) as u64;
+        let offered = thp::Settings::read().is_some_and(|s| s.enabled != thp::Enabled::Never);
+        let free = thp::free_huge_pages(HUGE, 4096).unwrap_or(0);
+        // The base-page half: one fault per page, whatever the system has.
+        assert!(
+            faults >= half,
+            "{faults} faults: fewer than the base-page half's {half}"
+        );
+        if offered && free >= 64 && p.populate {
+            assert!(faults <= half + 2 + 32, "{faults} faults");
+        }
+        assert!(faults <= 2 * half + 32, "{faults} faults");
+        if p.populate {
+            assert!(flags.iter().any(|f| f == "hg"), "advised: {flags:?}");
+        }
     }
 
     /// With free huge pages, the range is advised before it is populated:

@@ -98,9 +98,9 @@ pub(crate) enum Policy {
     /// No advice: the system gives huge pages to memory that is not
     /// advised, and such a fault never compacts directly.
     Unadvised,
-    /// A fault that finds no free huge page compacts directly here, so the
-    /// range is advised only when the kernel has free huge pages for it
-    /// ([`enough_free`]); otherwise it is kept from huge pages
+    /// A fault that finds no free huge page compacts directly here, so only
+    /// as many of the range's huge pages as the kernel has free are
+    /// advised ([`huge_pages_to_take`]); the rest is kept from huge pages
     /// (`MADV_NOHUGEPAGE`) while it is populated, then advised, so that
     /// khugepaged, the kernel's own thread, may collapse it later.
     WhereFree,
@@ -127,17 +127,17 @@ pub(crate) fn policy(mode: HugePages, thp: Option<Settings>) -> Policy {
     }
 }
 
-/// Free huge pages the system has between two commits beyond the ones a
-/// commit takes: a margin for other allocations and the zones'
-/// watermarks, in huge pages.
+/// Free huge pages a commit leaves to others: a margin for other
+/// allocations and the zones' watermarks.
 const MARGIN: usize = 16;
 
-/// Whether `free` free huge pages (`None`: unknown) are enough to give
-/// `need` of them to a commit without compaction: twice the need and
-/// [`MARGIN`] more (others allocate too, and a zone below its watermark
-/// goes to the slow path).
-pub(crate) fn enough_free(free: Option<usize>, need: usize) -> bool {
-    free.is_some_and(|f| f >= need.saturating_mul(2).saturating_add(MARGIN))
+/// How many of the `need` huge pages of a commit to ask for when the
+/// kernel has `free` free huge pages (`None`: unknown, none): at most half
+/// of those past [`MARGIN`] (others allocate too, the reading may be
+/// stale, and a zone below its watermark takes the slow path, which
+/// compacts).
+pub(crate) fn huge_pages_to_take(free: Option<usize>, need: usize) -> usize {
+    free.map_or(0, |f| (f.saturating_sub(MARGIN) / 2).min(need))
 }
 
 /// Free blocks of `order` or more (counted in blocks of `order`) in
@@ -315,11 +315,13 @@ mod tests {
     }
 
     #[test]
-    fn enough_free_keeps_a_margin_and_refuses_unknown() {
-        assert!(!enough_free(None, 0));
-        assert!(enough_free(Some(MARGIN), 0));
-        assert!(!enough_free(Some(MARGIN + 19), 10));
-        assert!(enough_free(Some(MARGIN + 20), 10));
-        assert!(!enough_free(Some(usize::MAX - 1), usize::MAX));
+    fn a_commit_takes_at_most_half_the_free_huge_pages_past_a_margin() {
+        assert_eq!(huge_pages_to_take(None, 10), 0);
+        assert_eq!(huge_pages_to_take(Some(MARGIN), 10), 0);
+        assert_eq!(huge_pages_to_take(Some(MARGIN + 1), 10), 0);
+        assert_eq!(huge_pages_to_take(Some(MARGIN + 8), 10), 4);
+        assert_eq!(huge_pages_to_take(Some(MARGIN + 20), 10), 10);
+        assert_eq!(huge_pages_to_take(Some(usize::MAX), 10), 10);
+        assert_eq!(huge_pages_to_take(Some(usize::MAX), 0), 0);
     }
 }
