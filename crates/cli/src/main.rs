@@ -44,6 +44,7 @@ use crate::replay::{Progress, ShrinkMode, StrategyResult, Touch};
 use crate::report::{Report, WorkloadInfo};
 use crate::strategies::{run_strategy, Settings, Strategy};
 use crate::workload::Workload;
+use tensor_arena::memory::HugePages;
 
 /// Replay tensor allocation workloads through tensor-arena and the
 /// allocators it replaces, side by side.
@@ -139,8 +140,9 @@ struct ReplayArgs {
     max_reserved: Option<usize>,
 
     /// Whether the arena strategies' memory layer (`Pages`) asks for
-    /// transparent huge pages: `auto` where the system offers them,
-    /// `never` for base pages only.
+    /// transparent huge pages: `auto` where the system offers them without
+    /// compacting memory on the run's thread, `advise` for every commit
+    /// (faults may compact), `never` for base pages only.
     #[arg(long, value_enum, default_value_t = HugePagesArg::Auto)]
     huge_pages: HugePagesArg,
 
@@ -247,8 +249,10 @@ fn child_args(args: &ReplayArgs) -> Vec<OsString> {
     if let Some(cap) = args.max_reserved {
         flag("max-reserved", cap.to_string().into());
     }
-    if args.huge_pages == HugePagesArg::Never {
-        flag("huge-pages", "never".into());
+    match args.huge_pages {
+        HugePagesArg::Auto => {}
+        HugePagesArg::Advise => flag("huge-pages", "advise".into()),
+        HugePagesArg::Never => flag("huge-pages", "never".into()),
     }
     if let Some(svg) = &args.svg {
         flag("svg", svg.clone().into_os_string());
@@ -262,8 +266,12 @@ fn child_args(args: &ReplayArgs) -> Vec<OsString> {
 /// `--huge-pages`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum HugePagesArg {
-    /// Where the system offers transparent huge pages.
+    /// Where the system offers transparent huge pages without compacting
+    /// memory on the run's thread (`HugePages::Auto`).
     Auto,
+    /// Every commit advised `MADV_HUGEPAGE`, whatever THP's `defrag`
+    /// setting (`HugePages::Advise`).
+    Advise,
     /// Base pages only.
     Never,
 }
@@ -346,7 +354,11 @@ fn replay_command(args: &ReplayArgs) -> Result<ExitCode, String> {
         shrink: args.shrink,
         max_reserved: args.max_reserved,
         timeline: args.svg.is_some(),
-        huge_pages: args.huge_pages == HugePagesArg::Auto,
+        huge_pages: match args.huge_pages {
+            HugePagesArg::Auto => HugePages::Auto,
+            HugePagesArg::Advise => HugePages::Advise,
+            HugePagesArg::Never => HugePages::Never,
+        },
     };
     let store = match &args.plans {
         Some(dir) => Some(plans_cmd::replay_store(

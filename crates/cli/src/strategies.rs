@@ -103,8 +103,8 @@ pub struct Settings {
     pub max_reserved: Option<usize>,
     /// Record a timeline for `--svg`.
     pub timeline: bool,
-    /// Whether the arena's `Pages` layer asks for transparent huge pages.
-    pub huge_pages: bool,
+    /// How the arena's `Pages` layer asks for transparent huge pages.
+    pub huge_pages: HugePages,
 }
 
 /// What `reserved` means for the arena strategies.
@@ -281,11 +281,7 @@ fn replay_on_arena(
     planned: Option<Option<&PlanStore>>,
 ) -> StrategyResult {
     let pages = PagesConfig {
-        huge_pages: if settings.huge_pages {
-            HugePages::Auto
-        } else {
-            HugePages::Never
-        },
+        huge_pages: settings.huge_pages,
         ..PagesConfig::default()
     };
     // `arena_config` sets only the cap (any value is valid) and a shrink

@@ -8,7 +8,7 @@
 //!
 //! | layer | reserve | commit / decommit | fresh memory | default |
 //! |---|---|---|---|---|
-//! | [`Pages`] | one range of address space per arena, nothing committed (`mmap` `PROT_NONE`) | in place at the range's top, granules of 2 MiB with transparent huge pages (else pages): `mprotect`; decommit: a fresh `PROT_NONE` mapping over the range, or `madvise(MADV_FREE)` with [`GiveBack::Lazily`] | reads as zero (from the kernel); with [`GiveBack::Lazily`], what was last written or zero | on Linux |
+//! | [`Pages`] | one range of address space per arena, nothing committed (`mmap` `PROT_NONE`) | in place at the range's top, granules of 2 MiB with transparent huge pages (else pages): `mprotect`, then populated at once (`MADV_POPULATE_WRITE`) in huge pages where they cost no compaction; decommit: a fresh `PROT_NONE` mapping over the range, or `madvise(MADV_FREE)` with [`GiveBack::Lazily`] | reads as zero (from the kernel); with [`GiveBack::Lazily`], what was last written or zero | on Linux |
 //! | [`Heap`] | a region from an `allocator_api2` allocator, committed at once (`allocate_zeroed`) | none: regions are returned whole | reads as zero (`allocate_zeroed`) | elsewhere, or with a custom allocator |
 //!
 //! All pointer arithmetic of the crate happens in this module (and the
@@ -19,6 +19,8 @@ mod budgeted;
 mod heap;
 #[cfg(target_os = "linux")]
 mod pages;
+#[cfg(target_os = "linux")]
+mod thp;
 
 pub use budgeted::Budgeted;
 pub use heap::Heap;
@@ -223,31 +225,39 @@ pub const DEFAULT_RESERVATION: usize = 64 << 30;
 
 /// Whether `Pages` asks for transparent huge pages.
 ///
-/// Advice (`MADV_HUGEPAGE`) makes a first touch of 2 MiB one page fault
-/// instead of 512, but where the system's THP `defrag` setting is
-/// `madvise` (the kernel's default), `defer+madvise` or `always`, a fault
-/// in an advised range that finds no free huge page compacts memory
-/// directly, on the faulting thread: the run that first touches its memory
-/// waits for it (magika's one large run 1.3x to 1.9x slower,
-/// `BENCHMARKS.md`, "Python"). So by default fresh memory is not advised
-/// there.
+/// A huge page makes 2 MiB one page fault instead of 512. But a fault in a
+/// range advised `MADV_HUGEPAGE` that finds no free huge page compacts
+/// memory directly, on the faulting thread, where the system's THP
+/// `defrag` setting is `madvise` (the kernel's default), `defer+madvise`
+/// or `always`: the run that first touches its memory waits for it
+/// (magika's one large run 1.3x to 1.9x slower, `BENCHMARKS.md`,
+/// "Python"). Whatever the mode, a commit populates its range in one call
+/// (`MADV_POPULATE_WRITE`, see `Pages`), and no process-wide setting is
+/// changed. `docs/decisions.md` ("Huge pages without the stall") has the
+/// table of what `Auto` does under each `enabled` and `defrag` setting.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HugePages {
-    /// Where the system offers them (`/sys/kernel/mm/transparent_hugepage/
-    /// enabled` is `always` or `madvise`), the granule is the huge page
-    /// size (2 MiB on x86-64). Where `defrag` never stalls a fault (`defer`,
-    /// `never`), the whole reservation is advised `MADV_HUGEPAGE`.
-    /// Elsewhere a first commit is touched in base pages (no advice: no
-    /// direct compaction on a first run), and a range given back is
-    /// advised as it goes, so that committing it again, memory reused
-    /// across runs, takes huge pages.
+    /// Huge pages wherever they cost no compaction on the committing
+    /// thread. Where the system offers them (THP `enabled` is `always` or
+    /// `madvise`), the reservation is aligned to the huge page size and
+    /// the arena commits in whole huge pages. A commit then asks for them
+    /// as the system's settings allow without a stall: where no fault
+    /// compacts (`defrag` `defer` or `never`), the range is advised
+    /// `MADV_HUGEPAGE`; where the system gives huge pages without advice
+    /// (`enabled` `always`) and a fault without advice never compacts
+    /// (`defrag` other than `always`), nothing is asked; elsewhere only as
+    /// many of the range's huge pages as the kernel has free
+    /// (`/proc/buddyinfo`: at most half of them past a margin) are
+    /// advised, and the rest is populated in base pages (`MADV_NOHUGEPAGE`
+    /// while it is populated) and advised after, so that khugepaged, the
+    /// kernel's own thread, may collapse it later.
     #[default]
     Auto,
-    /// Where the system offers them, the whole reservation is advised,
-    /// whatever the `defrag` setting: first touches may pay direct
-    /// compaction.
+    /// Where the system offers them, every commit is advised, whatever
+    /// the `defrag` setting: first touches may pay direct compaction.
     Advise,
-    /// Never: the granule is the base page size (4 KiB).
+    /// Never: the granule is the base page size (4 KiB) and nothing is
+    /// advised.
     Never,
 }
 

@@ -1,12 +1,14 @@
 //! [`Pages`]: one reservation of address space per arena, committed in
 //! place, with transparent huge pages where the system offers them.
 
+use super::thp::{self, Policy};
 use super::{
     ErrorCode, GiveBack, HostMemory, HugePages, Memory, MemoryError, MemoryOp, MemoryProps,
     PagesConfig,
 };
 use core::ffi::c_void;
 use core::ptr::NonNull;
+use rustix::io::Errno;
 use rustix::mm::{self, Advice, MapFlags, MprotectFlags, ProtFlags};
 
 /// Virtual memory from the kernel: one `mmap` reservation per arena,
@@ -39,9 +41,16 @@ use rustix::mm::{self, Advice, MapFlags, MprotectFlags, ProtFlags};
 /// [`ArenaError::CommitFailed`]: crate::ArenaError::CommitFailed
 /// [`ArenaError::ReservationExhausted`]: crate::ArenaError::ReservationExhausted
 ///
-/// With transparent huge pages (see [`HugePages`]) the range is aligned to
-/// the huge page size and advised `MADV_HUGEPAGE`, so first touching 2 MiB
-/// takes one page fault instead of 512.
+/// # Commits are populated
+/// A commit makes its range present in one call,
+/// `madvise(MADV_POPULATE_WRITE)` (Linux 5.14 and later; before, the pages
+/// fault in as they are first written): the kernel fills the range without
+/// a trap per page, and a system with no memory for it refuses the commit
+/// ([`ArenaError::CommitFailed`]) instead of the process meeting it at a
+/// first touch. With transparent huge pages (see [`HugePages`]) the range
+/// is aligned to the huge page size, and a range of whole huge pages is
+/// backed by them where the system offers them without compacting memory
+/// on the committing thread: 2 MiB then cost one fault instead of 512.
 ///
 /// With [`GiveBack::Lazily`], a decommit is `madvise(MADV_FREE)` instead:
 /// the range stays mapped and writable, and the kernel may take its pages
@@ -56,10 +65,16 @@ pub struct Pages {
     page: usize,
     /// The huge page size, or 0 without transparent huge pages.
     huge: usize,
-    /// Whether a new reservation is advised `MADV_HUGEPAGE` at once (else
-    /// only ranges given back and committed again are: see
-    /// [`HugePages::Auto`]).
-    advise_on_reserve: bool,
+    /// How a commit asks for huge pages (`Off` when `huge` is 0).
+    policy: Policy,
+    /// Whether a commit populates its range with
+    /// `madvise(MADV_POPULATE_WRITE)`; cleared when the kernel refuses it
+    /// (before Linux 5.14), and the range's pages then fault in as they
+    /// are first written.
+    populate: bool,
+    /// Free huge pages the kernel has now ([`thp::free_huge_pages`]; the
+    /// tests set a fixed answer).
+    free_huge: fn(usize, usize) -> Option<usize>,
     /// Address ranges `[start, end)` given back with `MADV_FREE` and not
     /// committed since (disjoint, in no order; [`GiveBack::Lazily`] only).
     lazy: Vec<(usize, usize)>,
@@ -70,21 +85,100 @@ impl Pages {
     /// and whether transparent huge pages are offered.
     pub fn new(config: PagesConfig) -> Self {
         let page = rustix::param::page_size();
-        let (huge, advise_on_reserve) = match config.huge_pages {
-            HugePages::Never => (None, false),
-            HugePages::Auto => match thp() {
-                Some((size, defrag)) => (Some(size), defrag_never_stalls(&defrag)),
-                None => (None, false),
-            },
-            HugePages::Advise => (thp().map(|(size, _)| size), true),
+        let settings = match config.huge_pages {
+            HugePages::Never => None,
+            _ => thp::Settings::read().filter(|s| s.size > page),
+        };
+        let policy = thp::policy(config.huge_pages, settings);
+        let huge = match policy {
+            Policy::Off => 0,
+            _ => settings.map_or(0, |s| s.size),
         };
         Self {
             config,
             page,
-            huge: huge.filter(|&h| h > page).unwrap_or(0),
-            advise_on_reserve,
+            huge,
+            policy,
+            populate: true,
+            free_huge: thp::free_huge_pages,
             lazy: Vec::new(),
         }
+    }
+
+    /// Asks for huge pages for the range of `len` bytes at `at`, just made
+    /// writable and not yet populated, as the policy says (see
+    /// [`HugePages::Auto`]). Returns the offset from which the range was
+    /// kept from huge pages only until it is populated (then
+    /// [`Pages::commit`] advises that part, for khugepaged), or `None`.
+    /// Advice only: a refusal leaves base pages.
+    fn advise_commit(&self, at: *mut c_void, len: usize) -> Option<usize> {
+        let huge = self.huge;
+        if huge == 0 || self.policy == Policy::Off || self.policy == Policy::Unadvised {
+            return None;
+        }
+        // Whole huge pages inside the range: none, nothing to ask for.
+        let (first, last) = (at as usize, at as usize + len);
+        let start = first.next_multiple_of(huge);
+        let end = last & !(huge - 1);
+        if start >= end {
+            return None;
+        }
+        let blocks = (end - start) / huge;
+        let take = if self.policy == Policy::Advise {
+            blocks
+        } else {
+            thp::huge_pages_to_take((self.free_huge)(huge, self.page), blocks)
+        };
+        // Huge pages below `split`, base pages from it on.
+        let split = match take {
+            0 => first,
+            t if t == blocks => last,
+            t => start + t * huge,
+        };
+        for (from, to, advice) in [
+            (first, split, Advice::LinuxHugepage),
+            (split, last, Advice::LinuxNoHugepage),
+        ] {
+            if from < to {
+                // SAFETY: `from..to` lies inside the range being committed,
+                // inside a reservation of this layer (the `Memory`
+                // contract), derived from `at`; advice changes how its pages
+                // are backed, never its contents.
+                let _ =
+                    unsafe { mm::madvise(at.wrapping_byte_add(from - first), to - from, advice) };
+            }
+        }
+        (split < last).then_some(split - first)
+    }
+
+    /// Faults the range of `len` bytes at `at` (just made writable) in at
+    /// once, `madvise(MADV_POPULATE_WRITE)`: one call instead of a trap per
+    /// page. `Ok(true)` when populated; `Ok(false)` when the kernel refused
+    /// it for another reason than memory (the pages then fault in as they
+    /// are written); `Err` when the system has no memory for it.
+    fn populate(&mut self, at: *mut c_void, len: usize) -> Result<bool, MemoryError> {
+        if !self.populate {
+            return Ok(false);
+        }
+        // A signal may interrupt it; a few tries, then it is left to the
+        // first touches.
+        for _ in 0..4 {
+            // SAFETY: the range lies inside a reservation of this layer and
+            // was just made readable and writable; populating writes nothing
+            // to it (fresh pages read as zero, present ones are kept).
+            match unsafe { mm::madvise(at, len, Advice::LinuxPopulateWrite) } {
+                Ok(()) => return Ok(true),
+                Err(Errno::INTR | Errno::AGAIN) => {}
+                // Before Linux 5.14 (unknown advice): never asked again.
+                Err(Errno::INVAL) => {
+                    self.populate = false;
+                    return Ok(false);
+                }
+                Err(e @ Errno::NOMEM) => return Err(os_error(MemoryOp::Commit, len, e)),
+                Err(_) => return Ok(false),
+            }
+        }
+        Ok(false)
     }
 
     /// Replaces the range of `len` bytes at `at` by a fresh `PROT_NONE`
@@ -110,13 +204,6 @@ impl Pages {
             // Out of mappings (`vm.max_map_count`), say: the range keeps its
             // pages, still committed, as the contract allows.
             Err(e) => return Err(os_error(MemoryOp::Decommit, len, e)),
-        }
-        if self.huge > 0 {
-            // Advised (again) as it is given back: the range has been used,
-            // so its next commit is memory reused across runs, which gets
-            // huge pages (`HugePages::Auto`); advice only, as in `reserve`.
-            // SAFETY: the range is the part of the reservation just mapped.
-            let _ = unsafe { mm::madvise(at, len, Advice::LinuxHugepage) };
         }
         Ok(())
     }
@@ -186,35 +273,6 @@ impl Default for Pages {
     fn default() -> Self {
         Self::new(PagesConfig::default())
     }
-}
-
-/// The huge page size and THP's `defrag` setting, if transparent huge
-/// pages may be used with `madvise` (mode `always` or `madvise`), else
-/// `None`.
-fn thp() -> Option<(usize, String)> {
-    let setting = |name: &str| -> Option<String> {
-        let text =
-            std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{name}")).ok()?;
-        Some(text.split('[').nth(1)?.split(']').next()?.to_string())
-    };
-    let mode = setting("enabled")?;
-    if mode != "always" && mode != "madvise" {
-        return None;
-    }
-    let size = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
-        .ok()
-        .and_then(|s| s.trim().parse::<usize>().ok())
-        .unwrap_or(2 << 20);
-    size.is_power_of_two()
-        .then_some((size, setting("defrag").unwrap_or_default()))
-}
-
-/// Whether THP's `defrag` setting `mode` leaves a fault in a
-/// `MADV_HUGEPAGE` range free of direct compaction (`Documentation/admin-
-/// guide/mm/transhuge.rst`: `defer` and `never` do; `madvise`,
-/// `defer+madvise` and `always` compact on the faulting thread).
-fn defrag_never_stalls(mode: &str) -> bool {
-    mode == "defer" || mode == "never"
 }
 
 /// Bytes of address space the process may still map under a finite
@@ -324,12 +382,8 @@ impl Memory for Pages {
             // the mapping just made, which nothing uses.
             let _ = unsafe { mm::munmap(raw.wrapping_byte_add(head + len), tail) };
         }
+        // No advice here: each commit asks for huge pages as the policy says.
         let base = raw.wrapping_byte_add(head);
-        if self.huge > 0 && self.advise_on_reserve {
-            // Advice only: without it the range still works, in base pages.
-            // SAFETY: the range is the reservation just made.
-            let _ = unsafe { mm::madvise(base, len, Advice::LinuxHugepage) };
-        }
         NonNull::new(base.cast::<u8>()).ok_or(refused(None))
     }
 
@@ -340,10 +394,35 @@ impl Memory for Pages {
         // readable and writable affects no other mapping.
         unsafe { mm::mprotect(at, len, MprotectFlags::READ | MprotectFlags::WRITE) }
             .map_err(|e| os_error(MemoryOp::Commit, len, e))?;
+        let kept_from_huge = self.advise_commit(at, len);
         if !self.lazy.is_empty() {
             self.settle(at.cast::<u8>(), len);
         }
-        Ok(())
+        match self.populate(at, len) {
+            Ok(populated) => {
+                if let Some(off) = kept_from_huge.filter(|_| populated) {
+                    // Every page is present, so no fault in the range can
+                    // compact now; advised, khugepaged (the kernel's own
+                    // thread, under its own `defrag`) may collapse it.
+                    // SAFETY: as in `advise_commit`: `off < len`, the part
+                    // lies in the range being committed, and advice never
+                    // changes its contents.
+                    let _ = unsafe {
+                        mm::madvise(at.wrapping_byte_add(off), len - off, Advice::LinuxHugepage)
+                    };
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // No memory for it: the range goes back as it was, given
+                // back, and the commit fails as an `mprotect` refusal would.
+                // SAFETY: the range lies inside a reservation of this layer
+                // and holds no live block (the arena hands out nothing in a
+                // range it is committing).
+                let _ = unsafe { self.unmap_pages(at, len) };
+                Err(e)
+            }
+        }
     }
 
     fn decommit(
@@ -420,16 +499,139 @@ impl Memory for Pages {
 unsafe impl HostMemory for Pages {}
 
 #[cfg(test)]
-mod huge_page_tests {
-    use super::defrag_never_stalls;
+mod policy_tests {
+    use super::*;
 
-    #[test]
-    fn only_defrag_settings_without_direct_compaction_allow_advice() {
-        for mode in ["defer", "never"] {
-            assert!(defrag_never_stalls(mode), "{mode}");
+    const HUGE: usize = 2 << 20;
+    const LEN: usize = 8 << 20;
+
+    /// A layer with `policy` whatever the system's settings, and `free`
+    /// free huge pages whenever it asks.
+    fn pages(policy: Policy, free: fn(usize, usize) -> Option<usize>) -> Pages {
+        let mut p = Pages::new(PagesConfig {
+            reservation: 4 * LEN,
+            huge_pages: HugePages::Never,
+            give_back: GiveBack::Now,
+        });
+        p.huge = HUGE;
+        p.policy = policy;
+        p.free_huge = free;
+        p
+    }
+
+    /// Minor faults of this thread so far.
+    fn thread_faults() -> u64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let rest = &stat[stat.rfind(')').unwrap() + 1..];
+        rest.split_whitespace().nth(7).unwrap().parse().unwrap()
+    }
+
+    /// `VmFlags` of the mapping holding `addr` (`/proc/self/smaps`).
+    fn vm_flags(addr: usize) -> Vec<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let head = line.split_whitespace().next().unwrap_or("");
+            if let Some((lo, hi)) = head.split_once('-').filter(|_| !head.ends_with(':')) {
+                if let (Ok(lo), Ok(hi)) =
+                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                {
+                    inside = (lo..hi).contains(&addr);
+                    continue;
+                }
+            }
+            if inside {
+                if let Some(flags) = line.strip_prefix("VmFlags:") {
+                    return flags.split_whitespace().map(str::to_string).collect();
+                }
+            }
         }
-        for mode in ["always", "madvise", "defer+madvise", ""] {
-            assert!(!defrag_never_stalls(mode), "{mode}");
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    /// Commits `LEN` bytes of a fresh reservation; returns the faults and
+    /// the committed range's `VmFlags`.
+    fn commit(p: &mut Pages) -> (u64, Vec<String>) {
+        let base = p.reserve(4 * LEN, HUGE).unwrap();
+        let before = thread_faults();
+        p.commit(base, 0, LEN).unwrap();
+        let faults = thread_faults() - before;
+        let flags = vm_flags(base.as_ptr() as usize);
+        p.release(base, 4 * LEN, HUGE);
+        (faults, flags)
+    }
+
+    /// Where a fault would compact and the kernel has no free huge page,
+    /// the commit is populated in base pages (one fault each, never a
+    /// huge page, so no compaction) and advised only after, for
+    /// khugepaged. Fails if `WhereFree` advises before populating.
+    #[test]
+    fn without_free_huge_pages_a_commit_takes_base_pages_then_advises() {
+        let mut p = pages(Policy::WhereFree, |_, _| Some(0));
+        let (faults, flags) = commit(&mut p);
+        let base = (LEN / 4096) as u64;
+        assert!(
+            (base..base + 32).contains(&faults),
+            "{faults} faults for {base} base pages"
+        );
+        if p.populate {
+            assert!(flags.iter().any(|f| f == "hg"), "advised after: {flags:?}");
+        } else {
+            // No populate (before Linux 5.14): pages fault in later, so
+            // the range stays kept from huge pages.
+            assert!(flags.iter().any(|f| f == "nh"), "{flags:?}");
+        }
+        // Unknown (no /proc/buddyinfo) is taken as none free.
+        let mut p = pages(Policy::WhereFree, |_, _| None);
+        assert!(commit(&mut p).0 >= base);
+    }
+
+    /// With free huge pages for part of the range, that part is advised
+    /// before it is populated, and the rest populated in base pages and
+    /// advised after.
+    #[test]
+    fn with_free_huge_pages_for_part_of_a_commit_that_part_takes_them() {
+        // 16 kept as a margin, half of the other 4: 2 of the 4 huge pages.
+        let mut p = pages(Policy::WhereFree, |_, _| Some(20));
+        let (faults, flags) = commit(&mut p);
+        let half = (LEN / 2 / 4096) as u64;
+        let offered = thp::Settings::read().is_some_and(|s| s.enabled != thp::Enabled::Never);
+        let free = thp::free_huge_pages(HUGE, 4096).unwrap_or(0);
+        // The base-page half: one fault per page, whatever the system has.
+        assert!(
+            faults >= half,
+            "{faults} faults: fewer than the base-page half's {half}"
+        );
+        if offered && free >= 64 && p.populate {
+            assert!(faults <= half + 2 + 32, "{faults} faults");
+        }
+        assert!(faults <= 2 * half + 32, "{faults} faults");
+        if p.populate {
+            assert!(flags.iter().any(|f| f == "hg"), "advised: {flags:?}");
+        }
+    }
+
+    /// With free huge pages, the range is advised before it is populated:
+    /// one fault per huge page where the system offers them.
+    #[test]
+    fn with_free_huge_pages_a_commit_is_advised_first() {
+        let mut p = pages(Policy::WhereFree, |_, _| Some(1 << 20));
+        let (faults, flags) = commit(&mut p);
+        assert!(flags.iter().any(|f| f == "hg"), "{flags:?}");
+        let offered = thp::Settings::read().is_some_and(|s| s.enabled != thp::Enabled::Never);
+        let free = thp::free_huge_pages(HUGE, 4096).unwrap_or(0);
+        if offered && free >= 64 && p.populate {
+            assert!(faults <= (LEN / HUGE) as u64 + 32, "{faults} faults");
+        } else {
+            assert!(faults <= (LEN / 4096) as u64 + 32, "{faults} faults");
+        }
+        // `Off` and `Unadvised` ask nothing.
+        for policy in [Policy::Off, Policy::Unadvised] {
+            let (_, flags) = commit(&mut pages(policy, |_, _| Some(0)));
+            assert!(
+                !flags.iter().any(|f| f == "hg" || f == "nh"),
+                "{policy:?}: {flags:?}"
+            );
         }
     }
 }

@@ -3,6 +3,7 @@
 mod bad_input;
 mod basics;
 mod budget;
+mod commit_faults;
 mod common;
 mod cxx_panic;
 mod families;
