@@ -69,6 +69,26 @@ pub(crate) struct Shared {
     pub(crate) usage: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
+/// How long a sample of the group's rest counts: the rest a service's
+/// requests hold outside the arenas (decoded images, preprocessing) comes
+/// and goes with them, and the room follows its recent peak, not a dip.
+pub const REST_WINDOW: Duration = Duration::from_secs(10);
+
+/// Adds `now` to the samples and returns the most of those within
+/// [`REST_WINDOW`].
+fn recent_peak(seen: &mut VecDeque<(Instant, usize)>, now: usize) -> usize {
+    let t = Instant::now();
+    while seen
+        .front()
+        .is_some_and(|(at, _)| t.duration_since(*at) > REST_WINDOW)
+    {
+        seen.pop_front();
+    }
+    // Samples at most every REFRESH: a few hundred at most.
+    seen.push_back((t, now));
+    seen.iter().map(|(_, v)| *v).max().unwrap_or(now)
+}
+
 /// What a group holds that the kernel cannot simply drop: its usage less
 /// its inactive page cache (the working set, as container runtimes count
 /// it), from its usage file and `memory.stat`.
@@ -145,8 +165,10 @@ struct State {
     /// The rest of this process (its anonymous memory outside arenas).
     rest: usize,
     /// The rest of the whole group (all it holds but the arenas), where
-    /// its usage can be read.
+    /// its usage can be read: the most seen over [`REST_WINDOW`].
     group_rest: Option<usize>,
+    /// The group's rest as sampled over the last [`REST_WINDOW`].
+    rest_seen: VecDeque<(Instant, usize)>,
     stats: AdmissionStats,
 }
 
@@ -296,7 +318,8 @@ impl Admission {
                     .unwrap_or(usize::MAX)
                     .saturating_add(committed);
                 ws.saturating_sub(arenas)
-            });
+            })
+            .map(|now| recent_peak(&mut st.rest_seen, now));
         let held = usize::try_from(st.others.held).unwrap_or(usize::MAX);
         let room = base(s, st).saturating_sub(held);
         // This process's commits must fit in its room too (idle workers
@@ -343,10 +366,7 @@ impl Admission {
             // flight, and no other process waiting alone goes first (the
             // lowest PID does).
             let room = self.room(st, fresh);
-            let first = st
-                .others
-                .alone_pid
-                .is_none_or(|p| p > std::process::id());
+            let first = st.others.alone_pid.is_none_or(|p| p > std::process::id());
             return st.running == 0 && st.others.promised == 0 && first && need <= room;
         }
         let room = self.room(st, fresh);
@@ -435,19 +455,6 @@ impl Admission {
             (Room::Shared(_), true) => need.max(st.room.map_or(0, |r| r.0)),
             _ => need,
         };
-        if std::env::var_os("TENSOR_ARENA_ADMIT_LOG").is_some() {
-            eprintln!(
-                "admit pid={} need={} alone={alone} promised={} room={:?} others={:?} rest={} group_rest={:?} committed={:?}",
-                std::process::id(),
-                need >> 20,
-                st.promised >> 20,
-                st.room.map(|r| r.0 >> 20),
-                st.others,
-                st.rest >> 20,
-                st.group_rest.map(|r| r >> 20),
-                self.budget().map(|b| b.committed() >> 20)
-            );
-        }
         st.promised += need;
         st.running += 1;
         st.alone_running |= alone;
@@ -542,7 +549,10 @@ mod tests {
     #[test]
     fn a_groups_working_set_is_its_usage_less_inactive_page_cache() {
         let d = tempfile::tempdir().unwrap();
-        let (usage, stat) = (d.path().join("memory.current"), d.path().join("memory.stat"));
+        let (usage, stat) = (
+            d.path().join("memory.current"),
+            d.path().join("memory.stat"),
+        );
         std::fs::write(&usage, "1000000\n").unwrap();
         std::fs::write(&stat, "anon 5\ninactive_file 300000\nactive_file 7\n").unwrap();
         assert_eq!(working_set(&usage, &stat), Some(700_000));
