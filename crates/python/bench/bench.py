@@ -5,6 +5,7 @@ configuration per process (run.sh runs them all). Prints one JSON line.
     python bench.py ocr      --mode {ort,ort-arena-off,ta} [--images 64]
     python bench.py magika   --mode {ort,ort-arena-off,ta} [--files 300]
     python bench.py threads  --mode {ort,ort-arena-off,ort-nospin,ta,ta-nospin,ta-sd50,...} [--threads 16]
+    python bench.py ocr_threads --mode {ort,ta} [--images 32] [--threads 8]   (one RapidOCR engine shared by the threads)
     python bench.py overhead --mode {ort,ort-arena-off,ta} [--runs 1000]
     python bench.py paired   --mode ta [--runs 2000]   (both in one process, alternating)
     python bench.py outputs  --mode {ort,ta-copy,ta-view} --keep {drop,all}
@@ -192,6 +193,56 @@ def magika(args):
                 sessions_mib=round(sessions, 1), digest=digest(out))
 
 
+def ocr_threads(args):
+    """One RapidOCR engine shared by `--threads` threads over `--images`
+    rendered pages; with tensor-arena, the arenas' live and reserved peaks
+    from `stats()` too (what admission and the pool's trimming decide)."""
+    from render import images
+    imgs = images(args.images, seed=7)
+    import rapidocr_onnxruntime  # noqa: F401  (binds onnxruntime's names)
+    patch = set_ort_arena(args.mode)
+    from rapidocr_onnxruntime import RapidOCR
+    engine = RapidOCR()
+    sessions = rss_mib()
+    results = [None] * len(imgs)
+    next_i = iter(range(len(imgs)))
+    lock = threading.Lock()
+    errors = []
+
+    def client():
+        try:
+            while True:
+                with lock:
+                    i = next(next_i, None)
+                if i is None:
+                    return
+                results[i], _ = engine(imgs[i])
+        except BaseException as e:
+            errors.append(repr(e))
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=client) for _ in range(args.threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    total = time.perf_counter() - t0
+    end = rss_mib()
+    time.sleep(min(args.idle, 5.0))
+    after = rss_mib()
+    arenas = {}
+    if args.mode.startswith("ta"):
+        import tensor_arena.onnxruntime as ta
+        st = ta.stats()
+        arenas = {k: round(st[k] / 2**20, 1) for k in ("allocated_peak", "reserved_peak")}
+        arenas.update({k: st[k] for k in ("runs_in_flight_peak", "admission_waits", "retried_alone")})
+    if patch:
+        patch.undo()
+    return dict(images=len(imgs), threads=args.threads, time_s=round(total, 3), peak_mib=round(peak_mib(), 1),
+                sessions_mib=round(sessions, 1), end_mib=round(end, 1), after_5s_mib=round(after, 1),
+                errors=errors[:3], lines=sum(len(r or []) for r in results), digest=digest(results), **arenas)
+
+
 def det_rec_requests(n):
     rng = np.random.default_rng(11)
     reqs = []
@@ -309,7 +360,7 @@ def outputs(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["ocr", "magika", "threads", "overhead", "paired", "outputs"])
+    p.add_argument("what", choices=["ocr", "ocr_threads", "magika", "threads", "overhead", "paired", "outputs"])
     p.add_argument("--mode", required=True)
     p.add_argument("--images", type=int, default=64)
     p.add_argument("--files", type=int, default=300)
