@@ -34,6 +34,9 @@ pub const MAX_PASSES: u32 = 8;
 /// How stale the room a shared limit leaves may be when a run is admitted
 /// without waiting.
 pub const REFRESH: Duration = Duration::from_millis(20);
+/// How long the head of the queue waits before this process's idle
+/// workers give their cache back for it (and again after as long).
+const RELIEVE_AFTER: Duration = Duration::from_millis(500);
 /// How often a waiting run looks at the room again without being woken
 /// (other processes do not wake it).
 const POLL: Duration = Duration::from_millis(10);
@@ -410,6 +413,7 @@ impl Admission {
         });
         self.publish(&st);
         let since = Instant::now();
+        let mut relieved = since;
         loop {
             st = self
                 .turn
@@ -417,6 +421,21 @@ impl Admission {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
             let at = st.queue.iter().position(|w| w.id == id).expect("queued");
+            if at == 0 && relieved.elapsed() >= RELIEVE_AFTER {
+                // The head has waited a while: this process's idle workers
+                // give their cache back (and the ledger hears of it), so
+                // that a run of another process waiting for that room,
+                // alone or not, is not left to idle decay (which may be
+                // off).
+                relieved = Instant::now();
+                drop(st);
+                if let Some(b) = self.budget() {
+                    b.relieve();
+                }
+                st = self.lock();
+                self.room(&mut st, true);
+                continue;
+            }
             let go = if at == 0 {
                 self.fits(&mut st, need, alone, true)
             } else {
