@@ -93,8 +93,9 @@ fn recent_peak(seen: &mut VecDeque<(Instant, usize)>, now: usize) -> usize {
 }
 
 /// What a group holds that the kernel cannot simply drop: its usage less
-/// its inactive page cache (the working set, as container runtimes count
-/// it), from its usage file and `memory.stat`.
+/// its page cache, from its usage file and `memory.stat`. The margin
+/// ([`crate::margin`]) covers the cache a service cannot do without (the
+/// code it runs).
 fn working_set(usage: &std::path::Path, stat: &std::path::Path) -> Option<usize> {
     let used: usize = std::fs::read_to_string(usage).ok()?.trim().parse().ok()?;
     let stat = std::fs::read_to_string(stat).unwrap_or_default();
@@ -104,11 +105,14 @@ fn working_set(usage: &std::path::Path, stat: &std::path::Path) -> Option<usize>
             (k == name).then(|| v.trim().parse::<usize>().ok())?
         })
     };
-    // v1's hierarchical figure where there is one, else the group's own.
-    let inactive = field("total_inactive_file")
-        .or_else(|| field("inactive_file"))
-        .unwrap_or(0);
-    Some(used.saturating_sub(inactive))
+    // Page cache the kernel reclaims before it kills (active or not; tmpfs
+    // and shared memory are on the anonymous lists, not here): v1's
+    // hierarchical figures where there are some, else the group's own.
+    let file = |name: &str| field(&format!("total_{name}")).or_else(|| field(name));
+    let cache = file("inactive_file")
+        .unwrap_or(0)
+        .saturating_add(file("active_file").unwrap_or(0));
+    Some(used.saturating_sub(cache))
 }
 
 /// The admission counters of a pool (or of the process's default limit).
@@ -328,6 +332,11 @@ impl Admission {
         // This process's commits must fit in its room too (idle workers
         // give back first; a commit that still does not fit is refused).
         s.budget.set_limit(room);
+        if committed > room {
+            // The rest of the group grew into what the arenas hold: idle
+            // workers give their cache back now, not at their next commit.
+            s.budget.relieve();
+        }
         st.room = Some((room, Instant::now()));
         self.publish(st);
         room
@@ -574,10 +583,14 @@ mod tests {
         );
         std::fs::write(&usage, "1000000\n").unwrap();
         std::fs::write(&stat, "anon 5\ninactive_file 300000\nactive_file 7\n").unwrap();
-        assert_eq!(working_set(&usage, &stat), Some(700_000));
-        // v1: the hierarchical figure wins.
-        std::fs::write(&stat, "inactive_file 1\ntotal_inactive_file 400000\n").unwrap();
-        assert_eq!(working_set(&usage, &stat), Some(600_000));
+        assert_eq!(working_set(&usage, &stat), Some(699_993));
+        // v1: the hierarchical figures win.
+        std::fs::write(
+            &stat,
+            "inactive_file 1\nactive_file 2\ntotal_inactive_file 400000\ntotal_active_file 100000\n",
+        )
+        .unwrap();
+        assert_eq!(working_set(&usage, &stat), Some(500_000));
         assert_eq!(working_set(&d.path().join("none"), &stat), None);
     }
 

@@ -46,11 +46,12 @@ use tensor_arena::Budget;
 /// `off` for none.
 pub const MEMORY_LIMIT_ENV: &str = "TENSOR_ARENA_MEMORY_LIMIT";
 /// What a container's whole limit keeps free besides the rest of its
-/// processes: the kernel's memory charged to the group (page tables,
-/// sockets) and what a process allocates between two samples of its
-/// memory: 5% of the limit, at least 48 MiB.
+/// processes: the page cache a service cannot do without (the code it
+/// runs, which the rest does not count), the kernel's memory charged to
+/// the group, and what a process allocates between two samples: a
+/// sixteenth of the limit, at least 64 MiB.
 pub fn margin(limit: usize) -> usize {
-    (limit / 20).max(48 << 20)
+    (limit / 16).max(64 << 20)
 }
 /// The share of `MemTotal` the default limit takes when the process has no
 /// cgroup limit, in percent.
