@@ -37,9 +37,12 @@ impl Plans {
         self.store.as_ref().map(|s| &s.store)
     }
 
-    /// Saves the plans to their store (merged with what the file holds),
-    /// if anything was learned since the last load or save. `None` with
-    /// no store or nothing new.
+    /// Saves the plans to their store (merged with what the file holds)
+    /// if anything was learned since the last load or save, or, when
+    /// nothing was, if the file changed since this process wrote it and
+    /// lacks some of its plans (another process's save replaced it
+    /// without them: [`PlanStore::save_missing`]). `None` with no store,
+    /// or nothing to write.
     ///
     /// Reads, merges and writes the whole file: call it off the runs'
     /// threads ([`PlanSaver`] does).
@@ -47,15 +50,22 @@ impl Plans {
         let stored = self.store.as_ref()?;
         let _section = crate::learn::section();
         let now = self.cache().stats().inserts;
-        if stored.saved.swap(now, Ordering::Relaxed) == now {
+        let learned = stored.saved.swap(now, Ordering::Relaxed) != now;
+        let result = if learned {
+            stored.store.save(self.cache()).map(Some)
+        } else if now > 0 && stored.store.changed() {
+            stored.store.save_missing(self.cache())
+        } else {
             return None;
+        };
+        match result {
+            Ok(saved) => saved.map(Ok),
+            Err(e) => {
+                // Try again next time.
+                stored.saved.store(u64::MAX, Ordering::Relaxed);
+                Some(Err(e))
+            }
         }
-        let result = stored.store.save(self.cache());
-        if result.is_err() {
-            // Try again next time.
-            stored.saved.store(u64::MAX, Ordering::Relaxed);
-        }
-        Some(result)
     }
 }
 

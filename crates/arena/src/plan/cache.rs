@@ -485,6 +485,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
                 let learning = Learning {
                     refit: !tight,
                     defer: true,
+                    import: false,
                 };
                 self.families.lock().observe(
                     id,
@@ -525,6 +526,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         let learning = Learning {
             refit: !tight,
             defer: self.defer.load(Ordering::Relaxed),
+            import: false,
         };
         let owed =
             self.families

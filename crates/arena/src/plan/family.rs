@@ -227,6 +227,10 @@ struct Structure {
 pub(crate) struct Learning {
     pub(crate) refit: bool,
     pub(crate) defer: bool,
+    /// A shape loaded from a plan store ([`Families::import`]): only added,
+    /// never fitted, unless `refit` (its structure's last shape, fitted
+    /// once with every shape in).
+    pub(crate) import: bool,
 }
 
 /// A refit left to a learner: the structure's shapes and fit when it was
@@ -440,7 +444,11 @@ impl Families {
         hint: Option<Hint>,
         learning: Learning,
     ) -> bool {
-        let Learning { refit, defer } = learning;
+        let Learning {
+            refit,
+            defer,
+            import,
+        } = learning;
         let now = self.tick();
         self.counts(id, name);
         let family = self.map.get_mut(&id).expect("made by counts");
@@ -538,6 +546,9 @@ impl Families {
         // A fit that keeps models the shapes could not tell apart learns
         // from every shape (the one that tells them apart ends it).
         let ambiguous = s.fit.as_ref().is_some_and(|f| f.ambiguous());
+        if import && !refit {
+            return false;
+        }
         if !refit && !widens && !ambiguous && s.fit.is_some() {
             return false;
         }
@@ -704,9 +715,13 @@ impl Families {
                 for (i, shape) in s.shapes.iter().enumerate() {
                     let rec = s.recording(shape);
                     let name = || f.name.clone();
+                    // Fitted once, with its last shape: a fit per shape
+                    // (each widening the range) cost 4.9 s for 25 KB of
+                    // blocks no model explains.
                     let learning = Learning {
                         refit: i == last,
                         defer: false,
+                        import: true,
                     };
                     let _ = self.observe(f.id, name, shape.dims.clone(), &rec, None, learning);
                 }

@@ -71,6 +71,7 @@ mod cache;
 mod dims;
 mod family;
 mod fit;
+mod overlap;
 mod recording;
 pub mod solver;
 pub mod store;
@@ -369,11 +370,7 @@ impl Plan {
     /// [`Plan::validate`] but for its recording, already validated, whose
     /// requests are `requests`.
     fn validate_layout(&self, requests: &[solver::Request]) -> Result<(), PlanError> {
-        let solution = solver::Solution {
-            offsets: self.offsets.clone(),
-            size: self.size,
-        };
-        solver::validate(requests, &solution).map_err(PlanError::new)?;
+        overlap::check(requests, &self.offsets, self.size).map_err(PlanError::new)?;
         if self.size > MAX_BLOCK {
             return Err(PlanError::new(format!(
                 "size {} is over the largest block ({MAX_BLOCK})",
