@@ -50,29 +50,6 @@ pub fn plan_store_key(model: &str, granule: usize, driver: &str, options: &str) 
     ModelKey::new(identity, RUNTIME, setting)
 }
 
-#[cfg(test)]
-mod key_tests {
-    use super::plan_store_key;
-
-    #[test]
-    fn a_model_file_re_exported_under_its_name_keys_another_store() {
-        let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("model.pt");
-        std::fs::write(&model, b"first export").unwrap();
-        let name = model.to_str().unwrap();
-        let first = plan_store_key(name, 2 << 20, "sim", "");
-        std::fs::write(&model, b"second export").unwrap();
-        let second = plan_store_key(name, 2 << 20, "sim", "");
-        assert_ne!(first.model, second.model);
-        assert_ne!(first.file_name(), second.file_name());
-        // Text that names no file is hashed as text.
-        assert_eq!(
-            plan_store_key("resnet@sha256:abc", 2 << 20, "sim", "").model,
-            tensor_arena::ModelKey::hash_model(b"resnet@sha256:abc")
-        );
-    }
-}
-
 impl DeviceArena {
     /// The store of `model`'s plans in directory `dir` for this arena, with
     /// the caller's `options` ([`plan_store_key`]).
@@ -130,5 +107,28 @@ impl DeviceArena {
         store
             .save(&self.plans)
             .map_err(|e| CudaError::PlanStore(format!("saving plan store: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::plan_store_key;
+
+    #[test]
+    fn a_model_file_re_exported_under_its_name_keys_another_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model.pt");
+        std::fs::write(&model, b"first export").unwrap();
+        let name = model.to_str().unwrap();
+        let first = plan_store_key(name, 2 << 20, "sim", "");
+        std::fs::write(&model, b"second export").unwrap();
+        let second = plan_store_key(name, 2 << 20, "sim", "");
+        assert_ne!(first.model, second.model);
+        assert_ne!(first.file_name(), second.file_name());
+        // Text that names no file is hashed as text.
+        assert_eq!(
+            plan_store_key("resnet@sha256:abc", 2 << 20, "sim", "").model,
+            tensor_arena::ModelKey::hash_model(b"resnet@sha256:abc")
+        );
     }
 }
