@@ -82,6 +82,9 @@ pub struct PlanStore {
     key: ModelKey,
     /// The file as this store (or a clone) last wrote it.
     written: Arc<Mutex<Option<file::Stamp>>>,
+    /// The largest alignment the arenas the plans are loaded for can draw
+    /// ([`PlanStore::with_max_align`]).
+    max_align: usize,
 }
 
 /// What [`PlanStore::load`] added to the cache.
@@ -248,7 +251,19 @@ impl PlanStore {
             dir: dir.into(),
             key,
             written: Arc::default(),
+            max_align: crate::ArenaConfig::default().max_align,
         }
+    }
+
+    /// The same store, for arenas that draw alignments up to `align`
+    /// ([`ArenaConfig::max_align`](crate::ArenaConfig::max_align); the
+    /// default config's, 4096, unless set): a stored plan (or family
+    /// structure) that needs more is left out at load, with a warning, and
+    /// its key is learned again by its next run. Such a plan was used on
+    /// every run, never drawn and never relearned.
+    pub fn with_max_align(mut self, align: usize) -> Self {
+        self.max_align = align;
+        self
     }
 
     /// The store's file.
@@ -306,6 +321,27 @@ impl PlanStore {
             plans: contents.plans.len(),
             ..Loaded::default()
         };
+        let max_align = self.max_align;
+        let plans_before = contents.plans.len();
+        let mut contents = contents;
+        contents.plans.retain(|(_, p)| p.align() <= max_align);
+        let mut structures_out = 0;
+        for f in &mut contents.families {
+            let before = f.structures.len();
+            f.structures
+                .retain(|s| s.aligns.iter().all(|&a| a <= max_align));
+            structures_out += before - f.structures.len();
+        }
+        contents.families.retain(|f| !f.structures.is_empty());
+        let plans_out = plans_before - contents.plans.len();
+        loaded.plans = contents.plans.len();
+        if plans_out + structures_out > 0 {
+            loaded.warning = Some(format!(
+                "plan store {}: {plans_out} plans and {structures_out} family structures need \
+                 an alignment over the arena's {max_align}: left out, learned again",
+                self.path().display()
+            ));
+        }
         let families = if ids_match {
             contents.families
         } else {

@@ -587,3 +587,35 @@ fn six_processes_saving_together_three_times_lose_no_shape() {
         assert!(missing.is_empty(), "trial {trial}: lost {missing:?}");
     }
 }
+
+#[test]
+fn a_plan_needing_more_alignment_than_the_arena_draws_is_left_out_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = PlanCache::<String>::new(16);
+    learn(&cache, &[(1, 8)]);
+    let mut rec = Recording::new();
+    let a = rec.alloc(8192, 8192);
+    rec.free(a);
+    let lookup = Lookup::none(DynamicReason::NewFamily);
+    cache
+        .after_run("wide", &lookup, &RunReport::default(), &rec, true)
+        .expect("learned");
+    store(dir.path()).save(&cache).unwrap();
+    let fresh = PlanCache::<String>::new(16);
+    let loaded = store(dir.path()).load(&fresh);
+    assert!(
+        fresh.peek("wide").is_none(),
+        "a plan no arena of 4096 can draw"
+    );
+    assert!(fresh.peek("1x8").is_some());
+    assert_eq!(loaded.plans, 1);
+    let warning = loaded.warning.unwrap();
+    assert!(
+        warning.contains("alignment over the arena's 4096"),
+        "{warning}"
+    );
+    // An arena that draws it loads it.
+    let wider = PlanCache::<String>::new(16);
+    let loaded = store(dir.path()).with_max_align(1 << 16).load(&wider);
+    assert_eq!((loaded.plans, loaded.warning), (2, None));
+}
