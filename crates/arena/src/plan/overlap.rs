@@ -10,7 +10,75 @@
 //! 2.2 MB took 8 s to check).
 
 use super::solver::Request;
+use super::{PlanEvent, Recording};
 use std::collections::BTreeMap;
+
+/// [`check`] of a valid recording's blocks (every block allocated once,
+/// in order, freed at most once after: [`Recording::validate`]), from its
+/// events, which are in time order: no request list and no sort; memory
+/// for the blocks live at once only.
+///
+/// # Errors
+/// A message naming the first violation found.
+pub(crate) fn check_recording(
+    rec: &Recording,
+    offsets: &[usize],
+    size: usize,
+) -> Result<(), String> {
+    if offsets.len() != rec.blocks.len() {
+        return Err(format!(
+            "{} offsets for {} blocks",
+            offsets.len(),
+            rec.blocks.len()
+        ));
+    }
+    let mut top = 0usize;
+    for (i, (&(len, align), &offset)) in rec.blocks.iter().zip(offsets).enumerate() {
+        let align = align.max(1);
+        if offset % align != 0 {
+            return Err(format!("block {i}: offset {offset} not aligned to {align}"));
+        }
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| format!("block {i}: offset {offset} + size {len} overflows"))?;
+        top = top.max(end);
+    }
+    if top != size {
+        return Err(format!("size {size} but the highest end is {top}"));
+    }
+    // Live blocks by offset: offset -> (end, block).
+    let mut live: BTreeMap<usize, (usize, u32)> = BTreeMap::new();
+    for (t, ev) in rec.events.iter().enumerate() {
+        match *ev {
+            PlanEvent::Free(i) => {
+                let lo = offsets[i as usize];
+                if live.get(&lo).is_some_and(|&(_, j)| j == i) {
+                    live.remove(&lo);
+                }
+            }
+            PlanEvent::Alloc(i) => {
+                let (len, _) = rec.blocks[i as usize];
+                if len == 0 {
+                    continue;
+                }
+                let lo = offsets[i as usize];
+                let hi = lo + len;
+                let below = live.range(..=lo).next_back().map(|(&o, &v)| (o, v));
+                let above = live.range(lo..).next().map(|(&o, &v)| (o, v));
+                for (other_lo, (other_hi, j)) in below.into_iter().chain(above) {
+                    if lo < other_hi && other_lo < hi {
+                        return Err(format!(
+                            "blocks {j} [{other_lo}, {other_hi}) and {i} [{lo}, {hi}) overlap \
+                             in memory while both are live (event {t})"
+                        ));
+                    }
+                }
+                live.insert(lo, (hi, i));
+            }
+        }
+    }
+    Ok(())
+}
 
 /// Checks `offsets` (and `size`) against `requests` as
 /// [`solver::validate`](super::solver::validate) does, in `O(n log n)`.
@@ -115,6 +183,38 @@ mod tests {
                                 );
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The check from a recording's events agrees with the one from its
+    /// requests, on every placement of a small recording.
+    #[test]
+    fn the_events_check_agrees_with_the_requests_check() {
+        use crate::plan::Recording;
+        let mut rec = Recording::new();
+        let a = rec.alloc(16, 8);
+        let b = rec.alloc(8, 8);
+        rec.free(a);
+        let c = rec.alloc(24, 8);
+        rec.free(b);
+        let _d = rec.alloc(8, 8);
+        rec.free(c);
+        let reqs = rec.requests();
+        for oa in [0, 8, 16] {
+            for ob in [0, 8, 16, 24] {
+                for oc in [0, 8, 16] {
+                    for od in [0, 8, 24] {
+                        let offsets = vec![oa, ob, oc, od];
+                        let size = [oa + 16, ob + 8, oc + 24, od + 8]
+                            .into_iter()
+                            .max()
+                            .unwrap();
+                        let want = check(&reqs, &offsets, size);
+                        let got = super::check_recording(&rec, &offsets, size);
+                        assert_eq!(got.is_ok(), want.is_ok(), "{offsets:?}: {got:?} {want:?}");
                     }
                 }
             }

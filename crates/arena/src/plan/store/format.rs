@@ -171,6 +171,13 @@ fn codes(events: &[PlanEvent]) -> Option<Vec<u32>> {
 /// shape's recording [`Recording::validate`], with its lower bound its
 /// recording's.
 pub(crate) fn decode(file: &[u8]) -> Result<Body, StoreError> {
+    decode_except(file, &|_| false)
+}
+
+/// [`decode`], but the plans whose key `skip` says are read past, neither
+/// built nor checked (a save's: the keys it holds, whose file side the
+/// merge drops anyway).
+pub(crate) fn decode_except(file: &[u8], skip: &dyn Fn(&[u8]) -> bool) -> Result<Body, StoreError> {
     if file.is_empty() {
         return Err(StoreError::Empty);
     }
@@ -216,6 +223,10 @@ pub(crate) fn decode(file: &[u8]) -> Result<Body, StoreError> {
     let mut plans = VecDeque::with_capacity(n.min(MAX_PLANS));
     for _ in 0..n {
         let k = r.bytes()?;
+        if skip(k) {
+            r.skip_plan()?;
+            continue;
+        }
         let plan = r.plan()?;
         if plans.len() == MAX_PLANS {
             plans.pop_front();
@@ -321,6 +332,20 @@ impl<'a> Reader<'a> {
             });
         }
         Ok(v)
+    }
+
+    /// Reads past a plan, building nothing.
+    fn skip_plan(&mut self) -> Result<(), StoreError> {
+        let n = self.count(16)?;
+        self.take(16 * n)?;
+        let e = self.count(4)?;
+        self.take(4 * e)?;
+        let offsets = n
+            .checked_mul(8)
+            .ok_or_else(|| StoreError::malformed("a plan's offsets past the end"))?;
+        self.take(offsets)?;
+        self.take(24)?;
+        Ok(())
     }
 
     fn plan(&mut self) -> Result<Plan, StoreError> {

@@ -442,8 +442,14 @@ impl PlanStore {
         std::fs::create_dir_all(&self.dir).map_err(io)?;
         file::replaceable(&path).map_err(refused)?;
         let _lock = file::lock(&path).map_err(io)?;
+        // A key this process holds keeps this process's plan: the file's
+        // is read past, not built (a save costs what the file's other
+        // plans need, not twice its own).
+        let held: std::collections::HashSet<&[u8]> =
+            ours.iter().map(|(k, _)| k.as_slice()).collect();
+        let skip = |k: &[u8]| !only_missing && held.contains(k);
         let (disk_plans, disk_families) = match file::read(&path) {
-            Ok(Some(bytes)) => match format::decode(&bytes) {
+            Ok(Some(bytes)) => match format::decode_except(&bytes, &skip) {
                 Ok(body)
                     if body.kind == K::KIND
                         && body.probe == family_probe()
