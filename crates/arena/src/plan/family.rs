@@ -555,8 +555,10 @@ impl Families {
         // With a fit to go on, the refit is left to a learner when asked
         // (the run's thread then pays bookkeeping only); the first fit is
         // made here, so the next shape is predicted.
-        if defer && s.fit.is_some() && s.obs.len() >= 2 {
-            s.owed = Some(afresh);
+        // A structure loaded from a store is fitted by the learner when
+        // there is one (a store's load then costs no fit at all).
+        if defer && (s.fit.is_some() || import) && s.obs.len() >= 2 {
+            s.owed = Some(afresh || s.fit.is_none());
             return true;
         }
         let obs: Vec<Observation> = s.obs.iter().cloned().collect();
@@ -708,7 +710,12 @@ impl Families {
     /// shapes are in. Every shape's recording must pass
     /// [`Recording::validate`] (the store checks them all before it
     /// imports any).
-    pub(crate) fn import(&mut self, families: Vec<FamilySnapshot>) {
+    ///
+    /// With `defer` (a cache that learns off the runs' path), no fit is
+    /// made here: each structure of two shapes or more is left owing its
+    /// fit to the learner ([`Families::owed`]); whether any is.
+    pub(crate) fn import(&mut self, families: Vec<FamilySnapshot>, defer: bool) -> bool {
+        let mut owes = false;
         for f in families {
             for s in f.structures {
                 let last = s.shapes.len().saturating_sub(1);
@@ -720,12 +727,13 @@ impl Families {
                     // blocks no model explains.
                     let learning = Learning {
                         refit: i == last,
-                        defer: false,
+                        defer,
                         import: true,
                     };
-                    let _ = self.observe(f.id, name, shape.dims.clone(), &rec, None, learning);
+                    owes |= self.observe(f.id, name, shape.dims.clone(), &rec, None, learning);
                 }
             }
         }
+        owes
     }
 }

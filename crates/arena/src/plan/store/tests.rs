@@ -619,3 +619,20 @@ fn a_plan_needing_more_alignment_than_the_arena_draws_is_left_out_at_load() {
     let loaded = store(dir.path()).with_max_align(1 << 16).load(&wider);
     assert_eq!((loaded.plans, loaded.warning), (2, None));
 }
+
+#[test]
+fn a_cache_that_learns_off_the_runs_path_leaves_the_loaded_fits_to_its_learner() {
+    let dir = tempfile::tempdir().unwrap();
+    saved(dir.path());
+    let cache = PlanCache::<String>::new(16);
+    cache.set_deferred_learning(true);
+    let loaded = store(dir.path()).load(&cache);
+    assert_eq!((loaded.plans, loaded.shapes, loaded.warning), (3, 3, None));
+    // No fit made by the load: the structure owes it.
+    assert!(cache.owes());
+    assert_ne!(cache.lookup("4x16").source, PlanSource::Predicted);
+    assert_eq!(cache.lookup("2x8").source, PlanSource::Exact);
+    assert_eq!(cache.learn(), 1);
+    assert!(!cache.owes());
+    assert_eq!(cache.lookup("4x16").source, PlanSource::Predicted);
+}
