@@ -107,7 +107,8 @@ fn open_regular(path: &Path) -> Result<Option<File>, ReadError> {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         // ELOOP: the path is a symbolic link (O_NOFOLLOW).
-        Err(e) if e.raw_os_error() == Some(40) => {
+        #[cfg(target_os = "linux")]
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
             return Err(ReadError::NotRegular("a symbolic link".into()))
         }
         Err(e) => {
