@@ -60,7 +60,7 @@ pub use op::{
 };
 pub use pages::run_pages;
 pub use plans::{plans, plans_reported};
-pub use store::plan_store;
+pub use store::{plan_store, plan_store_file, plan_store_load_and_save};
 pub use weights::weights_load;
 
 /// What the `arena_ops` fuzz target runs: [`decode`], then [`run`] (the

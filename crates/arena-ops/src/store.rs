@@ -15,6 +15,34 @@ use tensor_arena::{ModelKey, PlanCache, PlanStore};
 /// Lookups of predicted keys per input, at most.
 const MAX_PREDICTIONS: usize = 16;
 
+/// The store file an input stands for ([`plan_store`]'s first step): with
+/// an odd first byte, the rest sealed as a body; else the rest as it is.
+pub fn plan_store_file(data: &[u8]) -> Option<Vec<u8>> {
+    let (&mode, rest) = data.split_first()?;
+    Some(if mode % 2 == 1 {
+        store::seal(rest)
+    } else {
+        rest.to_vec()
+    })
+}
+
+/// Loads `file` as a store's file into a fresh cache, then saves that
+/// cache over it (a replica's load and its next save), in a scratch
+/// directory: what the `plan_store` fuzz target times and weighs. Returns
+/// the plans loaded.
+pub fn plan_store_load_and_save(file: &[u8], dir: &Path) -> usize {
+    let key = match store::decode::<String>(file) {
+        Ok((contents, _)) => contents.key,
+        Err(_) => ModelKey::default(),
+    };
+    let s = PlanStore::new(dir, key);
+    let _ = std::fs::write(s.path(), file);
+    let cache = PlanCache::<String>::new(64);
+    let loaded = s.load(&cache);
+    let _ = s.save(&cache);
+    loaded.plans
+}
+
 /// Runs one fuzz input: the first byte chooses how the rest is read.
 /// - odd: as a store file's body, under a header with its checksum
 ///   ([`store::seal`]), so that the body's parser and checks are reached;
@@ -28,13 +56,8 @@ const MAX_PREDICTIONS: usize = 16;
 /// that added anything, a plan that fails validation, or a planned run's
 /// blocks overlapping.
 pub fn plan_store(data: &[u8]) {
-    let Some((&mode, rest)) = data.split_first() else {
+    let Some(file) = plan_store_file(data) else {
         return;
-    };
-    let file = if mode % 2 == 1 {
-        store::seal(rest)
-    } else {
-        rest.to_vec()
     };
     // Either key kind decodes without panicking.
     let _ = store::decode::<Vec<usize>>(&file);

@@ -23,10 +23,22 @@ use tensor_arena::{ModelKey, PlanStore};
 /// The runtime a device arena's stores are keyed by.
 pub const RUNTIME: &str = "torch-cuda";
 
-/// The store key of `model` (a name: its bytes are hashed into the key and
-/// the file's name) on an arena mapping `granule`-byte granules through
-/// `driver`, with the caller's `options` (text; empty for none).
+/// The store key of `model` on an arena mapping `granule`-byte granules
+/// through `driver`, with the caller's `options` (text; empty for none).
+///
+/// The C ABI passes the model as text. Where that text names a regular
+/// file (the model's weights or its exported program), the key hashes the
+/// file's bytes: a model re-exported under the same path keys another
+/// store, not the old plans. Otherwise the text itself is hashed: pass a
+/// digest of the model's bytes (or anything that changes with them), not
+/// a bare name.
 pub fn plan_store_key(model: &str, granule: usize, driver: &str, options: &str) -> ModelKey {
+    let path = Path::new(model);
+    let bytes = match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => std::fs::read(path).ok(),
+        _ => None,
+    };
+    let identity = bytes.as_deref().unwrap_or(model.as_bytes());
     let mut setting = format!(
         "granule={granule} align={DEVICE_ALIGN} driver={driver} tensor-arena-cuda={}",
         env!("CARGO_PKG_VERSION")
@@ -35,7 +47,7 @@ pub fn plan_store_key(model: &str, granule: usize, driver: &str, options: &str) 
         setting.push(' ');
         setting.push_str(options);
     }
-    ModelKey::new(model.as_bytes(), RUNTIME, setting)
+    ModelKey::new(identity, RUNTIME, setting)
 }
 
 impl DeviceArena {
@@ -95,5 +107,28 @@ impl DeviceArena {
         store
             .save(&self.plans)
             .map_err(|e| CudaError::PlanStore(format!("saving plan store: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::plan_store_key;
+
+    #[test]
+    fn a_model_file_re_exported_under_its_name_keys_another_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model.pt");
+        std::fs::write(&model, b"first export").unwrap();
+        let name = model.to_str().unwrap();
+        let first = plan_store_key(name, 2 << 20, "sim", "");
+        std::fs::write(&model, b"second export").unwrap();
+        let second = plan_store_key(name, 2 << 20, "sim", "");
+        assert_ne!(first.model, second.model);
+        assert_ne!(first.file_name(), second.file_name());
+        // Text that names no file is hashed as text.
+        assert_eq!(
+            plan_store_key("resnet@sha256:abc", 2 << 20, "sim", "").model,
+            tensor_arena::ModelKey::hash_model(b"resnet@sha256:abc")
+        );
     }
 }

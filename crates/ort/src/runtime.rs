@@ -62,12 +62,7 @@ impl Runtime {
             .build()
             .map_err(OrtArenaError::from)?;
         crate::register(&env)?;
-        let version = ort::info()
-            .split("git-branch=rel-")
-            .nth(1)
-            .and_then(|s| s.split(',').next())
-            .unwrap_or("unknown")
-            .to_string();
+        let version = version_of(ort::info(), &path);
         Ok(RUNTIME.get_or_init(|| Runtime { env, path, version }))
     }
 
@@ -93,7 +88,9 @@ impl Runtime {
         &self.path
     }
 
-    /// ONNX Runtime's version, from its build info (e.g. `1.31.1`).
+    /// ONNX Runtime's version (e.g. `1.31.1`): from its build info, else
+    /// (PyPI's builds say no version there) from the library's file name
+    /// (`libonnxruntime.so.1.31.1`), else `unknown`.
     pub fn version(&self) -> &str {
         &self.version
     }
@@ -132,5 +129,58 @@ impl Runtime {
         // SAFETY: a status ONNX Runtime just returned, used once.
         unsafe { crate::raw::status_result(status) }.map_err(OrtArenaError::Ort)?;
         Ok(out)
+    }
+}
+
+/// The version in ONNX Runtime's build info (`git-branch=rel-1.22.0,`),
+/// else in the library's file name (`libonnxruntime.so.1.31.1`,
+/// `libonnxruntime.1.31.1.dylib`), else `unknown`.
+fn version_of(info: &str, library: &Path) -> String {
+    let from_info = info
+        .split("git-branch=rel-")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .filter(|v| is_version(v));
+    let name = library
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let from_name = name
+        .strip_prefix("libonnxruntime.so.")
+        .or_else(|| {
+            name.strip_prefix("libonnxruntime.")
+                .and_then(|r| r.strip_suffix(".dylib"))
+        })
+        .filter(|v| is_version(v));
+    from_info.or(from_name).unwrap_or("unknown").to_string()
+}
+
+/// Whether `v` reads as a version: dot-separated numbers, the first two
+/// at least.
+fn is_version(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('.').collect();
+    parts.len() >= 2
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::version_of;
+    use std::path::Path;
+
+    #[test]
+    fn a_pypi_build_without_a_branch_takes_the_file_names_version() {
+        // PyPI's build info names no release branch.
+        let info = "ORT Build Info: git-branch=HEAD, git-commit-id=abc, build type=Release";
+        let lib = Path::new("/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1");
+        assert_eq!(version_of(info, lib), "1.31.1");
+        let mac = Path::new("/x/libonnxruntime.1.32.0.dylib");
+        assert_eq!(version_of(info, mac), "1.32.0");
+        let bare = Path::new("/x/libonnxruntime.so");
+        assert_eq!(version_of(info, bare), "unknown");
+        let built = "ORT Build Info: git-branch=rel-1.22.0, git-commit-id=abc";
+        assert_eq!(version_of(built, lib), "1.22.0");
     }
 }

@@ -37,9 +37,12 @@ impl Plans {
         self.store.as_ref().map(|s| &s.store)
     }
 
-    /// Saves the plans to their store (merged with what the file holds),
-    /// if anything was learned since the last load or save. `None` with
-    /// no store or nothing new.
+    /// Saves the plans to their store (merged with what the file holds)
+    /// if anything was learned since the last load or save, or, when
+    /// nothing was, if the file changed since this process wrote it and
+    /// lacks some of its plans (another process's save replaced it
+    /// without them: [`PlanStore::save_missing`]). `None` with no store,
+    /// or nothing to write.
     ///
     /// Reads, merges and writes the whole file: call it off the runs'
     /// threads ([`PlanSaver`] does).
@@ -47,15 +50,22 @@ impl Plans {
         let stored = self.store.as_ref()?;
         let _section = crate::learn::section();
         let now = self.cache().stats().inserts;
-        if stored.saved.swap(now, Ordering::Relaxed) == now {
+        let learned = stored.saved.swap(now, Ordering::Relaxed) != now;
+        let result = if learned {
+            stored.store.save(self.cache()).map(Some)
+        } else if now > 0 && stored.store.changed() {
+            stored.store.save_missing(self.cache())
+        } else {
             return None;
+        };
+        match result {
+            Ok(saved) => saved.map(Ok),
+            Err(e) => {
+                // Try again next time.
+                stored.saved.store(u64::MAX, Ordering::Relaxed);
+                Some(Err(e))
+            }
         }
-        let result = stored.store.save(self.cache());
-        if result.is_err() {
-            // Try again next time.
-            stored.saved.store(u64::MAX, Ordering::Relaxed);
-        }
-        Some(result)
     }
 }
 
@@ -100,7 +110,9 @@ pub struct PlanSaver {
 
 impl PlanSaver {
     /// Starts a thread (named `tensor-arena-plan-saver`) that calls `save`
-    /// every `every`, and once more when the saver stops.
+    /// about every `every` (each wait drawn between 3/4 and 5/4 of it, so
+    /// that workers started together do not save at the same moments),
+    /// and once more when the saver stops.
     ///
     /// # Errors
     /// If the thread cannot be started.
@@ -112,7 +124,7 @@ impl PlanSaver {
         let thread = std::thread::Builder::new()
             .name("tensor-arena-plan-saver".into())
             .spawn(move || loop {
-                match rx.recv_timeout(every) {
+                match rx.recv_timeout(jittered(every)) {
                     Err(mpsc::RecvTimeoutError::Timeout) => save(),
                     _ => {
                         save();
@@ -137,6 +149,22 @@ impl PlanSaver {
             let _ = t.join();
         }
     }
+}
+
+/// `every` times a factor between 3/4 and 5/4, drawn from the clock and
+/// the process id (no random source needed: it only has to differ
+/// between processes and between waits).
+fn jittered(every: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    let mut x = nanos ^ (u64::from(std::process::id()) << 32);
+    // splitmix64's finaliser.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    let unit = (x >> 11) as f64 / (1u64 << 53) as f64;
+    every.mul_f64(0.75 + 0.5 * unit)
 }
 
 impl Drop for PlanSaver {

@@ -9,9 +9,20 @@
 //! |---|---|
 //! | `configure(plans="DIR")` | sessions opened after it use DIR's stores (`False`: none) |
 //! | `save_plans()` | saves every session's plans now; returns how many stores were written |
+//!
+//! Locks and the GIL: a fork's `before` hook takes [`SAVING`] and [`STATE`]
+//! without the GIL, then waits for the GIL while it holds them. So a
+//! thread that holds the GIL never waits for either: every path here
+//! that takes them from Python lets the GIL go first (`py.detach`).
+//!
+//! A relative directory (`configure(plans="plans")` or
+//! `TENSOR_ARENA_PLANS=plans`) is made absolute once, when it is
+//! configured (the environment's when first read), against the current
+//! directory then, with a leading `~` expanded: a process that changes
+//! directory later keeps saving where it loaded.
 
 use pyo3::prelude::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tensor_arena_ort::fork::{self, ForkMutex};
@@ -21,8 +32,8 @@ use tensor_arena_ort::{model_key, PlanSaver, PlanStore, Plans};
 const CAPACITY: usize = 64;
 
 struct State {
-    /// The directory set by `configure`: `None` until set (then the
-    /// environment's), `Some(None)` for none.
+    /// The directory set by `configure` (or read from the environment on
+    /// first use), absolute: `None` until set, `Some(None)` for none.
     dir: Option<Option<PathBuf>>,
     /// Every store-backed session's plans, while alive.
     live: Vec<Weak<Plans>>,
@@ -63,19 +74,38 @@ pub(crate) fn child_after_fork() {
     }
 }
 
-/// Sets the directory of the stores of sessions opened from now on.
-pub(crate) fn set_dir(dir: Option<PathBuf>) {
-    STATE.lock().dir = Some(dir);
+/// Sets the directory of the stores of sessions opened from now on (made
+/// absolute now: [`absolute`]).
+pub(crate) fn set_dir(py: Python<'_>, dir: Option<PathBuf>) {
+    let dir = dir.map(|d| absolute(&d));
+    py.detach(|| STATE.lock().dir = Some(dir));
 }
 
-/// The directory configured, else `TENSOR_ARENA_PLANS`, if any.
-pub(crate) fn dir() -> Option<PathBuf> {
-    let configured = STATE.lock().dir.clone();
-    configured.unwrap_or_else(|| {
-        std::env::var_os("TENSOR_ARENA_PLANS")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
+/// The directory configured, else `TENSOR_ARENA_PLANS` (read and made
+/// absolute once, then kept), if any.
+pub(crate) fn dir(py: Python<'_>) -> Option<PathBuf> {
+    py.detach(|| {
+        let mut st = STATE.lock();
+        st.dir
+            .get_or_insert_with(|| {
+                std::env::var_os("TENSOR_ARENA_PLANS")
+                    .filter(|v| !v.is_empty())
+                    .map(|v| absolute(Path::new(&v)))
+            })
+            .clone()
     })
+}
+
+/// `dir` with a leading `~` (alone or followed by `/`) replaced by `HOME`,
+/// then absolute against the current directory (unchanged if that cannot
+/// be read).
+pub(crate) fn absolute(dir: &Path) -> PathBuf {
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
+    let expanded = match (dir.strip_prefix("~"), home) {
+        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => dir.to_path_buf(),
+    };
+    std::path::absolute(&expanded).unwrap_or(expanded)
 }
 
 /// Seconds between saves: `TENSOR_ARENA_PLANS_EVERY`, default 30.
@@ -97,24 +127,29 @@ pub(crate) fn for_model(
     runtime_version: &str,
     options: &str,
 ) -> PyResult<Arc<Plans>> {
-    let Some(dir) = dir() else {
+    let Some(dir) = dir(py) else {
         return Ok(Arc::new(Plans::new(CAPACITY)));
     };
     let bytes = model().map_err(|e| crate::errors::NoSuchFile::new_err(e.to_string()))?;
     let store = PlanStore::new(dir, model_key(&bytes, runtime_version, options));
     let plans = Arc::new(py.detach(|| Plans::with_store(CAPACITY, store)));
-    let start = {
+    // Without the GIL (see the module's docs), and the saver started under
+    // the same lock, so that two sessions made at once start one.
+    let started = py.detach(|| {
         let mut st = STATE.lock();
         st.live.retain(|w| w.strong_count() > 0);
         st.live.push(Arc::downgrade(&plans));
-        st.saver.is_none()
-    };
-    if start {
-        let saver = PlanSaver::start(every(), || {
+        if st.saver.is_some() {
+            return Ok(false);
+        }
+        st.saver = Some(PlanSaver::start(every(), || {
             save_all();
-        })
-        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
-        STATE.lock().saver = Some(saver);
+        })?);
+        Ok(true)
+    });
+    let start = started
+        .map_err(|e: std::io::Error| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+    if start {
         // The last save at exit (off any run: runs have ended).
         let save = wrap_pyfunction!(save_plans, py)?;
         py.import("atexit")?.call_method1("register", (save,))?;

@@ -245,6 +245,7 @@ impl Budget {
     huge_pages = None, plans = None))]
 #[allow(clippy::too_many_arguments)]
 fn configure(
+    py: Python<'_>,
     workers: Option<usize>,
     budget: Option<Bound<'_, PyAny>>,
     decay: Option<Bound<'_, PyAny>>,
@@ -336,7 +337,7 @@ fn configure(
         st.pool = Some(pool);
     });
     if let Some(dir) = plans_dir {
-        crate::plans::set_dir(dir);
+        crate::plans::set_dir(py, dir);
     }
     Ok(())
 }
@@ -359,7 +360,7 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("shrink", shrink)?;
     d.set_item(
         "plans",
-        crate::plans::dir().map(|p| p.display().to_string()),
+        crate::plans::dir(py).map(|p| p.display().to_string()),
     )?;
     match c.options.pages.huge_pages {
         tensor_arena::memory::HugePages::Auto => d.set_item("huge_pages", "auto")?,

@@ -4,6 +4,8 @@ forks, as gunicorn --preload and multiprocessing with fork do.
 
     python forking.py decay MODEL_DIR     # children return to the sessions' RSS
     python forking.py storm MODEL_DIR N   # N forks while 3 threads run
+    python forking.py plans MODEL_DIR N DIR  # N forks while threads configure,
+                                             # read config, make sessions, save
 
 Prints one JSON line; exits non-zero on a failed check."""
 
@@ -128,6 +130,89 @@ def storm(models: str, n: int) -> int:
     return 0 if hung == 0 and all(c == 0 for c in codes) else 1
 
 
+def plans_child() -> None:
+    # The child's own locks work: it reads the settings and saves.
+    ta.config()
+    ta.save_plans()
+    os._exit(0)
+
+
+def plans(models: str, n: int, store: str) -> int:
+    """N forks (os.fork, as gunicorn does) while other threads hold the GIL
+    and ask for the plans' locks: config(), configure(plans=...), new
+    sessions (each loads its store) and saves. A fork or a child that does
+    not finish within PER_FORK seconds is the first hang: reported, and the
+    process exits at once (faulthandler prints where every thread was)."""
+    import faulthandler
+    per_fork = float(os.environ.get("PER_FORK", "20"))
+    ta.configure(workers=2, plans=store)
+    model = os.path.join(models, "ppocr_cls.onnx")
+    x = np.random.default_rng(1).random((1, 3, 48, 192), dtype=np.float32)
+    first = ta.InferenceSession(model)
+    first.run(None, {"x": x})
+    stop = threading.Event()
+    calls = {"config": 0, "configure": 0, "session": 0, "save": 0}
+
+    def config() -> None:
+        while not stop.is_set():
+            ta.config()
+            calls["config"] += 1
+
+    def configure() -> None:
+        while not stop.is_set():
+            ta.configure(plans=store)
+            calls["configure"] += 1
+
+    def session() -> None:
+        while not stop.is_set():
+            s = ta.InferenceSession(model)
+            s.run(None, {"x": x})
+            calls["session"] += 1
+
+    def save() -> None:
+        while not stop.is_set():
+            ta.save_plans()
+            calls["save"] += 1
+
+    threads = [threading.Thread(target=f) for f in (config, configure, session, save)]
+    for t in threads:
+        t.start()
+    t0 = time.monotonic()
+    forks = 0
+    for i in range(n):
+        # A fork that never returns (a deadlock in the parent) ends the
+        # process here, with every thread's stack.
+        faulthandler.dump_traceback_later(per_fork, exit=True)
+        pid = os.fork()
+        if pid == 0:
+            plans_child()
+        faulthandler.cancel_dump_traceback_later()
+        deadline = time.monotonic() + per_fork
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                stop.set()
+                print(json.dumps({"forks": forks, "hung_child": i, **calls}))
+                os._exit(1)
+            time.sleep(0.001)
+        if os.waitstatus_to_exitcode(status) != 0:
+            stop.set()
+            print(json.dumps({"forks": forks, "failed_child": i, "status": status, **calls}))
+            os._exit(1)
+        forks += 1
+    stop.set()
+    for t in threads:
+        t.join()
+    print(json.dumps({"forks": forks, "seconds": round(time.monotonic() - t0, 1), **calls}))
+    return 0
+
+
 if __name__ == "__main__":
     what, models = sys.argv[1], sys.argv[2]
+    if what == "plans":
+        sys.exit(plans(models, int(sys.argv[3]), sys.argv[4]))
     sys.exit(decay(models) if what == "decay" else storm(models, int(sys.argv[3])))

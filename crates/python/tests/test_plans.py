@@ -61,3 +61,61 @@ def test_a_corrupt_store_is_one_warning_and_no_plans(assets, tmp_path):
     assert len(warnings) == 1 and "checksum" in warnings[0], err
     assert runs[0][1] == "dynamic", runs
     assert all(same for _, _, same in runs), runs
+
+
+SAVER = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    from tensor_arena import onnxruntime as ta
+    sess = ta.InferenceSession(sys.argv[1])
+    x = np.random.default_rng(0).random((1, 3, 48, 160), dtype=np.float32)
+    sess.run(None, {"x": x})
+    print(ta.config()["plans"])
+    # Saved at exit, from another directory.
+    os.makedirs("elsewhere", exist_ok=True)
+    os.chdir("elsewhere")
+    """
+)
+
+
+def saver(assets, cwd, plans, home=None):
+    env = dict(os.environ, TENSOR_ARENA_PLANS=plans)
+    if home is not None:
+        env["HOME"] = str(home)
+    r = subprocess.run([sys.executable, "-c", SAVER, str(assets / "ppocr_rec.onnx")], env=env,
+                       cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_a_relative_or_home_store_directory_is_resolved_once(assets, tmp_path):
+    # Relative: resolved against the directory at configuration, not at
+    # the exit save (the process changed directory before it).
+    shown = saver(assets, tmp_path, "plans")
+    assert shown == str(tmp_path / "plans"), shown
+    assert len(list((tmp_path / "plans").glob("*.plans"))) == 1
+    assert not (tmp_path / "elsewhere" / "plans").exists()
+    # `~`: the home directory.
+    shown = saver(assets, tmp_path, "~/home-plans", home=tmp_path / "home")
+    assert shown == str(tmp_path / "home" / "home-plans"), shown
+    assert len(list((tmp_path / "home" / "home-plans").glob("*.plans"))) == 1
+
+
+def test_the_store_is_keyed_by_the_runtimes_real_version(assets, tmp_path):
+    saver(assets, tmp_path, str(tmp_path / "p"))
+    (store,) = (tmp_path / "p").glob("*.plans")
+    body = store.read_bytes()
+    # The version of the library the session runs on, from its file name
+    # (PyPI's builds name no version in their build info).
+    lib = ta_library()
+    version = lib.rsplit("libonnxruntime.so.", 1)[-1]
+    assert version.count(".") >= 1 and version[0].isdigit(), lib
+    assert f"onnxruntime {version}".encode() in body
+    assert b"onnxruntime unknown" not in body
+
+
+def ta_library():
+    # The library a session of this interpreter loads.
+    from tensor_arena import _library
+    return os.path.realpath(_library.find())

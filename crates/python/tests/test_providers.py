@@ -156,3 +156,31 @@ def test_rapidocr_imported_inside_the_block_is_unpatched_after(assets):
     assert infer_engine.InferenceSession is onnxruntime.InferenceSession
     later = RapidOCR()
     assert type(later.text_det.infer.session) is onnxruntime.InferenceSession
+
+
+def test_a_subclass_defined_under_patch_asking_for_an_accelerator_is_an_instance_of_it(assets):
+    path = str(assets / "ppocr_cls.onnx")
+    x = np.random.default_rng(4).random((1, 3, 48, 192), dtype=np.float32)
+    ref = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    original = onnxruntime.InferenceSession
+    with ta.patch():
+
+        class Mine(onnxruntime.InferenceSession):
+            def __init__(self, p, **kw):
+                super().__init__(p, **kw)
+                self.tag = "mine"
+
+            def first(self, feeds):
+                return self.run(None, feeds)[0]
+
+        with pytest.warns(ta.ProviderNotice, match="left to onnxruntime"):
+            gpu = Mine(path, providers=ACCEL)
+        cpu = Mine(path, providers=["CPUExecutionProvider"])
+    # Both are the application's class, with its own methods and state;
+    # the accelerator's is onnxruntime's session underneath.
+    assert isinstance(gpu, Mine) and isinstance(cpu, Mine)
+    assert isinstance(gpu, original) and not isinstance(cpu, original)
+    assert gpu.tag == "mine" and cpu.tag == "mine"
+    same(ref, [gpu.first({"x": x})])
+    same(ref, [cpu.first({"x": x})])
+    assert type(Mine(path, providers=ACCEL)) is type(gpu)

@@ -485,6 +485,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
                 let learning = Learning {
                     refit: !tight,
                     defer: true,
+                    import: false,
                 };
                 self.families.lock().observe(
                     id,
@@ -525,6 +526,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         let learning = Learning {
             refit: !tight,
             defer: self.defer.load(Ordering::Relaxed),
+            import: false,
         };
         let owed =
             self.families
@@ -616,7 +618,9 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
     /// Adds what a plan store loaded: `plans` (valid, least recently used
     /// first) in one publish, the most recent kept where they pass the
     /// capacity, and `families` through the same path as a run's shapes
-    /// ([`Families::import`]).
+    /// ([`Families::import`]): fitted once per structure, or, with
+    /// deferred learning, left to [`learn`](Self::learn) (then
+    /// [`owes`](Self::owes) is true).
     pub(crate) fn restore(&self, plans: Vec<(K, Arc<Plan>)>, families: Vec<FamilySnapshot>) {
         {
             let _writer = self.writer.lock();
@@ -642,7 +646,10 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             self.inserts.fetch_add(added, Ordering::Relaxed);
             self.map.store(Arc::new(map));
         }
-        self.families.lock().import(families);
+        let defer = self.defer.load(Ordering::Relaxed);
+        if self.families.lock().import(families, defer) {
+            self.owes.store(true, Ordering::Release);
+        }
     }
 }
 

@@ -227,6 +227,10 @@ struct Structure {
 pub(crate) struct Learning {
     pub(crate) refit: bool,
     pub(crate) defer: bool,
+    /// A shape loaded from a plan store ([`Families::import`]): only added,
+    /// never fitted, unless `refit` (its structure's last shape, fitted
+    /// once with every shape in).
+    pub(crate) import: bool,
 }
 
 /// A refit left to a learner: the structure's shapes and fit when it was
@@ -440,7 +444,11 @@ impl Families {
         hint: Option<Hint>,
         learning: Learning,
     ) -> bool {
-        let Learning { refit, defer } = learning;
+        let Learning {
+            refit,
+            defer,
+            import,
+        } = learning;
         let now = self.tick();
         self.counts(id, name);
         let family = self.map.get_mut(&id).expect("made by counts");
@@ -538,14 +546,19 @@ impl Families {
         // A fit that keeps models the shapes could not tell apart learns
         // from every shape (the one that tells them apart ends it).
         let ambiguous = s.fit.as_ref().is_some_and(|f| f.ambiguous());
+        if import && !refit {
+            return false;
+        }
         if !refit && !widens && !ambiguous && s.fit.is_some() {
             return false;
         }
         // With a fit to go on, the refit is left to a learner when asked
         // (the run's thread then pays bookkeeping only); the first fit is
         // made here, so the next shape is predicted.
-        if defer && s.fit.is_some() && s.obs.len() >= 2 {
-            s.owed = Some(afresh);
+        // A structure loaded from a store is fitted by the learner when
+        // there is one (a store's load then costs no fit at all).
+        if defer && (s.fit.is_some() || import) && s.obs.len() >= 2 {
+            s.owed = Some(afresh || s.fit.is_none());
             return true;
         }
         let obs: Vec<Observation> = s.obs.iter().cloned().collect();
@@ -697,20 +710,30 @@ impl Families {
     /// shapes are in. Every shape's recording must pass
     /// [`Recording::validate`] (the store checks them all before it
     /// imports any).
-    pub(crate) fn import(&mut self, families: Vec<FamilySnapshot>) {
+    ///
+    /// With `defer` (a cache that learns off the runs' path), no fit is
+    /// made here: each structure of two shapes or more is left owing its
+    /// fit to the learner ([`Families::owed`]); whether any is.
+    pub(crate) fn import(&mut self, families: Vec<FamilySnapshot>, defer: bool) -> bool {
+        let mut owes = false;
         for f in families {
             for s in f.structures {
                 let last = s.shapes.len().saturating_sub(1);
                 for (i, shape) in s.shapes.iter().enumerate() {
                     let rec = s.recording(shape);
                     let name = || f.name.clone();
+                    // Fitted once, with its last shape: a fit per shape
+                    // (each widening the range) cost 4.9 s for 25 KB of
+                    // blocks no model explains.
                     let learning = Learning {
                         refit: i == last,
-                        defer: false,
+                        defer,
+                        import: true,
                     };
-                    let _ = self.observe(f.id, name, shape.dims.clone(), &rec, None, learning);
+                    owes |= self.observe(f.id, name, shape.dims.clone(), &rec, None, learning);
                 }
             }
         }
+        owes
     }
 }

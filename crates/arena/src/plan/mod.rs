@@ -71,6 +71,7 @@ mod cache;
 mod dims;
 mod family;
 mod fit;
+mod overlap;
 mod recording;
 pub mod solver;
 pub mod store;
@@ -363,17 +364,23 @@ impl Plan {
     /// [`PlanError`] naming the first problem found.
     pub fn validate(&self) -> Result<(), PlanError> {
         self.recording.validate()?;
-        self.validate_layout(&self.recording.requests())
+        // From the events themselves (in time order): no requests, no
+        // sort, memory of the live blocks only.
+        overlap::check_recording(&self.recording, &self.offsets, self.size)
+            .map_err(PlanError::new)?;
+        self.validate_rest()
     }
 
     /// [`Plan::validate`] but for its recording, already validated, whose
     /// requests are `requests`.
     fn validate_layout(&self, requests: &[solver::Request]) -> Result<(), PlanError> {
-        let solution = solver::Solution {
-            offsets: self.offsets.clone(),
-            size: self.size,
-        };
-        solver::validate(requests, &solution).map_err(PlanError::new)?;
+        overlap::check(requests, &self.offsets, self.size).map_err(PlanError::new)?;
+        self.validate_rest()
+    }
+
+    /// What [`Plan::validate`] checks past the offsets: the size, the
+    /// alignment and the lower bound.
+    fn validate_rest(&self) -> Result<(), PlanError> {
         if self.size > MAX_BLOCK {
             return Err(PlanError::new(format!(
                 "size {} is over the largest block ({MAX_BLOCK})",

@@ -122,3 +122,41 @@ fn a_plan_saver_saves_off_the_runs_threads_and_once_more_when_stopped() {
     let again = tensor_arena_ort::Plans::with_store(16, store(dir.path(), "ppocr_rec.onnx"));
     assert!(again.stats().plans >= 1);
 }
+
+#[test]
+fn a_process_whose_plans_another_save_dropped_saves_them_again_with_nothing_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = session(store(dir.path(), "ppocr_rec.onnx"));
+    {
+        let mut w = first.worker().unwrap();
+        let x = inputs(first.inputs(), &[("x", &[1, 3, 48, 160])], 0);
+        run(&mut w, &x);
+    }
+    first.plans().save().expect("a store").expect("saved");
+    // Nothing new, the file as this process wrote it: nothing to do.
+    assert!(first.plans().save().is_none());
+    // Another replica's save (on a file system without locks) replaced
+    // the file with one that lacks this process's plans.
+    let path = store(dir.path(), "ppocr_rec.onnx").path();
+    std::fs::remove_file(&path).unwrap();
+    let other = session(store(dir.path(), "ppocr_rec.onnx"));
+    {
+        let mut w = other.worker().unwrap();
+        let x = inputs(other.inputs(), &[("x", &[1, 3, 48, 320])], 1);
+        run(&mut w, &x);
+    }
+    other.plans().save().expect("a store").expect("saved");
+    // Nothing new here, but the file lost this process's shape: saved
+    // again (before, "nothing new since the last save" skipped it).
+    let again = first.plans().save().expect("saved again").expect("written");
+    assert!(again.plans >= 2, "{again:?}");
+    // Now the file holds it: the next period writes nothing.
+    assert!(first.plans().save().is_none());
+    let fresh = session(store(dir.path(), "ppocr_rec.onnx"));
+    let mut w = fresh.worker().unwrap();
+    for (i, width) in [160, 320].into_iter().enumerate() {
+        let x = inputs(fresh.inputs(), &[("x", &[1, 3, 48, width])], i as u64);
+        let out = run(&mut w, &x);
+        assert_eq!(out.plan, Some(PlanSource::Exact), "width {width}");
+    }
+}

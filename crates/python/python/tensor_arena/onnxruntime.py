@@ -450,8 +450,54 @@ class PatchedInferenceSession(InferenceSession):
                 ProviderNotice,
                 stacklevel=2,
             )
-            return _ORT_CLASS(path_or_bytes, sess_options, providers, *args, **kwargs)
+            if cls is PatchedInferenceSession:
+                return _ORT_CLASS(path_or_bytes, sess_options, providers, *args, **kwargs)
+            # A subclass the application defined under the patch: an
+            # instance of it (its methods, isinstance), on onnxruntime's
+            # session; Python then calls its __init__.
+            return object.__new__(_on_onnxruntime(cls))
         return super().__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if getattr(type(self), "_ta_on_onnxruntime", False):
+            # A subclass's session left to onnxruntime (its __init__ may
+            # have come here through super()).
+            _ORT_CLASS.__init__(self, *args, **kwargs)
+        else:
+            super().__init__(*args, **kwargs)
+
+
+# The classes made by _on_onnxruntime, by subclass.
+_ON_ORT: Dict[type, type] = {}
+
+
+def _on_onnxruntime(cls: type) -> type:
+    """A class of ``cls`` (a subclass of ``PatchedInferenceSession``) and
+    onnxruntime's own class, where every name this module's classes define
+    and the subclass does not resolves to onnxruntime's: the subclass's own
+    methods first, then onnxruntime's session. Made once per subclass."""
+    made = _ON_ORT.get(cls)
+    if made is not None:
+        return made
+    own = set()
+    for klass in cls.__mro__:
+        if klass is PatchedInferenceSession:
+            break
+        own.update(vars(klass))
+    ns: Dict[str, Any] = {"_ta_on_onnxruntime": True, "__module__": cls.__module__}
+    skip = {"__dict__", "__weakref__", "__module__", "__doc__", "__qualname__", "__new__"}
+    for klass in (PatchedInferenceSession, InferenceSession):
+        for name in vars(klass):
+            if name in own or name in skip or name in ns:
+                continue
+            if hasattr(_ORT_CLASS, name):
+                ns[name] = getattr(_ORT_CLASS, name)
+    if "__init__" not in own:
+        ns["__init__"] = _ORT_CLASS.__init__
+    ns["__new__"] = lambda k, *a, **kw: object.__new__(k)
+    made = type(cls.__name__, (cls, _ORT_CLASS), ns)
+    _ON_ORT[cls] = made
+    return made
 
 
 # onnxruntime's own class, noted by the first patch().

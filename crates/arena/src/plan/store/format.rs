@@ -29,9 +29,11 @@
 //! before anything is allocated for it.
 
 use super::check::hash64;
+use super::merge::{MAX_FAMILIES, MAX_PLANS, MAX_SHAPES, MAX_STRUCTURES};
 use super::snapshot::{FamilySnapshot, ShapeSnapshot, StructureSnapshot};
 use super::{ModelKey, StoreError};
 use crate::plan::{Plan, PlanEvent, PlanParts, Recording};
+use std::collections::VecDeque;
 
 /// The file's first bytes.
 pub(crate) const MAGIC: [u8; 8] = *b"TAPLANS\0";
@@ -169,6 +171,13 @@ fn codes(events: &[PlanEvent]) -> Option<Vec<u32>> {
 /// shape's recording [`Recording::validate`], with its lower bound its
 /// recording's.
 pub(crate) fn decode(file: &[u8]) -> Result<Body, StoreError> {
+    decode_except(file, &|_| false)
+}
+
+/// [`decode`], but the plans whose key `skip` says are read past, neither
+/// built nor checked (a save's: the keys it holds, whose file side the
+/// merge drops anyway).
+pub(crate) fn decode_except(file: &[u8], skip: &dyn Fn(&[u8]) -> bool) -> Result<Body, StoreError> {
     if file.is_empty() {
         return Err(StoreError::Empty);
     }
@@ -206,17 +215,35 @@ pub(crate) fn decode(file: &[u8]) -> Result<Body, StoreError> {
     };
     let kind = r.string()?;
     let probe = r.u64()?;
-    let n = r.count(8)?;
-    let mut plans = Vec::with_capacity(n);
+    // Each item is checked as it is decoded, and only the most recent
+    // (the last) within the bounds are kept: memory follows what is kept,
+    // not what the file claims. A plan is at least 36 bytes (its key's and
+    // counts' lengths and its size, align and lower bound).
+    let n = r.count(36)?;
+    let mut plans = VecDeque::with_capacity(n.min(MAX_PLANS));
     for _ in 0..n {
-        let k = r.bytes()?.to_vec();
-        plans.push((k, r.plan()?));
+        let k = r.bytes()?;
+        if skip(k) {
+            r.skip_plan()?;
+            continue;
+        }
+        let plan = r.plan()?;
+        if plans.len() == MAX_PLANS {
+            plans.pop_front();
+        }
+        plans.push_back((k.to_vec(), plan));
     }
+    let plans = Vec::from(plans);
     let n = r.count(16)?;
-    let mut families = Vec::with_capacity(n);
+    let mut families = VecDeque::with_capacity(n.min(MAX_FAMILIES));
     for _ in 0..n {
-        families.push(r.family()?);
+        let f = r.family()?;
+        if families.len() == MAX_FAMILIES {
+            families.pop_front();
+        }
+        families.push_back(f);
     }
+    let families = Vec::from(families);
     if !r.b.is_empty() {
         return Err(StoreError::malformed(format!(
             "{} bytes after the last family",
@@ -307,6 +334,20 @@ impl<'a> Reader<'a> {
         Ok(v)
     }
 
+    /// Reads past a plan, building nothing.
+    fn skip_plan(&mut self) -> Result<(), StoreError> {
+        let n = self.count(16)?;
+        self.take(16 * n)?;
+        let e = self.count(4)?;
+        self.take(4 * e)?;
+        let offsets = n
+            .checked_mul(8)
+            .ok_or_else(|| StoreError::malformed("a plan's offsets past the end"))?;
+        self.take(offsets)?;
+        self.take(24)?;
+        Ok(())
+    }
+
     fn plan(&mut self) -> Result<Plan, StoreError> {
         let n = self.count(16)?;
         let mut blocks = Vec::with_capacity(n);
@@ -332,10 +373,15 @@ impl<'a> Reader<'a> {
         let id = self.u64()?;
         let name = self.string()?;
         let n = self.count(12)?;
-        let mut structures = Vec::with_capacity(n);
+        let mut structures = VecDeque::with_capacity(n.min(MAX_STRUCTURES));
         for _ in 0..n {
-            structures.push(self.structure()?);
+            let s = self.structure()?;
+            if structures.len() == MAX_STRUCTURES {
+                structures.pop_front();
+            }
+            structures.push_back(s);
         }
+        let structures = Vec::from(structures);
         Ok(FamilySnapshot {
             id,
             name,
@@ -352,7 +398,13 @@ impl<'a> Reader<'a> {
             shapes: Vec::new(),
         };
         let n = self.count(12)?;
-        s.shapes.reserve(n);
+        let mut shapes = VecDeque::with_capacity(n.min(MAX_SHAPES));
+        // One recording, its sizes replaced shape by shape: no copy of
+        // the events per shape.
+        let mut rec = Recording {
+            blocks: Vec::with_capacity(b),
+            events: std::mem::take(&mut s.events),
+        };
         for _ in 0..n {
             let d = self.count(8)?;
             if d > super::MAX_DIMS {
@@ -371,7 +423,9 @@ impl<'a> Reader<'a> {
                 sizes,
                 lower_bound: self.usize()?,
             };
-            let rec = s.recording(&shape);
+            rec.blocks.clear();
+            rec.blocks
+                .extend(shape.sizes.iter().copied().zip(s.aligns.iter().copied()));
             rec.validate().map_err(StoreError::Invalid)?;
             let lower_bound = rec.peak_live();
             if shape.lower_bound != lower_bound {
@@ -380,8 +434,13 @@ impl<'a> Reader<'a> {
                     shape.lower_bound
                 )));
             }
-            s.shapes.push(shape);
+            if shapes.len() == MAX_SHAPES {
+                shapes.pop_front();
+            }
+            shapes.push_back(shape);
         }
+        s.events = rec.events;
+        s.shapes = Vec::from(shapes);
         Ok(s)
     }
 }

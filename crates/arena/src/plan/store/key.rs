@@ -46,10 +46,16 @@ impl ModelKey {
         hash64(model)
     }
 
-    /// The store file's name for this key: the model's hash, so that one
-    /// directory holds one file per model.
+    /// The store file's name for this key: the model's hash, then a hash
+    /// of the runtime and the options, so that one directory holds one
+    /// file per whole key (two option sets of one model, or two runtime
+    /// versions, keep a file each instead of replacing each other's).
     pub fn file_name(&self) -> String {
-        format!("{:016x}.plans", self.model)
+        let mut rest = Vec::with_capacity(self.runtime.len() + self.options.len() + 9);
+        rest.extend_from_slice(&(self.runtime.len() as u64).to_le_bytes());
+        rest.extend_from_slice(self.runtime.as_bytes());
+        rest.extend_from_slice(self.options.as_bytes());
+        format!("{:016x}-{:016x}.plans", self.model, hash64(&rest))
     }
 
     /// Why a file keyed `saved` is not this key's, in words; `None` when

@@ -13,6 +13,9 @@ use crate::plan::Plan;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+/// Plans a store file's decoding keeps (the most recent): more than any
+/// cache holds.
+pub(crate) const MAX_PLANS: usize = 4096;
 /// Families a store keeps (the most recent).
 pub(crate) const MAX_FAMILIES: usize = 128;
 /// Structures kept per family (the most recent).
@@ -121,4 +124,37 @@ pub(crate) fn bound(mut families: Vec<FamilySnapshot>) -> Vec<FamilySnapshot> {
     let excess = families.len().saturating_sub(MAX_FAMILIES);
     families.drain(..excess);
     families
+}
+
+/// Whether the file's side (`disk`) already holds everything of ours it
+/// has room for: every plan's key (unless the file holds `cap` plans),
+/// and every family's shapes by dimensions (unless the family, or the
+/// file's families, are full). A save that finds this writes nothing.
+pub(crate) fn holds(
+    disk_plans: &[(Vec<u8>, Plan)],
+    disk_families: &[FamilySnapshot],
+    ours: &[(Vec<u8>, Arc<Plan>)],
+    our_families: &[FamilySnapshot],
+    cap: usize,
+) -> bool {
+    let keys: HashSet<&[u8]> = disk_plans.iter().map(|(k, _)| k.as_slice()).collect();
+    let plans_held =
+        disk_plans.len() >= cap.max(1) || ours.iter().all(|(k, _)| keys.contains(k.as_slice()));
+    plans_held
+        && our_families
+            .iter()
+            .all(|f| match disk_families.iter().find(|d| d.id == f.id) {
+                None => disk_families.len() >= MAX_FAMILIES,
+                Some(d) => f.structures.iter().all(|s| {
+                    match d.structures.iter().find(|ds| ds.events == s.events) {
+                        None => d.structures.len() >= MAX_STRUCTURES,
+                        Some(ds) => {
+                            ds.shapes.len() >= MAX_SHAPES
+                                || s.shapes
+                                    .iter()
+                                    .all(|sh| ds.shapes.iter().any(|o| o.dims == sh.dims))
+                        }
+                    }
+                }),
+            })
 }

@@ -12,8 +12,9 @@
 //!   change to how families fit needs no new format.
 //!
 //! # The file
-//! One file per model, `<model hash>.plans` in a directory the program
-//! names ([`ModelKey::file_name`]). A versioned header (magic, format
+//! One file per model key (model, runtime, options),
+//! `<model hash>-<runtime and options hash>.plans` in a directory the
+//! program names ([`ModelKey::file_name`]). A versioned header (magic, format
 //! version), a checksum of the body, and the body: the [`ModelKey`], then
 //! the plans and the families ([`FORMAT_VERSION`]; the layout is on the
 //! private `format` module). Written atomically: a temporary file in the
@@ -34,9 +35,18 @@
 //! [`PlanStore::save`] reads the file first and merges what it holds with
 //! what this process learned (by key and by family; conflicts keep this
 //! process's side: the private `merge` module says how), then writes the
-//! union atomically. Two replicas saving at the same moment both write a
-//! whole file; the later rename wins, and the other's news waits for its
-//! next save, which merges again.
+//! union atomically, all under an advisory lock (`flock` on a lock file
+//! beside the store), so that replicas saving at the same moment each
+//! merge the last one's file. Where the file system has no locks, the
+//! later rename wins; [`PlanStore::save_missing`] (a later save) finds
+//! this process's plans missing and saves them again.
+//!
+//! # Only regular files
+//! The store's path is opened without following a symbolic link and
+//! without blocking, and read only if it is a regular file (a FIFO, a
+//! device, a directory or a link is refused in one line, and never
+//! written through nor replaced by a save), at most
+//! [`MAX_FILE_BYTES`] of it.
 
 mod check;
 mod file;
@@ -52,19 +62,29 @@ pub use key::{decode_dims, encode_dims, ModelKey, PlanKey};
 pub use snapshot::{FamilySnapshot, ShapeSnapshot, StructureSnapshot};
 
 use super::{KeyDims, Plan, PlanCache, PlanError};
+use parking_lot::Mutex;
 use std::hash::Hash;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// The largest store file read: a bigger one is refused unread (and
+/// replaced by the next save).
+pub const MAX_FILE_BYTES: u64 = file::MAX_FILE;
+
 /// The most dimensions a stored shape may have.
 pub(crate) const MAX_DIMS: usize = 1024;
 
-/// A model's plan store: the file `dir/<model hash>.plans`
+/// A model's plan store: the file `dir/<model hash>-<key hash>.plans`
 /// ([`ModelKey::file_name`]).
 #[derive(Clone, Debug)]
 pub struct PlanStore {
     dir: PathBuf,
     key: ModelKey,
+    /// The file as this store (or a clone) last wrote it.
+    written: Arc<Mutex<Option<file::Stamp>>>,
+    /// The largest alignment the arenas the plans are loaded for can draw
+    /// ([`PlanStore::with_max_align`]).
+    max_align: usize,
 }
 
 /// What [`PlanStore::load`] added to the cache.
@@ -230,7 +250,20 @@ impl PlanStore {
         Self {
             dir: dir.into(),
             key,
+            written: Arc::default(),
+            max_align: crate::ArenaConfig::default().max_align,
         }
+    }
+
+    /// The same store, for arenas that draw alignments up to `align`
+    /// ([`ArenaConfig::max_align`](crate::ArenaConfig::max_align); the
+    /// default config's, 4096, unless set): a stored plan (or family
+    /// structure) that needs more is left out at load, with a warning, and
+    /// its key is learned again by its next run. Such a plan was used on
+    /// every run, never drawn and never relearned.
+    pub fn with_max_align(mut self, align: usize) -> Self {
+        self.max_align = align;
+        self
     }
 
     /// The store's file.
@@ -288,6 +321,27 @@ impl PlanStore {
             plans: contents.plans.len(),
             ..Loaded::default()
         };
+        let max_align = self.max_align;
+        let plans_before = contents.plans.len();
+        let mut contents = contents;
+        contents.plans.retain(|(_, p)| p.align() <= max_align);
+        let mut structures_out = 0;
+        for f in &mut contents.families {
+            let before = f.structures.len();
+            f.structures
+                .retain(|s| s.aligns.iter().all(|&a| a <= max_align));
+            structures_out += before - f.structures.len();
+        }
+        contents.families.retain(|f| !f.structures.is_empty());
+        let plans_out = plans_before - contents.plans.len();
+        loaded.plans = contents.plans.len();
+        if plans_out + structures_out > 0 {
+            loaded.warning = Some(format!(
+                "plan store {}: {plans_out} plans and {structures_out} family structures need \
+                 an alignment over the arena's {max_align}: left out, learned again",
+                self.path().display()
+            ));
+        }
         let families = if ids_match {
             contents.families
         } else {
@@ -318,17 +372,64 @@ impl PlanStore {
     /// is refused, or another model's, is replaced), atomically. At most
     /// the cache's capacity of plans is kept, the most recent.
     ///
+    /// Saves of one store take its lock (`flock` on `.<file>.lock` beside
+    /// it) around the read, the merge and the rename, so that replicas
+    /// saving at once each merge the file the last one wrote. Where the
+    /// file system has no locks the save goes on unlocked (a concurrent
+    /// save may then replace this one's file: [`PlanStore::save_missing`]
+    /// finds that and saves again).
+    ///
     /// Costs a read, a merge and a write of the whole file: call it off
     /// the runs' threads.
     ///
     /// # Errors
-    /// [`StoreError::Io`] if the directory or the file cannot be written.
+    /// [`StoreError::Io`] if the directory or the file cannot be written,
+    /// the store's path is not a regular file (a link, FIFO, device,
+    /// directory: never written through nor replaced), or another
+    /// process held the lock for 10 s.
     pub fn save<K>(&self, cache: &PlanCache<K>) -> Result<Saved, StoreError>
+    where
+        K: PlanKey + Hash + Eq + Clone,
+    {
+        self.save_with(cache, false)
+            .map(|s| s.expect("an unconditional save writes"))
+    }
+
+    /// [`PlanStore::save`] if the file lacks any of `cache`'s plans (by
+    /// key) or families' shapes (by dimensions) that it has room for:
+    /// after another process replaced it without this one's (a save
+    /// without a lock), or left them out. `Ok(None)` when the file holds
+    /// them all (nothing is written).
+    ///
+    /// # Errors
+    /// As [`PlanStore::save`].
+    pub fn save_missing<K>(&self, cache: &PlanCache<K>) -> Result<Option<Saved>, StoreError>
+    where
+        K: PlanKey + Hash + Eq + Clone,
+    {
+        self.save_with(cache, true)
+    }
+
+    /// Whether the file is not the one this store last wrote (another
+    /// process wrote since, or it is gone); `true` before any save.
+    pub fn changed(&self) -> bool {
+        let path = self.path();
+        let now = file::stamp(&path);
+        now.is_none() || *self.written.lock() != now
+    }
+
+    fn save_with<K>(
+        &self,
+        cache: &PlanCache<K>,
+        only_missing: bool,
+    ) -> Result<Option<Saved>, StoreError>
     where
         K: PlanKey + Hash + Eq + Clone,
     {
         let path = self.path();
         let io = |e: std::io::Error| StoreError::Io(format!("{}: {e}", path.display()));
+        let refused =
+            |e: file::ReadError| StoreError::Io(format!("{}: {e}; not saved", path.display()));
         let (plans, families) = cache.snapshot();
         let ours: Vec<(Vec<u8>, Arc<Plan>)> = plans
             .into_iter()
@@ -338,8 +439,17 @@ impl PlanStore {
                 (b, p)
             })
             .collect();
+        std::fs::create_dir_all(&self.dir).map_err(io)?;
+        file::replaceable(&path).map_err(refused)?;
+        let _lock = file::lock(&path).map_err(io)?;
+        // A key this process holds keeps this process's plan: the file's
+        // is read past, not built (a save costs what the file's other
+        // plans need, not twice its own).
+        let held: std::collections::HashSet<&[u8]> =
+            ours.iter().map(|(k, _)| k.as_slice()).collect();
+        let skip = |k: &[u8]| !only_missing && held.contains(k);
         let (disk_plans, disk_families) = match file::read(&path) {
-            Ok(Some(bytes)) => match format::decode(&bytes) {
+            Ok(Some(bytes)) => match format::decode_except(&bytes, &skip) {
                 Ok(body)
                     if body.kind == K::KIND
                         && body.probe == family_probe()
@@ -349,20 +459,33 @@ impl PlanStore {
                 }
                 _ => (Vec::new(), Vec::new()),
             },
-            _ => (Vec::new(), Vec::new()),
+            Ok(None) | Err(file::ReadError::TooLarge(_)) => (Vec::new(), Vec::new()),
+            Err(e) => return Err(refused(e)),
         };
+        if only_missing
+            && merge::holds(
+                &disk_plans,
+                &disk_families,
+                &ours,
+                &families,
+                cache.capacity(),
+            )
+        {
+            *self.written.lock() = file::stamp(&path);
+            return Ok(None);
+        }
         let mine = ours.len();
         let plans = merge::plans(disk_plans, ours, cache.capacity());
         let families = merge::families(disk_families, families);
         let refs: Vec<(Vec<u8>, &Plan)> = plans.iter().map(|(k, p)| (k.clone(), &**p)).collect();
         let bytes = format::encode(&self.key, K::KIND, family_probe(), &refs, &families);
-        std::fs::create_dir_all(&self.dir).map_err(io)?;
-        file::write_atomic(&path, &bytes).map_err(io)?;
-        Ok(Saved {
+        let stamp = file::write_atomic(&path, &bytes).map_err(io)?;
+        *self.written.lock() = Some(stamp);
+        Ok(Some(Saved {
             plans: plans.len(),
             merged_plans: plans.len().saturating_sub(mine),
             families: families.len(),
             bytes: bytes.len(),
-        })
+        }))
     }
 }

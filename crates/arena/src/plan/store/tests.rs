@@ -282,12 +282,15 @@ fn saves_merge_what_replicas_learned() {
     for k in ["1x8", "2x8", "4x32"] {
         assert_eq!(three.lookup(k).source, PlanSource::Exact, "{k}");
     }
-    // Nothing but the store's file is left in the directory.
-    let names: Vec<_> = std::fs::read_dir(dir.path())
+    // Nothing but the store's file (and its lock file) is left in the
+    // directory.
+    let mut names: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
-        .map(|e| e.unwrap().file_name())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(names, [std::ffi::OsString::from(model_key().file_name())]);
+    names.sort();
+    let name = model_key().file_name();
+    assert_eq!(names, [format!(".{name}.lock"), name]);
 }
 
 #[test]
@@ -321,4 +324,315 @@ fn seal_makes_the_header_encode_makes() {
     let dir = tempfile::tempdir().unwrap();
     let bytes = saved(dir.path());
     assert_eq!(seal(&bytes[HEADER..]), bytes);
+}
+
+/// Makes something at a path.
+#[cfg(target_os = "linux")]
+type Make = Box<dyn Fn(&Path)>;
+
+/// What is at the store's path when it is not a regular file.
+#[cfg(target_os = "linux")]
+fn odd_paths() -> Vec<(&'static str, Make)> {
+    vec![
+        (
+            "FIFO",
+            Box::new(|p: &Path| {
+                rustix::fs::mknodat(
+                    rustix::fs::CWD,
+                    p,
+                    rustix::fs::FileType::Fifo,
+                    rustix::fs::Mode::from_raw_mode(0o600),
+                    0,
+                )
+                .unwrap()
+            }),
+        ),
+        (
+            "symbolic link",
+            Box::new(|p: &Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap()),
+        ),
+        (
+            "directory",
+            Box::new(|p: &Path| std::fs::create_dir(p).unwrap()),
+        ),
+    ]
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_fifo_a_link_to_a_device_or_a_directory_is_refused_at_once_and_never_written_through() {
+    for (what, make) in odd_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path());
+        make(&s.path());
+        let cache = PlanCache::<String>::new(16);
+        let t = std::time::Instant::now();
+        // A FIFO blocked this load for good; a link to /dev/zero read 1 GiB.
+        let loaded = s.load(&cache);
+        let took = t.elapsed();
+        assert_refused(&loaded, &cache, what);
+        let warning = loaded.warning.unwrap();
+        assert!(warning.contains("not a regular file"), "{what}: {warning}");
+        assert!(took < std::time::Duration::from_secs(5), "{what}: {took:?}");
+        learn(&cache, &[(1, 8)]);
+        let e = s.save(&cache).unwrap_err();
+        assert!(e.to_string().contains("not saved"), "{what}: {e}");
+        // Still what it was: not replaced, nothing written through.
+        let m = std::fs::symlink_metadata(s.path()).unwrap();
+        assert!(!m.is_file(), "{what} replaced by a file");
+    }
+}
+
+#[test]
+fn each_option_set_and_runtime_keeps_a_file_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let two = PlanStore::new(
+        dir.path(),
+        ModelKey::new(b"model bytes", "rt 1.0", "threads=2"),
+    );
+    let four = PlanStore::new(
+        dir.path(),
+        ModelKey::new(b"model bytes", "rt 1.0", "threads=4"),
+    );
+    let newer = PlanStore::new(
+        dir.path(),
+        ModelKey::new(b"model bytes", "rt 1.1", "threads=2"),
+    );
+    assert_ne!(two.path(), four.path());
+    assert_ne!(two.path(), newer.path());
+    let cache = PlanCache::new(16);
+    learn(&cache, &[(1, 8)]);
+    for s in [&two, &four, &newer] {
+        s.save(&cache).unwrap();
+    }
+    // Every save kept the others' files: each starts planned.
+    for s in [&two, &four, &newer] {
+        let fresh = PlanCache::<String>::new(16);
+        let loaded = s.load(&fresh);
+        assert_eq!(
+            (loaded.plans, loaded.warning),
+            (1, None),
+            "{}",
+            s.path().display()
+        );
+    }
+}
+
+/// A run of the toy model whose blocks are all twice as large: another
+/// recording of the same key.
+fn recording_large(batch: usize, width: usize) -> Recording {
+    let mut r = Recording::new();
+    let a = r.alloc(128 * batch * width, 64);
+    let b = r.alloc(256 * width + 64, 64);
+    r.free(a);
+    r.free(b);
+    r
+}
+
+#[test]
+fn the_last_savers_plan_is_the_one_loaded_for_a_key_both_learned() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = PlanCache::new(16);
+    learn(&one, &[(2, 8)]);
+    let two = PlanCache::<String>::new(16);
+    let lookup = Lookup::none(DynamicReason::NewFamily);
+    let rec = recording_large(2, 8);
+    two.after_run("2x8", &lookup, &RunReport::default(), &rec, true)
+        .expect("learned");
+    assert_ne!(one.peek("2x8"), two.peek("2x8"));
+    store(dir.path()).save(&one).unwrap();
+    store(dir.path()).save(&two).unwrap();
+    let fresh = PlanCache::<String>::new(16);
+    store(dir.path()).load(&fresh);
+    assert_eq!(fresh.peek("2x8"), two.peek("2x8"));
+    assert_eq!(fresh.peek("2x8").unwrap().recording(), &rec);
+}
+
+#[test]
+fn a_save_keeps_the_old_file_whole_until_the_new_one_replaces_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = PlanCache::new(64);
+    learn(&cache, &[(1, 8)]);
+    store(dir.path()).save(&cache).unwrap();
+    let old = std::fs::read(store(dir.path()).path()).unwrap();
+    // A hard link holds the old inode across the saves.
+    let held = dir.path().join("held");
+    std::fs::hard_link(store(dir.path()).path(), &held).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let loader = s.spawn(|| {
+            let mut loads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || loads == 0 {
+                let fresh = PlanCache::<String>::new(64);
+                let loaded = store(dir.path()).load(&fresh);
+                assert_eq!(loaded.warning, None, "load {loads}");
+                assert!(loaded.plans >= 1);
+                loads += 1;
+            }
+            loads
+        });
+        for b in 2..40 {
+            learn(&cache, &[(b, 8)]);
+            store(dir.path()).save(&cache).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(loader.join().unwrap() > 0);
+    });
+    // The old inode is the old file, whole, never written into.
+    assert_eq!(std::fs::read(&held).unwrap(), old);
+    let fresh = PlanCache::<String>::new(64);
+    assert_eq!(store(dir.path()).load(&fresh).plans, 39);
+}
+
+#[test]
+fn a_file_of_more_plans_than_any_cache_holds_is_kept_to_the_most_recent() {
+    // 10,000 small valid plans: decoding keeps the last MAX_PLANS only.
+    let mut body = Vec::new();
+    let key = model_key();
+    let put = |b: &mut Vec<u8>, v: &[u8]| {
+        b.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        b.extend_from_slice(v);
+    };
+    body.extend_from_slice(&key.model.to_le_bytes());
+    put(&mut body, key.runtime.as_bytes());
+    put(&mut body, key.options.as_bytes());
+    put(&mut body, b"text");
+    body.extend_from_slice(&super::family_probe().to_le_bytes());
+    let n = 10_000u32;
+    body.extend_from_slice(&n.to_le_bytes());
+    for i in 0..n {
+        put(&mut body, i.to_string().as_bytes());
+        body.extend_from_slice(&1u32.to_le_bytes()); // one block
+        body.extend_from_slice(&64u64.to_le_bytes());
+        body.extend_from_slice(&64u64.to_le_bytes());
+        body.extend_from_slice(&2u32.to_le_bytes()); // alloc, free
+        body.extend_from_slice(&0u32.to_le_bytes());
+        body.extend_from_slice(&(1u32 << 31).to_le_bytes());
+        body.extend_from_slice(&0u64.to_le_bytes()); // offset
+        for v in [64u64, 64, 64] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    body.extend_from_slice(&0u32.to_le_bytes()); // no families
+    let (contents, _) = decode::<String>(&seal(&body)).unwrap();
+    assert_eq!(contents.plans.len(), super::merge::MAX_PLANS);
+    assert_eq!(contents.plans.last().unwrap().0, (n - 1).to_string());
+}
+
+/// One of the processes of
+/// [`six_processes_saving_together_three_times_lose_no_shape`]: learns
+/// two shapes of its own, waits for the start, saves three times (the
+/// second and third as a server's saver would: only if the file lost
+/// its plans). A plain test (returns at once) unless run as that child.
+#[test]
+fn saver_child() {
+    let (Ok(dir), Ok(me)) = (
+        std::env::var("TA_STORE_CHILD_DIR"),
+        std::env::var("TA_STORE_CHILD"),
+    ) else {
+        return;
+    };
+    let me: usize = me.parse().unwrap();
+    let dir = Path::new(&dir);
+    let cache = PlanCache::new(64);
+    learn(&cache, &[(me + 1, 100), (me + 1, 200)]);
+    let s = store(dir);
+    while !dir.join("go").exists() {
+        std::thread::yield_now();
+    }
+    s.save(&cache).unwrap();
+    for _ in 0..2 {
+        if s.changed() {
+            s.save_missing(&cache).unwrap();
+        }
+    }
+}
+
+#[test]
+fn six_processes_saving_together_three_times_lose_no_shape() {
+    if std::env::var("TA_STORE_CHILD").is_ok() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for trial in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let children: Vec<_> = (0..6)
+            .map(|i| {
+                std::process::Command::new(&exe)
+                    .args([
+                        "--exact",
+                        "plan::store::tests::saver_child",
+                        "--test-threads=1",
+                        "-q",
+                    ])
+                    .env("TA_STORE_CHILD", i.to_string())
+                    .env("TA_STORE_CHILD_DIR", dir.path())
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        std::fs::write(dir.path().join("go"), b"").unwrap();
+        for mut c in children {
+            assert!(c.wait().unwrap().success(), "trial {trial}");
+        }
+        let fresh = PlanCache::<String>::new(64);
+        let loaded = store(dir.path()).load(&fresh);
+        assert_eq!(loaded.warning, None);
+        let missing: Vec<String> = (0..6)
+            .flat_map(|i| [key(i + 1, 100), key(i + 1, 200)])
+            .filter(|k| fresh.lookup(k.as_str()).source != PlanSource::Exact)
+            .collect();
+        assert!(missing.is_empty(), "trial {trial}: lost {missing:?}");
+    }
+}
+
+#[test]
+fn a_plan_needing_more_alignment_than_the_arena_draws_is_left_out_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = PlanCache::<String>::new(16);
+    learn(&cache, &[(1, 8)]);
+    let mut rec = Recording::new();
+    let a = rec.alloc(8192, 8192);
+    rec.free(a);
+    let lookup = Lookup::none(DynamicReason::NewFamily);
+    cache
+        .after_run("wide", &lookup, &RunReport::default(), &rec, true)
+        .expect("learned");
+    store(dir.path()).save(&cache).unwrap();
+    let fresh = PlanCache::<String>::new(16);
+    let loaded = store(dir.path()).load(&fresh);
+    assert!(
+        fresh.peek("wide").is_none(),
+        "a plan no arena of 4096 can draw"
+    );
+    assert!(fresh.peek("1x8").is_some());
+    assert_eq!(loaded.plans, 1);
+    let warning = loaded.warning.unwrap();
+    assert!(
+        warning.contains("alignment over the arena's 4096"),
+        "{warning}"
+    );
+    // An arena that draws it loads it.
+    let wider = PlanCache::<String>::new(16);
+    let loaded = store(dir.path()).with_max_align(1 << 16).load(&wider);
+    assert_eq!((loaded.plans, loaded.warning), (2, None));
+}
+
+#[test]
+fn a_cache_that_learns_off_the_runs_path_leaves_the_loaded_fits_to_its_learner() {
+    let dir = tempfile::tempdir().unwrap();
+    saved(dir.path());
+    let cache = PlanCache::<String>::new(16);
+    cache.set_deferred_learning(true);
+    let loaded = store(dir.path()).load(&cache);
+    assert_eq!((loaded.plans, loaded.shapes, loaded.warning), (3, 3, None));
+    // No fit made by the load: the structure owes it.
+    assert!(cache.owes());
+    assert_ne!(cache.lookup("4x16").source, PlanSource::Predicted);
+    assert_eq!(cache.lookup("2x8").source, PlanSource::Exact);
+    assert_eq!(cache.learn(), 1);
+    assert!(!cache.owes());
+    assert_eq!(cache.lookup("4x16").source, PlanSource::Predicted);
 }
