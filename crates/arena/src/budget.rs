@@ -79,7 +79,6 @@ pub struct BudgetStats {
 
 /// One memory limit shared by any number of arenas; see the module docs.
 /// Shared as `Arc<Budget>`.
-#[derive(Debug)]
 pub struct Budget {
     /// The limit in bytes; adjusted by [`Budget::set_limit`] (a limit
     /// shared with other processes follows what they hold).
@@ -101,6 +100,18 @@ pub struct Budget {
     /// never on a commit that fits), copied to register one. Never locked
     /// (see the module's docs on `fork()`).
     members: ArcSwap<Vec<Weak<dyn Reclaim>>>,
+    /// Called before each commit is charged, for a limit that moves
+    /// ([`Budget::set_refresh`]); swapped, never locked.
+    refresh: ArcSwap<Option<Arc<dyn Fn() + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget")
+            .field("stats", &self.stats())
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The headroom [`Budget::from_cgroup`] leaves under a cgroup's limit by
@@ -139,6 +150,7 @@ impl Budget {
             refusals: AtomicU64::new(0),
             pressure: AtomicU64::new(0),
             members: ArcSwap::from_pointee(Vec::new()),
+            refresh: ArcSwap::from_pointee(None),
         })
     }
 
@@ -222,9 +234,21 @@ impl Budget {
         self.reclaim(usize::MAX, &[true])
     }
 
+    /// Sets what is called before each commit is charged: for a limit
+    /// that moves with what other processes hold, a caller that brings it
+    /// up to date there ([`Budget::set_limit`]) when it is stale. It runs
+    /// on the committing thread, in the middle of that arena's call: the
+    /// [`Reclaim`] re-entry rule applies to it. `None` removes it.
+    pub fn set_refresh(&self, refresh: Option<Arc<dyn Fn() + Send + Sync>>) {
+        self.refresh.store(Arc::new(refresh));
+    }
+
     /// Charges `bytes` if they fit under the limit, reclaiming from the
     /// members first if they do not. Returns whether they were charged.
     pub(crate) fn charge(&self, bytes: usize) -> bool {
+        if let Some(f) = self.refresh.load().as_ref() {
+            f();
+        }
         if self.try_charge(bytes) {
             return true;
         }

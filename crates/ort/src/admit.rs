@@ -359,6 +359,32 @@ impl Admission {
         }
     }
 
+    /// Brings a shared limit's room up to date before a commit, if it is
+    /// stale ([`REFRESH`]); never waits for the admission's lock (a
+    /// commit made while another thread holds it goes on with the room
+    /// as it is).
+    fn refresh_for_commit(&self) {
+        if let Room::Shared(_) = &self.room {
+            if let Ok(mut st) = self.state.try_lock() {
+                self.room(&mut st, false);
+            }
+        }
+    }
+
+    /// Makes the budget of a shared limit bring its room up to date before
+    /// each commit, so that a long run's commits follow what the rest of
+    /// the group holds, not what it held at the run's admission.
+    pub(crate) fn follow_commits(self: &Arc<Self>) {
+        if let Room::Shared(s) = &self.room {
+            let me = Arc::downgrade(self);
+            s.budget.set_refresh(Some(Arc::new(move || {
+                if let Some(a) = me.upgrade() {
+                    a.refresh_for_commit();
+                }
+            })));
+        }
+    }
+
     /// Publishes what this process holds now (after idle workers gave
     /// memory back, say), so that other processes see it.
     pub(crate) fn republish(&self) {
@@ -562,10 +588,19 @@ fn base(s: &Shared, st: &State) -> usize {
     if !s.whole {
         return s.limit;
     }
-    let rest = st.group_rest.unwrap_or_else(|| {
-        let others_rest = usize::try_from(st.others.rest).unwrap_or(usize::MAX);
-        st.rest.saturating_add(others_rest)
-    });
+    let others_rest = usize::try_from(st.others.rest).unwrap_or(usize::MAX);
+    let measured = st
+        .group_rest
+        .unwrap_or_else(|| st.rest.saturating_add(others_rest));
+    // The processes of a limit are usually replicas of one service: each
+    // is counted at least at the largest rest any of them has shown, so
+    // that one still loading its sessions (its rest growing by hundreds
+    // of MiB, none of it through a run) is not admitted into.
+    let typical = usize::try_from(st.others.rest_max)
+        .unwrap_or(usize::MAX)
+        .max(st.rest);
+    let replicas = typical.saturating_mul(st.others.processes + 1);
+    let rest = measured.max(replicas);
     s.limit.saturating_sub(s.margin).saturating_sub(rest)
 }
 

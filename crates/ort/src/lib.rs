@@ -43,8 +43,9 @@ pub use heaps::{limit_system_heaps, map_large_blocks, IDLE_RSS_SYSTEM_HEAPS, MAX
 pub use key::{KeyInputs, RunKey};
 pub use ledger::LEDGER_DIR_ENV;
 pub use limit::{
-    check_memory_limit, default_budget, default_memory_limit, margin, parse_memory_limit,
-    set_default_memory_limit, LimitSource, MemoryLimit, MEMORY_LIMIT_ENV, MEMTOTAL_PERCENT,
+    check_memory_limit, default_budget, default_memory_limit, join_default_limit, margin,
+    parse_memory_limit, set_default_memory_limit, LimitSource, MemoryLimit, MEMORY_LIMIT_ENV,
+    MEMTOTAL_PERCENT,
 };
 pub use ort;
 pub use pool::{Checkout, CheckoutFuture, PoolStats, WorkerPool};

@@ -171,6 +171,7 @@ fn made() -> Result<(Option<Arc<Budget>>, Arc<Admission>), OrtArenaError> {
         Some(l) => {
             let budget = Budget::new(l.bytes);
             let admission = shared(&l, &budget);
+            admission.follow_commits();
             (Some((l, budget)), admission)
         }
     };
@@ -235,7 +236,21 @@ pub(crate) fn child_after_fork() {
     let mut d = DEFAULT.lock();
     if let Default::Made(_, a) = &mut *d {
         *a = a.after_fork();
+        a.follow_commits();
     }
+}
+
+/// Makes the default limit (if not made) and says this process is one of
+/// its processes: a service calls it when it opens its sessions, before
+/// its first run, so that the other processes of its container count what
+/// it holds while it loads (the Python package does, for every session).
+/// A no-op without a limit.
+///
+/// # Errors
+/// As [`default_budget`].
+pub fn join_default_limit() -> Result<(), OrtArenaError> {
+    made()?.1.republish();
+    Ok(())
 }
 
 /// Publishes what the process holds to the default limit's ledger (after

@@ -280,6 +280,11 @@ impl Session {
             }
         }
         let session = py.detach(|| -> PyResult<ort::session::Session> {
+            // This process is one of its container's under the default
+            // limit from now on (its other processes count what it holds
+            // while its sessions load); a bad limit surfaces at the first
+            // run.
+            let _ = tensor_arena_ort::join_default_limit();
             let _in_ort = pool::in_onnxruntime();
             let mut b =
                 ort::session::Session::builder(rt.environment()).map_err(errors::from_ort)?;
@@ -300,11 +305,14 @@ impl Session {
                 b = b.with_config_entry(key, value).map_err(errors::from_ort)?;
             }
             b = b.with_tensor_arena().map_err(errors::from_ort)?;
-            match &source {
+            let session = match &source {
                 Source::Path(p) => b.commit_from_file(p),
                 Source::Bytes(bytes) => b.commit_from_memory(bytes),
             }
-            .map_err(errors::from_ort)
+            .map_err(errors::from_ort);
+            // And what it holds with this session loaded.
+            let _ = tensor_arena_ort::join_default_limit();
+            session
         })?;
         // The options that change the allocation order key the store.
         let options = format!(
