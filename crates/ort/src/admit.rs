@@ -77,9 +77,9 @@ pub(crate) struct Shared {
 /// and goes with them, and the room follows its recent peak, not a dip.
 pub const REST_WINDOW: Duration = Duration::from_secs(10);
 
-/// Adds `now` to the samples and returns the most of those within
-/// [`REST_WINDOW`].
-fn recent_peak(seen: &mut VecDeque<(Instant, usize)>, now: usize) -> usize {
+/// Adds `now` to the samples and returns the group's rest now, its most
+/// and its least within [`REST_WINDOW`].
+fn recent(seen: &mut VecDeque<(Instant, usize)>, now: usize) -> GroupRest {
     let t = Instant::now();
     while seen
         .front()
@@ -89,8 +89,37 @@ fn recent_peak(seen: &mut VecDeque<(Instant, usize)>, now: usize) -> usize {
     }
     // Samples at most every REFRESH: a few hundred at most.
     seen.push_back((t, now));
-    seen.iter().map(|(_, v)| *v).max().unwrap_or(now)
+    let values = seen.iter().map(|(_, v)| *v);
+    GroupRest {
+        now,
+        peak: values.clone().max().unwrap_or(now),
+        floor: values.min().unwrap_or(now),
+    }
 }
+
+/// The rest of a group (all it holds but the arenas), as sampled.
+#[derive(Clone, Copy, Debug)]
+struct GroupRest {
+    now: usize,
+    /// The most over [`REST_WINDOW`]: what runs beside others are
+    /// admitted against (the rest comes and goes with requests).
+    peak: usize,
+    /// The least over [`REST_WINDOW`]: what a run alone could have once
+    /// the other requests' buffers are gone; a run that needs more than
+    /// that is refused at once.
+    floor: usize,
+}
+
+/// Which figure of the group's rest a room is taken with.
+#[derive(Clone, Copy)]
+enum RestBy {
+    Peak,
+    Now,
+    Floor,
+}
+
+/// How long a run alone waits for its room before it fails.
+pub const ALONE_WAIT: Duration = Duration::from_secs(30);
 
 /// What a group holds that the kernel cannot simply drop: its usage less
 /// its page cache, from its usage file and `memory.stat`. The margin
@@ -173,7 +202,7 @@ struct State {
     rest: usize,
     /// The rest of the whole group (all it holds but the arenas), where
     /// its usage can be read: the most seen over [`REST_WINDOW`].
-    group_rest: Option<usize>,
+    group_rest: Option<GroupRest>,
     /// The group's rest as sampled over the last [`REST_WINDOW`].
     rest_seen: VecDeque<(Instant, usize)>,
     stats: AdmissionStats,
@@ -290,7 +319,20 @@ impl Admission {
         match &self.room {
             Room::Unlimited => usize::MAX,
             Room::Budget(b) => b.limit(),
-            Room::Shared(s) => base(s, st),
+            Room::Shared(s) => base(s, st, RestBy::Floor),
+        }
+    }
+
+    /// The room of a run alone: as [`Admission::room`], with the group's
+    /// rest as it is now (the other runs are held back while it waits).
+    fn room_alone(&self, st: &mut State, fresh: bool) -> usize {
+        let room = self.room(st, fresh);
+        match &self.room {
+            Room::Shared(s) => {
+                let held = usize::try_from(st.others.held).unwrap_or(usize::MAX);
+                base(s, st, RestBy::Now).saturating_sub(held).max(room)
+            }
+            _ => room,
         }
     }
 
@@ -326,9 +368,9 @@ impl Admission {
                     .saturating_add(committed);
                 ws.saturating_sub(arenas)
             })
-            .map(|now| recent_peak(&mut st.rest_seen, now));
+            .map(|now| recent(&mut st.rest_seen, now));
         let held = usize::try_from(st.others.held).unwrap_or(usize::MAX);
-        let room = base(s, st).saturating_sub(held);
+        let room = base(s, st, RestBy::Peak).saturating_sub(held);
         // This process's commits must fit in its room too (idle workers
         // give back first; a commit that still does not fit is refused).
         s.budget.set_limit(room);
@@ -403,7 +445,7 @@ impl Admission {
             // Nothing of this process runs, nothing of the others is in
             // flight, and no other process waiting alone goes first (the
             // lowest PID does).
-            let room = self.room(st, fresh);
+            let room = self.room_alone(st, fresh);
             let first = st.others.alone_pid.is_none_or(|p| p > std::process::id());
             return st.running == 0 && st.others.promised == 0 && first && need <= room;
         }
@@ -456,6 +498,18 @@ impl Admission {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
             let at = st.queue.iter().position(|w| w.id == id).expect("queued");
+            if alone && since.elapsed() >= ALONE_WAIT {
+                st.queue.remove(at);
+                st.stats.refused += 1;
+                self.publish(&st);
+                drop(st);
+                self.turn.notify_all();
+                return Err(OrtArenaError::OutOfMemory(format!(
+                    "the run needs {need} bytes alone and waited {} s without the room for it \
+                     (the rest of the processes holds the limit)",
+                    ALONE_WAIT.as_secs()
+                )));
+            }
             if at == 0 && relieved.elapsed() >= RELIEVE_AFTER {
                 // The head has waited a while: this process's idle workers
                 // give their cache back (and the ledger hears of it), so
@@ -583,24 +637,32 @@ impl Admission {
 
 /// What a shared limit leaves this process's runs before the other
 /// processes' arenas: the limit, less (for a whole limit) the margin and
-/// the rest of every process.
-fn base(s: &Shared, st: &State) -> usize {
+/// the rest of the group taken `by` one of its figures.
+fn base(s: &Shared, st: &State, by: RestBy) -> usize {
     if !s.whole {
         return s.limit;
     }
     let others_rest = usize::try_from(st.others.rest).unwrap_or(usize::MAX);
-    let measured = st
-        .group_rest
-        .unwrap_or_else(|| st.rest.saturating_add(others_rest));
-    // The processes of a limit are usually replicas of one service: each
-    // is counted at least at the largest rest any of them has shown, so
-    // that one still loading its sessions (its rest growing by hundreds
-    // of MiB, none of it through a run) is not admitted into.
-    let typical = usize::try_from(st.others.rest_max)
-        .unwrap_or(usize::MAX)
-        .max(st.rest);
-    let replicas = typical.saturating_mul(st.others.processes + 1);
-    let rest = measured.max(replicas);
+    let measured = match (st.group_rest, by) {
+        (Some(g), RestBy::Peak) => g.peak,
+        (Some(g), RestBy::Now) => g.now,
+        (Some(g), RestBy::Floor) => g.floor,
+        (None, _) => st.rest.saturating_add(others_rest),
+    };
+    // The processes of a limit are usually replicas of one service: for
+    // runs beside others, each is counted at least at the largest rest any
+    // of them has shown, so that one still loading its sessions (its rest
+    // growing by hundreds of MiB, none of it through a run) is not
+    // admitted into.
+    let rest = match by {
+        RestBy::Peak => {
+            let typical = usize::try_from(st.others.rest_max)
+                .unwrap_or(usize::MAX)
+                .max(st.rest);
+            measured.max(typical.saturating_mul(st.others.processes + 1))
+        }
+        RestBy::Now | RestBy::Floor => measured,
+    };
     s.limit.saturating_sub(s.margin).saturating_sub(rest)
 }
 
