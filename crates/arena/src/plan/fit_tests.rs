@@ -423,3 +423,21 @@ fn a_stride_over_a_few_units_fits_nothing() {
     let at = f.predict(&[1, 190]).unwrap().sizes[0];
     assert!((s(190)..=s(190) + 64).contains(&at), "{at}");
 }
+
+/// The stride floor with factors of 2: a constant block that a deviation
+/// doubled at batch 8 is explained by `floor(b / 2)` (2, 2 and 4 at
+/// batches 4, 5 and 8), whose value is 2 at two shapes, under
+/// `MIN_STRIDED` (3): it is not fitted, and batch 7 is not predicted at
+/// 1.5x the constant. A floor of 2 fits it.
+#[test]
+fn a_stride_over_two_units_fits_nothing() {
+    let f = Fit::new(
+        &[
+            obs(&[4, 100], &[2368]),
+            obs(&[5, 100], &[2368]),
+            obs(&[8, 100], &[4672]),
+        ],
+        64,
+    );
+    assert_eq!(f.predict(&[7, 100]), Err(NoPrediction::Unfit));
+}
