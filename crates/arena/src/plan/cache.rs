@@ -598,7 +598,10 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         let entry = self.map.load().get(key).map(Arc::clone);
         if report.deviated {
             let entry = entry.filter(|e| e.shrunk)?;
-            let same = lookup.plan.as_ref().is_some_and(|p| Arc::ptr_eq(p, &entry.plan));
+            let same = lookup
+                .plan
+                .as_ref()
+                .is_some_and(|p| Arc::ptr_eq(p, &entry.plan));
             if same && entry.over.fetch_add(1, Ordering::Relaxed) + 1 < GROW_BACK {
                 return Some(None);
             }

@@ -109,7 +109,12 @@ fn kv_buffers_seen_constant_far_above_a_key_are_not_kept_below() {
 fn a_keys_plan_follows_what_its_runs_need() {
     let detector = |detections: usize| {
         at(
-            &[6 << 20, 2 << 20, (detections.max(1)) * (256 << 10), 64 << 10],
+            &[
+                6 << 20,
+                2 << 20,
+                (detections.max(1)) * (256 << 10),
+                64 << 10,
+            ],
             &[
                 (true, 0),
                 (true, 1),
@@ -220,6 +225,41 @@ fn a_run_that_leaves_where_a_dynamic_arena_would_be_says_so() {
     let (report, _) = r.finish_with_recording();
     assert!(report.deviated);
     assert!(report.left_as_dynamic, "{report:?}");
+}
+
+/// The review's case: an attention bias of heads x S x S shared across the
+/// batch, batched activations beside it; `[1, 512]` then `[2, 1024]`,
+/// then `[16, 512]`. The bias fits batch x sequence and the sequence's
+/// square alike (tiers of two classes); the prediction was kept at 2.36x
+/// its need. Now the models' disagreement is seen and the key refused;
+/// along the line they varied on, predicted and kept.
+#[test]
+fn a_bias_in_the_square_of_the_sequence_is_not_kept_at_batch_times_sequence() {
+    let model = |b: usize, s: usize| {
+        at(
+            &[4 * s * s, 256 * b * s, 256 * b * s, 4096],
+            &[
+                (true, 0),
+                (true, 1),
+                (true, 2),
+                (false, 1),
+                (true, 3),
+                (false, 2),
+                (false, 3),
+                (false, 0),
+            ],
+        )
+    };
+    let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+    for key in [[1, 512], [2, 1024]] {
+        against_dynamic(&cache, &model(key[0], key[1]), key);
+    }
+    let (source, report, dynamic) = against_dynamic(&cache, &model(4, 2048), [4, 2048]);
+    assert_eq!(source, PlanSource::Predicted);
+    assert!(!report.deviated && report.high_water <= dynamic + GRANULE);
+    let (source, report, dynamic) = against_dynamic(&cache, &model(16, 512), [16, 512]);
+    assert_eq!(source, PlanSource::Dynamic(DynamicReason::Ambiguous));
+    assert!(report.high_water <= dynamic + GRANULE);
 }
 
 /// How a block of a correlated family follows the key `[batch, seq]`.
