@@ -243,7 +243,11 @@ fn an_image_height_that_never_varied_is_predicted_at_the_lower_bound() {
 /// theirs, and the kept runs 0.4 MiB over their dynamic runs in all
 /// instead of 33.9 under (BENCHMARKS.md): the plan's lower footprint is
 /// what a kept run is for. The sequence is deterministic (a fixed seed),
-/// so the figures move only when the planner does.
+/// so the figures move only when the planner does. (2026-11-29: keys
+/// refused where models of one degree part, or below a constant's range:
+/// 172 of 248 within a granule, mean 1.0146x, p95 1.232x, worst 2.304x,
+/// 11.07 MiB past; kept over by more than a granule 41 of 300, worst
+/// 2.517x. The sample's floor went from 250 fell-back runs to 240.)
 #[test]
 fn fell_back_runs_against_no_plan() {
     let f = fell_back_against_no_plan(super::families::arena);
@@ -282,7 +286,7 @@ impl FellBack {
     /// enough of them left where a dynamic arena would be (each held, as
     /// it goes, to its dynamic run or its plan's block).
     fn holds(&self, mean: f64) {
-        assert!(self.fell >= 250, "{} fell-back runs", self.fell);
+        assert!(self.fell >= 240, "{} fell-back runs", self.fell);
         assert!(
             self.within * 100 >= self.fell * 68,
             "{} of {} within a granule",
