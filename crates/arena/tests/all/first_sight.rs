@@ -330,6 +330,7 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
     );
     let runs = prop::collection::vec(((1usize..9, 16usize..300), twist()), 12);
     let (mut fell, mut within, mut kept, mut as_dynamic) = (0u32, 0u32, 0u32, 0u32);
+    let (mut predicted, mut goal_within, mut goal_worst, mut goal_net) = (0u32, 0u32, 1f64, 0f64);
     // Bytes under their dynamic runs, over the fell-back and kept runs.
     let (mut saved, mut kept_saved) = (0f64, 0f64);
     let mut as_dynamic_over: Vec<f64> = Vec::new();
@@ -349,6 +350,15 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
                 continue;
             }
             let (dynamic, _, _) = drive(&make(), None, &model, [b, w], twist);
+            // The goal's measure, over every predicted run (kept or fell
+            // back): within max(a granule, 3%) of its dynamic run.
+            if lookup.source == PlanSource::Predicted {
+                predicted += 1;
+                let d = dynamic.high_water;
+                goal_within += u32::from(report.high_water <= d + GRANULE.max(d * 3 / 100));
+                goal_worst = goal_worst.max(report.high_water as f64 / d.max(1) as f64);
+                goal_net += report.high_water as f64 - d as f64;
+            }
             if !report.deviated {
                 if lookup.source == PlanSource::Predicted {
                     kept += 1;
@@ -410,6 +420,11 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
         mib(saved),
         kept_over.len(),
         mib(kept_saved),
+    );
+    println!(
+        "predicted runs (kept or fell back): {goal_within} of {predicted} within max(a granule, \
+         3%) of their dynamic runs, worst {goal_worst:.3}x, {:+.2} MiB against them in all",
+        mib(goal_net)
     );
     FellBack {
         fell,
