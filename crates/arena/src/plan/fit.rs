@@ -28,14 +28,18 @@
 //! prediction is the largest of theirs: too large a slot costs a few
 //! bytes, too small a slot hands the run over to the dynamic path.
 //!
-//! Ambiguity is known, not guessed: where other tiers as simple as the
-//! first that fits (the same degree, the same kind) fit too, as the batch
-//! and the sequence do when they only varied together (`[1, 512]`, then
-//! `[2, 1024]`), the block keeps every one of them, and the prediction at
+//! Ambiguity is known, not guessed: where other tiers of the degree of the
+//! first that fits (the product of every varying dimension or not, the
+//! same kind) fit too, as the batch and the sequence do when they only
+//! varied together (`[1, 512]`, then `[2, 1024]`: `b * s`, `s^2` and
+//! `b^2`), the block keeps every one of them, and the prediction at
 //! a key says where they part (`Predicted::least`): its family predicts
 //! the largest only where that costs no more live bytes than the least (to
 //! a sixty-fourth), and refuses the key otherwise
-//! (`DynamicReason::Ambiguous`; the run teaches which is right).
+//! (`DynamicReason::Ambiguous`; the run teaches which is right). A block
+//! the same size at every shape seen is one of two models at a key far
+//! below them (`Fit::below_range`): a constant, or a size padded to a
+//! bucket that the shapes seen all fell in.
 //!
 //! A dimension that never varied among the shapes seen says nothing by how
 //! sizes moved with it; but sizes are products of the input's dimensions,
