@@ -276,7 +276,10 @@ fn fell_back_runs_against_no_plan_on_pages() {
         )
         .unwrap()
     });
-    f.holds(1.016);
+    // (1.0160x: 13 fewer fell-back runs than before the refusals of
+    // models of one degree that part, closer to their dynamic runs than
+    // the mean.)
+    f.holds(1.017);
 }
 
 impl FellBack {
