@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Counters of a [`PlanCache`].
@@ -41,6 +41,13 @@ struct Entry {
     plan: Arc<Plan>,
     /// Stamp of the last lookup that returned this entry.
     last_used: AtomicU64,
+    /// Whether the plan was learned from a run much smaller than the
+    /// key's plan before it: the key's sizes depend on the data
+    /// ([`PlanCache::after_run`]), and it grows back only after
+    /// `need::GROW_BACK` runs in a row past it.
+    shrunk: bool,
+    /// Runs in a row that left the plan (reset by one that kept to it).
+    over: AtomicU32,
 }
 
 /// Plans by key, bounded, least recently used out; and plan families,
@@ -259,6 +266,12 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
     /// Adds (or replaces) the plan for `key`, evicting the least recently
     /// used plans beyond the capacity.
     pub fn insert(&self, key: K, plan: Arc<Plan>) {
+        self.insert_entry(key, plan, false);
+    }
+
+    /// [`PlanCache::insert`], with the plan marked as learned from a run
+    /// much smaller than the key's plan before it (`shrunk`).
+    fn insert_entry(&self, key: K, plan: Arc<Plan>, shrunk: bool) {
         let _writer = self.writer.lock();
         let mut map: HashMap<K, Arc<Entry>> = (**self.map.load()).clone();
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
@@ -267,6 +280,8 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             Arc::new(Entry {
                 plan,
                 last_used: AtomicU64::new(now),
+                shrunk,
+                over: AtomicU32::new(0),
             }),
         );
         while map.len() > self.capacity {
@@ -434,8 +449,13 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         if report.deviated {
             self.note_deviation();
         }
-        if !succeeded || (source == PlanSource::Exact && !report.deviated) {
+        if !succeeded {
             return None;
+        }
+        if source == PlanSource::Exact {
+            if let Some(step) = self.exact_follows_need(key, lookup, report, recording) {
+                return step;
+            }
         }
         let mut hint = None;
         // A prediction the run kept to (its blocks within their slots) and
@@ -629,7 +649,13 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             for (key, plan) in plans {
                 let now = self.clock.fetch_add(1, Ordering::Relaxed);
                 let last_used = AtomicU64::new(now);
-                map.insert(key, Arc::new(Entry { plan, last_used }));
+                let entry = Entry {
+                    plan,
+                    last_used,
+                    shrunk: false,
+                    over: AtomicU32::new(0),
+                };
+                map.insert(key, Arc::new(entry));
             }
             if map.len() > self.capacity {
                 let mut stamps: Vec<u64> = map
@@ -661,6 +687,9 @@ impl<K> std::fmt::Debug for PlanCache<K> {
             .finish()
     }
 }
+
+#[path = "cache_need.rs"]
+mod need;
 
 #[cfg(test)]
 mod learn_tests {

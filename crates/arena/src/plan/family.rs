@@ -36,9 +36,11 @@ pub enum DynamicReason {
     /// varying bytes): the run teaches it.
     Unvaried,
     /// Models that explain every shape seen equally well (dimensions that
-    /// only varied together: the batch and the sequence, doubled at once)
-    /// disagree at the key by more than a sixty-fourth of its live bytes:
-    /// which is right is unknown (the run teaches it).
+    /// only varied together: the batch and the sequence, doubled at once;
+    /// or a block constant at every shape seen, far above the key, which a
+    /// size padded to a bucket explains as well) disagree at the key by
+    /// more than a sixty-fourth of its live bytes: which is right is
+    /// unknown (the run teaches it).
     Ambiguous,
     /// The prediction needs more than its family's runs justify: the
     /// largest lower bound seen, scaled past the shapes seen by the fit's

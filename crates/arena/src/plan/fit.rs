@@ -28,14 +28,18 @@
 //! prediction is the largest of theirs: too large a slot costs a few
 //! bytes, too small a slot hands the run over to the dynamic path.
 //!
-//! Ambiguity is known, not guessed: where other tiers as simple as the
-//! first that fits (the same degree, the same kind) fit too, as the batch
-//! and the sequence do when they only varied together (`[1, 512]`, then
-//! `[2, 1024]`), the block keeps every one of them, and the prediction at
+//! Ambiguity is known, not guessed: where other tiers of the degree of the
+//! first that fits (the product of every varying dimension or not, the
+//! same kind) fit too, as the batch and the sequence do when they only
+//! varied together (`[1, 512]`, then `[2, 1024]`: `b * s`, `s^2` and
+//! `b^2`), the block keeps every one of them, and the prediction at
 //! a key says where they part (`Predicted::least`): its family predicts
 //! the largest only where that costs no more live bytes than the least (to
 //! a sixty-fourth), and refuses the key otherwise
-//! (`DynamicReason::Ambiguous`; the run teaches which is right).
+//! (`DynamicReason::Ambiguous`; the run teaches which is right). A block
+//! the same size at every shape seen is one of two models at a key far
+//! below them (`Fit::below_range`): a constant, or a size padded to a
+//! bucket that the shapes seen all fell in.
 //!
 //! A dimension that never varied among the shapes seen says nothing by how
 //! sizes moved with it; but sizes are products of the input's dimensions,
@@ -241,8 +245,9 @@ pub(super) fn model_of(
 /// shapes seen allow.
 pub(super) type Fits = Vec<(Monomial, Vec<(f64, f64)>)>;
 
-/// The fits of the first tier that has any, and of every tier of its class
-/// after it whose values at the shapes seen are those of one of the first
+/// The fits of the first tier that has any, and of every tier of its
+/// degree after it (of either class: the product of every varying
+/// dimension, or not) whose values at the shapes seen are those of one of the first
 /// tier's fits, scaled (`affine`: scaled and shifted): the shapes cannot
 /// tell such a tier from the first (the batch and the sequence when they
 /// only varied together, or any two monomials at two shapes for an affine
@@ -254,33 +259,35 @@ fn first_class(
     affine: bool,
     mut fit: impl FnMut(&Monomial, &[f64]) -> Option<(Monomial, Vec<(f64, f64)>)>,
 ) -> Option<Fits> {
-    let mut with_values =
-        |m: &Monomial, values: &[f64]| fit(m, values).map(|f| (f, values.to_vec()));
-    // The first fitting tier's class and its fits' values.
-    let mut class: Option<(i32, bool)> = None;
+    // The first fitting tier's fits' values, and its degree.
     let mut first: Vec<Vec<f64>> = Vec::new();
+    let mut degree = 0;
     let mut fits: Fits = Vec::new();
     for tier in tiers {
-        match class {
-            Some(c) => {
-                if tier.class != c {
-                    break;
+        if !first.is_empty() && tier.class.0 != degree {
+            break;
+        }
+        if first.is_empty() {
+            degree = tier.class.0;
+            let with_values =
+                |m: &Monomial, values: &[f64]| fit(m, values).map(|f| (f, values.to_vec()));
+            (fits, first) = least_strided(tier, with_values).into_iter().unzip();
+        } else {
+            // Every later tier of its degree, the product of every
+            // varying dimension or not (`b * s` and `s^2` when the batch
+            // and the sequence doubled together): told apart by the shapes
+            // (cheaply, before any fit) or kept beside the first.
+            let related = |m: &Monomial, values: &[f64]| {
+                if first.iter().any(|f| alike(f, values, affine)) {
+                    fit(m, values)
+                } else {
+                    None
                 }
-                let related = least_strided(tier, &mut with_values)
-                    .into_iter()
-                    .filter(|(_, v)| first.iter().any(|f| alike(f, v, affine)))
-                    .map(|(f, _)| f);
-                fits.extend(related);
-            }
-            None => {
-                (fits, first) = least_strided(tier, &mut with_values).into_iter().unzip();
-                if !fits.is_empty() {
-                    class = Some(tier.class);
-                }
-            }
+            };
+            fits.extend(least_strided(tier, related));
         }
     }
-    class.map(|_| fits)
+    (!first.is_empty()).then_some(fits)
 }
 
 /// Whether `b` is `c * a` (`affine`: `d + c * a`) at every shape, to a

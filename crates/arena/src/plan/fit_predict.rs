@@ -37,6 +37,7 @@ impl Fit {
         } else {
             1.0
         };
+        let below = self.below_range(dims);
         let mut sizes = Vec::with_capacity(self.models.len());
         let mut least: Option<Vec<usize>> = None;
         for (b, m) in self.models.iter().enumerate() {
@@ -52,7 +53,11 @@ impl Fit {
                 SizeModel::Const { size, small } => {
                     let grown = if *small { grown } else { 1.0 };
                     let bytes = *size as f64 * grown;
-                    (bytes, bytes)
+                    // Below the range it was seen constant over, a
+                    // constant is as well explained by a size that
+                    // follows the dimension that moved (a buffer padded
+                    // to a bucket or doubled past the length).
+                    (bytes, bytes * below)
                 }
                 SizeModel::Scaled(fits) | SizeModel::Affine(fits) => tier_range(fits, dims),
             };
@@ -68,6 +73,45 @@ impl Fit {
             sizes.push(size);
         }
         Ok(Predicted { sizes, least })
+    }
+
+    /// How far below the range of the shapes seen a key lies, as the
+    /// factor a size that follows its dimensions would shrink by: the
+    /// product, over the varying dimensions whose value at `dims` is under
+    /// every value seen, of `dims[d] / min_d`, counted only where the key
+    /// reaches further below the least value seen than the shapes seen
+    /// span (`min_d / dims[d] > max_d / min_d`); 1 where it does not.
+    ///
+    /// A block the same size at every shape seen may be a constant (a
+    /// model's state) or a size padded to a bucket, or doubled as it
+    /// grows, that the shapes seen all fell in (K/V buffers of 2,048
+    /// tokens at lengths 1,025 and 1,030): which it is, only a shape in
+    /// another bucket tells. Seen constant over a range as wide as the
+    /// step down to the key, it is taken as constant; further below, the
+    /// constant and a size that follows the dimension that moved are two
+    /// models the shapes cannot tell apart, and the prediction says both
+    /// (`Predicted::least`): its family predicts the constant only where
+    /// that costs no more than the least, and refuses the key otherwise.
+    fn below_range(&self, dims: &[u64]) -> f64 {
+        let mut factor = 1.0f64;
+        for (d, &now) in dims.iter().enumerate() {
+            if !self.varied[d] {
+                continue;
+            }
+            let (lo, hi) = self
+                .obs
+                .iter()
+                .map(|o| o.dims[d])
+                .fold((u64::MAX, 0u64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+            if now >= lo || lo == 0 {
+                continue;
+            }
+            let (now, lo, hi) = (now as f64, lo as f64, hi as f64);
+            if lo / now.max(1.0) > hi / lo {
+                factor *= now / lo;
+            }
+        }
+        factor
     }
 
     /// How a key that changes dimensions that never varied among the shapes

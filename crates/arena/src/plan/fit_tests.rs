@@ -47,8 +47,15 @@ fn a_small_block_that_rounding_kept_constant_scales_past_the_shapes_seen() {
     assert_eq!(f.predict(&[1, 3]).unwrap().sizes, [64]);
 }
 
+/// Square shapes cannot tell height x width from the square of either:
+/// the prediction at a shape that is not square says both (the largest,
+/// and the least), and its family predicts it only where they cost alike.
+/// (Before, the product of every varying dimension was taken, and a block
+/// in the square of one was predicted at the product: the bias of heads x
+/// S x S after `[1, 512]` and `[2, 1024]` was kept at 2.4x its need at
+/// `[16, 512]`.)
 #[test]
-fn height_times_width_beats_squares_from_square_shapes() {
+fn square_shapes_cannot_tell_height_times_width_from_squares() {
     let s = |h: u64, w: u64| round(96 * h * w, 64);
     let f = Fit::new(
         &[
@@ -57,7 +64,97 @@ fn height_times_width_beats_squares_from_square_shapes() {
         ],
         64,
     );
-    assert_eq!(f.predict(&[1, 3, 736, 992]).unwrap().sizes, [s(736, 992)]);
+    let at = f.predict(&[1, 3, 736, 992]).unwrap();
+    assert_eq!(at.sizes, [s(992, 992)]);
+    assert_eq!(at.least, Some(vec![s(736, 736)]));
+    // Along the square, they agree.
+    let along = f.predict(&[1, 3, 640, 640]).unwrap();
+    assert_eq!((along.sizes, along.least), (vec![s(640, 640)], None));
+}
+
+/// A batch and a sequence that doubled together: a block in the square of
+/// the sequence (an attention bias shared across the batch) is explained
+/// as well by batch x sequence (a tier of another class) and by the
+/// batch's square; all are kept, and they part at `[16, 512]`. Reverting
+/// to the first fitting class alone predicts `16 * 512` units with no
+/// `least`.
+#[test]
+fn a_square_beside_the_product_of_every_dimension_is_ambiguous() {
+    let bias = |s: u64| (12 * s * s * 4) as usize;
+    let f = Fit::new(
+        &[obs(&[1, 512], &[bias(512)]), obs(&[2, 1024], &[bias(1024)])],
+        64,
+    );
+    let at = f.predict(&[16, 512]).unwrap();
+    // The largest of `b * s`, `b^2` and `s^2` is the batch's square.
+    assert_eq!(at.sizes, [256 * bias(512)]);
+    assert_eq!(at.least, Some(vec![bias(512)]));
+    // The cube of one dimension beside the other degree-3 products.
+    let cube = |s: u64| (s * s * s) as usize;
+    let f = Fit::new(
+        &[obs(&[1, 64], &[cube(64)]), obs(&[2, 128], &[cube(128)])],
+        64,
+    );
+    // (No monomial is a cube of one dimension: the fits that explain it
+    // part from each other, and none is predicted alone.)
+    let at = f.predict(&[8, 64]).unwrap();
+    assert!(
+        at.least.as_ref().is_some_and(|l| l[0] < at.sizes[0]),
+        "{at:?}"
+    );
+}
+
+/// K/V buffers padded to 2,048 tokens at lengths 1,025 and 1,030: a block
+/// the same size at every shape seen. At length 3 (far below the range
+/// seen) the constant is as well explained by a size that follows the
+/// length, and the prediction says so (`least`); within the range (or a
+/// step below it no larger than the range it was seen constant over) the
+/// constant stands. Reverting the rule predicts the constant with no
+/// `least` at length 3 (the run was kept at 253x its need).
+#[test]
+fn a_constant_seen_only_far_above_a_key_is_not_extrapolated_down() {
+    let kv = 2048 * 32 * 1024;
+    let f = Fit::new(
+        &[
+            obs(&[1, 1025], &[kv, 1025 * 4096]),
+            obs(&[1, 1030], &[kv, 1030 * 4096]),
+        ],
+        64,
+    );
+    let at = f.predict(&[1, 3]).unwrap();
+    assert_eq!(at.sizes[0], kv);
+    let least = at.least.expect("the constant and the length part");
+    assert!(least[0] <= kv * 3 / 1025 + 64, "{least:?}");
+    assert_eq!(f.predict(&[1, 1027]).unwrap().least, None);
+    // Seen constant from 256 to 1,024: a step down to 128 is within that
+    // span (a factor of 4), one down to 32 is not.
+    let f = Fit::new(
+        &[
+            obs(&[256], &[4096, 256 * 64]),
+            obs(&[1024], &[4096, 1024 * 64]),
+        ],
+        64,
+    );
+    assert_eq!(f.predict(&[128]).unwrap().least, None);
+    assert_eq!(f.predict(&[32]).unwrap().least.map(|l| l[0]), Some(512));
+}
+
+/// The unvaried dimension's threshold on both sides: a value whose
+/// largest odd prime factor is 7 (7, 160 = 5 x 32, 224 = 7 x 32) tells
+/// nothing and is refused; 352 = 11 x 32 shows the blocks follow it.
+/// Lowering the threshold to 7 predicts 7 and 224.
+#[test]
+fn the_unvaried_threshold_is_a_prime_factor_of_11() {
+    for (h, told) in [(7u64, false), (160, false), (224, false), (352, true)] {
+        let s = |w: u64| (h * w * 64) as usize;
+        let f = Fit::new(&[obs(&[h, 320], &[s(320)]), obs(&[h, 480], &[s(480)])], 64);
+        let at = f.predict(&[2 * h, 400]);
+        if told {
+            assert_eq!(at.unwrap().sizes, [(2 * h * 400 * 64) as usize], "{h}");
+        } else {
+            assert_eq!(at, Err(NoPrediction::Unvaried), "{h}");
+        }
+    }
 }
 
 #[test]
@@ -325,4 +422,22 @@ fn a_stride_over_a_few_units_fits_nothing() {
     let f = Fit::new(&[obs(&[1, 123], &[s(123)]), obs(&[1, 245], &[s(245)])], 64);
     let at = f.predict(&[1, 190]).unwrap().sizes[0];
     assert!((s(190)..=s(190) + 64).contains(&at), "{at}");
+}
+
+/// The stride floor with factors of 2: a constant block that a deviation
+/// doubled at batch 8 is explained by `floor(b / 2)` (2, 2 and 4 at
+/// batches 4, 5 and 8), whose value is 2 at two shapes, under
+/// `MIN_STRIDED` (3): it is not fitted, and batch 7 is not predicted at
+/// 1.5x the constant. A floor of 2 fits it.
+#[test]
+fn a_stride_over_two_units_fits_nothing() {
+    let f = Fit::new(
+        &[
+            obs(&[4, 100], &[2368]),
+            obs(&[5, 100], &[2368]),
+            obs(&[8, 100], &[4672]),
+        ],
+        64,
+    );
+    assert_eq!(f.predict(&[7, 100]), Err(NoPrediction::Unfit));
 }

@@ -243,7 +243,11 @@ fn an_image_height_that_never_varied_is_predicted_at_the_lower_bound() {
 /// theirs, and the kept runs 0.4 MiB over their dynamic runs in all
 /// instead of 33.9 under (BENCHMARKS.md): the plan's lower footprint is
 /// what a kept run is for. The sequence is deterministic (a fixed seed),
-/// so the figures move only when the planner does.
+/// so the figures move only when the planner does. (2026-11-29: keys
+/// refused where models of one degree part, or below a constant's range:
+/// 172 of 248 within a granule, mean 1.0146x, p95 1.232x, worst 2.304x,
+/// 11.07 MiB past; kept over by more than a granule 41 of 300, worst
+/// 2.517x. The sample's floor went from 250 fell-back runs to 240.)
 #[test]
 fn fell_back_runs_against_no_plan() {
     let f = fell_back_against_no_plan(super::families::arena);
@@ -272,7 +276,10 @@ fn fell_back_runs_against_no_plan_on_pages() {
         )
         .unwrap()
     });
-    f.holds(1.016);
+    // (1.0160x: 13 fewer fell-back runs than before the refusals of
+    // models of one degree that part, closer to their dynamic runs than
+    // the mean.)
+    f.holds(1.017);
 }
 
 impl FellBack {
@@ -282,7 +289,7 @@ impl FellBack {
     /// enough of them left where a dynamic arena would be (each held, as
     /// it goes, to its dynamic run or its plan's block).
     fn holds(&self, mean: f64) {
-        assert!(self.fell >= 250, "{} fell-back runs", self.fell);
+        assert!(self.fell >= 240, "{} fell-back runs", self.fell);
         assert!(
             self.within * 100 >= self.fell * 68,
             "{} of {} within a granule",
@@ -326,6 +333,7 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
     );
     let runs = prop::collection::vec(((1usize..9, 16usize..300), twist()), 12);
     let (mut fell, mut within, mut kept, mut as_dynamic) = (0u32, 0u32, 0u32, 0u32);
+    let (mut predicted, mut goal_within, mut goal_worst, mut goal_net) = (0u32, 0u32, 1f64, 0f64);
     // Bytes under their dynamic runs, over the fell-back and kept runs.
     let (mut saved, mut kept_saved) = (0f64, 0f64);
     let mut as_dynamic_over: Vec<f64> = Vec::new();
@@ -345,6 +353,15 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
                 continue;
             }
             let (dynamic, _, _) = drive(&make(), None, &model, [b, w], twist);
+            // The goal's measure, over every predicted run (kept or fell
+            // back): within max(a granule, 3%) of its dynamic run.
+            if lookup.source == PlanSource::Predicted {
+                predicted += 1;
+                let d = dynamic.high_water;
+                goal_within += u32::from(report.high_water <= d + GRANULE.max(d * 3 / 100));
+                goal_worst = goal_worst.max(report.high_water as f64 / d.max(1) as f64);
+                goal_net += report.high_water as f64 - d as f64;
+            }
             if !report.deviated {
                 if lookup.source == PlanSource::Predicted {
                     kept += 1;
@@ -406,6 +423,11 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
         mib(saved),
         kept_over.len(),
         mib(kept_saved),
+    );
+    println!(
+        "predicted runs (kept or fell back): {goal_within} of {predicted} within max(a granule, \
+         3%) of their dynamic runs, worst {goal_worst:.3}x, {:+.2} MiB against them in all",
+        mib(goal_net)
     );
     FellBack {
         fell,

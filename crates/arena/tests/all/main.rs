@@ -14,6 +14,7 @@ mod gpu_traces;
 mod grown_block;
 mod learning;
 mod model;
+mod never_a_loss;
 mod planner;
 mod plans;
 mod pressure;

@@ -1,0 +1,360 @@
+//! Predictions that are never a loss: a key below every shape seen, sizes
+//! that depend on the data at one key, and dimensions that varied together
+//! are each held to the same run on a fresh dynamic arena (plus a
+//! granule), and a run that leaves its plan with every block where a
+//! dynamic arena would have it is reported so.
+
+use super::families::{arena, drive, run, Model, Size, Twist, GRANULE};
+use proptest::prelude::*;
+use std::sync::Arc;
+use tensor_arena::{
+    Arena, ArenaConfig, DynamicReason, Plan, PlanCache, PlanSource, Recording, RunReport,
+};
+
+/// A model whose blocks have these sizes (at whatever key it is run at),
+/// allocated and freed as `events` say.
+fn at(sizes: &[usize], events: &[(bool, usize)]) -> Model {
+    Model {
+        sizes: sizes.iter().map(|&a| Size { a, c: 0, m: 0 }).collect(),
+        events: events.to_vec(),
+    }
+}
+
+/// Runs `model` at `key` through `cache` and returns how it was served,
+/// its report, and the same run's high-water on a fresh dynamic arena.
+fn against_dynamic(
+    cache: &PlanCache<Vec<usize>>,
+    model: &Model,
+    key: [usize; 2],
+) -> (PlanSource, RunReport, usize) {
+    let arena = arena();
+    let (lookup, report, _) = run(&arena, cache, model, key, Twist::None);
+    let (dynamic, _, _) = drive(&arena_fresh(), None, model, key, Twist::None);
+    (lookup.source, report, dynamic.high_water)
+}
+
+fn arena_fresh(
+) -> tensor_arena::Arena<tensor_arena::Heap<tensor_arena::allocator_api2::alloc::Global>> {
+    arena()
+}
+
+/// A decoder step: activations in the length, and K/V buffers padded as
+/// `kv` says (to the next power of two, or to a bucket).
+fn decoder(len: usize, kv: impl Fn(usize) -> usize) -> Model {
+    let per_token = 4 << 10;
+    at(
+        &[
+            len * 256,
+            kv(len) * per_token,
+            kv(len) * per_token,
+            len * 1024,
+            4096,
+        ],
+        &[
+            (true, 0),
+            (true, 1),
+            (true, 2),
+            (true, 3),
+            (false, 0),
+            (true, 4),
+            (false, 3),
+            (false, 4),
+            (false, 1),
+            (false, 2),
+        ],
+    )
+}
+
+/// K/V buffers that double (lengths 1,025 and 1,030 both pad to 2,048) or
+/// are padded to buckets of 128 (1,000 and 1,010 pad to 1,024): the
+/// buffers are the same size at every shape seen. A key far below them
+/// (length 3, or 20) is not planned with the constant (kept at 253x and
+/// 7.8x its need before): it is refused as ambiguous and costs what no
+/// plan costs; the run then teaches the family.
+#[test]
+fn kv_buffers_seen_constant_far_above_a_key_are_not_kept_below() {
+    let doubling = |n: usize| n.next_power_of_two();
+    let buckets = |n: usize| n.div_ceil(128) * 128;
+    for (seen, key, kv) in [
+        ([1025, 1030], 3, &doubling as &dyn Fn(usize) -> usize),
+        ([1000, 1010], 20, &buckets),
+    ] {
+        let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+        for len in seen {
+            against_dynamic(&cache, &decoder(len, kv), [1, len]);
+        }
+        // Within the range seen, the constant stands: predicted and kept.
+        let mid = (seen[0] + seen[1]) / 2;
+        let (source, report, dynamic) = against_dynamic(&cache, &decoder(mid, kv), [1, mid]);
+        assert_eq!(source, PlanSource::Predicted, "{mid}");
+        assert!(!report.deviated);
+        assert!(report.high_water <= dynamic + GRANULE);
+        let (source, report, dynamic) = against_dynamic(&cache, &decoder(key, kv), [1, key]);
+        assert_eq!(source, PlanSource::Dynamic(DynamicReason::Ambiguous));
+        assert!(
+            report.high_water <= dynamic + GRANULE,
+            "length {key}: {} against the dynamic run's {dynamic}",
+            report.high_water
+        );
+    }
+}
+
+/// A detector at one input shape: a backbone, then a block per detection
+/// (data-dependent: 200 once, 0 to 3 otherwise). A run much smaller than
+/// its key's plan teaches the key its own plan, so the runs after it draw
+/// what they need (they drew the 200-detection plan whole, 16-26x their
+/// need); a lone large run among small ones falls back and leaves the
+/// small plan in place (two in a row grow it again).
+#[test]
+fn a_keys_plan_follows_what_its_runs_need() {
+    let detector = |detections: usize| {
+        at(
+            &[
+                6 << 20,
+                2 << 20,
+                (detections.max(1)) * (256 << 10),
+                64 << 10,
+            ],
+            &[
+                (true, 0),
+                (true, 1),
+                (false, 0),
+                (true, 2),
+                (false, 1),
+                (true, 3),
+                (false, 2),
+                (false, 3),
+            ],
+        )
+    };
+    let key = [1, 640];
+    let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+    against_dynamic(&cache, &detector(3), key);
+    let (source, report, _) = against_dynamic(&cache, &detector(200), key);
+    assert_eq!(source, PlanSource::Exact);
+    assert!(report.deviated);
+    let large = cache.peek(&key[..]).unwrap().size();
+    // The first small run draws the large plan (it was looked up before
+    // the run): it teaches the key its own.
+    let (source, report, _) = against_dynamic(&cache, &detector(2), key);
+    assert_eq!(source, PlanSource::Exact);
+    assert!(!report.deviated);
+    let small = cache.peek(&key[..]).unwrap().size();
+    assert!(small * 4 < large, "{small} against {large}");
+    for (i, d) in [0, 3, 1, 200, 2, 0].into_iter().enumerate() {
+        let (source, report, dynamic) = against_dynamic(&cache, &detector(d), key);
+        assert_eq!(source, PlanSource::Exact);
+        assert!(
+            report.high_water <= dynamic + GRANULE,
+            "run {i} ({d} detections): {} against the dynamic run's {dynamic}",
+            report.high_water
+        );
+        assert_eq!(cache.peek(&key[..]).unwrap().size(), small, "run {i}");
+    }
+    // Two large runs in a row: the key's plan grows again.
+    for _ in 0..2 {
+        against_dynamic(&cache, &detector(200), key);
+    }
+    assert!(cache.peek(&key[..]).unwrap().size() > small);
+}
+
+/// What `after_run` returns for a run much smaller than its plan is the
+/// key's new plan (a worker that shrinks to its plan's size, as
+/// `crates/ort`'s does, then goes back to what the runs need).
+#[test]
+fn a_smaller_runs_plan_is_what_after_run_returns() {
+    let cache: PlanCache<Vec<usize>> = PlanCache::new(8);
+    let key = [7usize];
+    let rec = |n: usize| {
+        let mut r = Recording::new();
+        let a = r.alloc(1 << 20, 64);
+        let b = r.alloc(n << 16, 64);
+        r.free(a);
+        r.free(b);
+        r
+    };
+    let arena = Arena::new(ArenaConfig::default());
+    let learn = |n: usize| {
+        let lookup = cache.lookup(&key[..]);
+        let r = match &lookup.plan {
+            Some(p) => arena.begin_planned_run(Arc::clone(p)).unwrap(),
+            None => arena.begin_recorded_run(),
+        };
+        let want = rec(n);
+        let a = r.try_alloc(want.blocks[0].0).unwrap();
+        let b = r.try_alloc(want.blocks[1].0).unwrap();
+        drop(a);
+        drop(b);
+        let (report, recording) = r.finish_with_recording();
+        cache.after_run(&key[..], &lookup, &report, &recording, true)
+    };
+    learn(100);
+    let big = cache.peek(&key[..]).unwrap().size();
+    let got = learn(1).expect("the key learned a smaller plan");
+    assert!(got.size() * 4 < big);
+    assert_eq!(cache.peek(&key[..]).unwrap().size(), got.size());
+    // Within four fifths of the plan: nothing learned.
+    assert!(learn(1).is_none());
+}
+
+/// A plan whose blocks are all where a dynamic arena would have them, and
+/// a run that leaves it right after its last planned allocation (an
+/// extra block): every block it allocated until then is where a dynamic
+/// arena has it, so the run is reported `left_as_dynamic` (and the rest
+/// served by the pool's best fit). Counting only runs that leave before
+/// that point (`<` for `<=`) fails this.
+#[test]
+fn a_run_that_leaves_where_a_dynamic_arena_would_be_says_so() {
+    let mut rec = Recording::new();
+    let a = rec.alloc(1 << 20, 64);
+    let b = rec.alloc(2 << 20, 64);
+    let c = rec.alloc(1 << 20, 64);
+    rec.free(b);
+    rec.free(a);
+    rec.free(c);
+    let plan = Arc::new(Plan::from_recording(&rec).unwrap());
+    let arena = Arena::new(ArenaConfig::default());
+    let r = arena.begin_planned_run(plan).unwrap();
+    let blocks: Vec<_> = [1 << 20, 2 << 20, 1 << 20]
+        .into_iter()
+        .map(|n| r.try_alloc(n).unwrap())
+        .collect();
+    let extra = r.try_alloc(4096).unwrap();
+    drop(blocks);
+    drop(extra);
+    let (report, _) = r.finish_with_recording();
+    assert!(report.deviated);
+    assert!(report.left_as_dynamic, "{report:?}");
+}
+
+/// The review's case: an attention bias of heads x S x S shared across the
+/// batch, batched activations beside it; `[1, 512]` then `[2, 1024]`,
+/// then `[16, 512]`. The bias fits batch x sequence and the sequence's
+/// square alike (tiers of two classes); the prediction was kept at 2.36x
+/// its need. Now the models' disagreement is seen and the key refused;
+/// along the line they varied on, predicted and kept.
+#[test]
+fn a_bias_in_the_square_of_the_sequence_is_not_kept_at_batch_times_sequence() {
+    let model = |b: usize, s: usize| {
+        at(
+            &[4 * s * s, 256 * b * s, 256 * b * s, 4096],
+            &[
+                (true, 0),
+                (true, 1),
+                (true, 2),
+                (false, 1),
+                (true, 3),
+                (false, 2),
+                (false, 3),
+                (false, 0),
+            ],
+        )
+    };
+    let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+    for key in [[1, 512], [2, 1024]] {
+        against_dynamic(&cache, &model(key[0], key[1]), key);
+    }
+    let (source, report, dynamic) = against_dynamic(&cache, &model(4, 2048), [4, 2048]);
+    assert_eq!(source, PlanSource::Predicted);
+    assert!(!report.deviated && report.high_water <= dynamic + GRANULE);
+    let (source, report, dynamic) = against_dynamic(&cache, &model(16, 512), [16, 512]);
+    assert_eq!(source, PlanSource::Dynamic(DynamicReason::Ambiguous));
+    assert!(report.high_water <= dynamic + GRANULE);
+}
+
+/// How a block of a correlated family follows the key `[batch, seq]`.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Const,
+    /// Activations: batch x seq x hidden.
+    Activations,
+    /// An attention bias shared across the batch: heads x seq^2.
+    Square,
+    /// A block in the cube of the sequence.
+    Cube,
+    /// Attention scores: batch x heads x seq^2.
+    Scores,
+}
+
+impl Kind {
+    fn bytes(self, c: usize, b: usize, s: usize) -> usize {
+        (match self {
+            Kind::Const => 64 * c,
+            Kind::Activations => c * b * s,
+            Kind::Square => c * s * s / 64,
+            Kind::Cube => c * s * s * s / 4096,
+            Kind::Scores => c * b * s * s / 64,
+        })
+        .max(1)
+    }
+}
+
+fn kind() -> impl Strategy<Value = Kind> {
+    prop_oneof![
+        Just(Kind::Const),
+        Just(Kind::Activations),
+        Just(Kind::Square),
+        Just(Kind::Cube),
+        Just(Kind::Scores),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+
+    /// Families whose batch and sequence first vary together (`[b, s]`,
+    /// then `[k b, k s]`): a block in the square of the sequence, in its
+    /// cube, heads x S x S beside B x S x H, are all explained by several
+    /// models of one degree. At any later key (the two parted, or not)
+    /// every run is held at its dynamic run plus a granule (or 3%, for
+    /// safe-side slots on runs of a few KiB): predicted
+    /// where the models agree or cost alike, refused where they do not.
+    #[test]
+    fn dimensions_that_varied_together_are_held_at_their_dynamic_runs(
+        blocks in prop::collection::vec((kind(), 1usize..16), 2..8),
+        start in (1usize..4, 16usize..96),
+        k in 2usize..4,
+        keys in prop::collection::vec((1usize..17, 8usize..257), 1..4),
+        seed in any::<u64>(),
+    ) {
+        let mut rng = seed | 1;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut events = Vec::new();
+        let mut live: Vec<usize> = Vec::new();
+        for b in 0..blocks.len() {
+            events.push((true, b));
+            live.push(b);
+            while !live.is_empty() && next() % 3 == 0 {
+                let i = (next() as usize) % live.len();
+                events.push((false, live.swap_remove(i)));
+            }
+        }
+        for b in live {
+            events.push((false, b));
+        }
+        let model = |b: usize, s: usize| {
+            let sizes: Vec<usize> =
+                blocks.iter().map(|&(kind, c)| kind.bytes(c * 64, b, s)).collect();
+            at(&sizes, &events)
+        };
+        let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+        let (b0, s0) = start;
+        let seen = [[b0, s0], [k * b0, k * s0]];
+        for key in seen.iter().copied().chain(keys.iter().map(|&(b, s)| [b, s])) {
+            let (source, report, dynamic) = against_dynamic(&cache, &model(key[0], key[1]), key);
+            // A granule, or 3% where slots are predicted safe-side from
+            // sizes known to a quantum (128 bytes over on 33 KiB).
+            prop_assert!(
+                report.high_water <= dynamic + GRANULE.max(dynamic * 3 / 100),
+                "{key:?} {source:?} (deviated {}): {} against the dynamic run's {dynamic}",
+                report.deviated,
+                report.high_water
+            );
+        }
+    }
+}
