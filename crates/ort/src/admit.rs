@@ -464,6 +464,8 @@ impl Admission {
         need: usize,
         alone: bool,
     ) -> Result<Ticket, OrtArenaError> {
+        // Without a limit nothing runs out: no run needs to be alone.
+        let alone = alone && !matches!(self.room, Room::Unlimited);
         let mut st = self.lock();
         let most = {
             // The room read fresh, so that the refusal is not a stale one.
@@ -587,6 +589,11 @@ impl Admission {
     /// Bytes promised to the runs in flight now.
     pub(crate) fn promised_now(&self) -> usize {
         self.lock().promised
+    }
+
+    /// Whether the limit is shared with other processes (a ledger).
+    pub(crate) fn is_shared(&self) -> bool {
+        matches!(self.room, Room::Shared(_))
     }
 
     /// Counts a run retried alone.

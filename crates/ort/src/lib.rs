@@ -32,7 +32,7 @@ mod store;
 mod tensors;
 mod worker;
 
-pub use admit::{Admission, AdmissionStats, MAX_PASSES};
+pub use admit::{Admission, AdmissionStats, ALONE_WAIT, MAX_PASSES};
 pub use adopt::{is_registered, is_registered_on, register, SessionBuilderExt};
 #[cfg(feature = "cuda")]
 pub use cuda::{cuda_run, cuda_shrink, cuda_stats, CudaExt, CudaRun, DeviceStats, TorchStats};
@@ -43,9 +43,9 @@ pub use heaps::{limit_system_heaps, map_large_blocks, IDLE_RSS_SYSTEM_HEAPS, MAX
 pub use key::{KeyInputs, RunKey};
 pub use ledger::LEDGER_DIR_ENV;
 pub use limit::{
-    check_memory_limit, default_budget, default_memory_limit, join_default_limit, margin,
-    parse_memory_limit, set_default_memory_limit, LimitSource, MemoryLimit, MEMORY_LIMIT_ENV,
-    MEMTOTAL_PERCENT,
+    check_memory_limit, default_budget, default_memory_limit, join_default_limit, load_turn,
+    margin, parse_memory_limit, set_default_memory_limit, LimitSource, LoadTurn, MemoryLimit,
+    MEMORY_LIMIT_ENV, MEMTOTAL_PERCENT,
 };
 pub use ort;
 pub use pool::{Checkout, CheckoutFuture, PoolStats, WorkerPool};

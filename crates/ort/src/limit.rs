@@ -253,6 +253,44 @@ pub fn join_default_limit() -> Result<(), OrtArenaError> {
     Ok(())
 }
 
+/// Waits until this process may load a session under the default limit,
+/// and holds that turn until the returned guard is dropped: loading a
+/// model (ONNX Runtime's graph optimisation, its weights) takes hundreds
+/// of MiB outside any arena, so the processes of a container load one at
+/// a time, with no run in flight beside the load (it is admitted as a run
+/// alone: [`crate::admit`]). Without a limit shared with other processes,
+/// the guard is had at once.
+///
+/// Four rapidocr workers loading their sessions at once in a 1 GiB
+/// container were killed by the kernel before their first run (each held
+/// 260-280 MiB while loading).
+///
+/// # Errors
+/// As [`default_budget`]; [`OrtArenaError::OutOfMemory`] if the turn did
+/// not come within [`ALONE_WAIT`](crate::ALONE_WAIT).
+pub fn load_turn() -> Result<LoadTurn, OrtArenaError> {
+    let admission = made()?.1;
+    if !admission.is_shared() {
+        return Ok(LoadTurn { _ticket: None });
+    }
+    let ticket = admission.admit(0, true)?;
+    Ok(LoadTurn {
+        _ticket: Some(ticket),
+    })
+}
+
+/// A process's turn to load a session ([`load_turn`]); the next process
+/// (or run) goes when it is dropped.
+pub struct LoadTurn {
+    _ticket: Option<crate::admit::Ticket>,
+}
+
+impl std::fmt::Debug for LoadTurn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadTurn").finish_non_exhaustive()
+    }
+}
+
 /// Publishes what the process holds to the default limit's ledger (after
 /// idle workers gave memory back), if the default is made.
 pub(crate) fn republish() {

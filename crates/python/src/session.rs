@@ -285,6 +285,10 @@ impl Session {
             // while its sessions load); a bad limit surfaces at the first
             // run.
             let _ = tensor_arena_ort::join_default_limit();
+            // One load at a time in the container, no run beside it: a
+            // load takes hundreds of MiB outside any arena. A limit that
+            // cannot be read, or a turn that never comes, loads anyway.
+            let turn = tensor_arena_ort::load_turn().ok();
             let _in_ort = pool::in_onnxruntime();
             let mut b =
                 ort::session::Session::builder(rt.environment()).map_err(errors::from_ort)?;
@@ -310,6 +314,7 @@ impl Session {
                 Source::Bytes(bytes) => b.commit_from_memory(bytes),
             }
             .map_err(errors::from_ort);
+            drop(turn);
             // And what it holds with this session loaded.
             let _ = tensor_arena_ort::join_default_limit();
             session
