@@ -656,21 +656,7 @@ fn base(s: &Shared, st: &State, by: RestBy) -> usize {
         (Some(g), RestBy::Floor) => g.floor,
         (None, _) => st.rest.saturating_add(others_rest),
     };
-    // The processes of a limit are usually replicas of one service: for
-    // runs beside others, each is counted at least at the largest rest any
-    // of them has shown, so that one still loading its sessions (its rest
-    // growing by hundreds of MiB, none of it through a run) is not
-    // admitted into.
-    let rest = match by {
-        RestBy::Peak => {
-            let typical = usize::try_from(st.others.rest_max)
-                .unwrap_or(usize::MAX)
-                .max(st.rest);
-            measured.max(typical.saturating_mul(st.others.processes + 1))
-        }
-        RestBy::Now | RestBy::Floor => measured,
-    };
-    s.limit.saturating_sub(s.margin).saturating_sub(rest)
+    s.limit.saturating_sub(s.margin).saturating_sub(measured)
 }
 
 #[cfg(test)]

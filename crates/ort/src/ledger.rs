@@ -73,8 +73,6 @@ pub struct Others {
     pub committed: u64,
     /// What the rest of those processes holds.
     pub rest: u64,
-    /// The most the rest of one of them holds.
-    pub rest_max: u64,
     /// Whether one of them waits to run a run alone.
     pub alone: bool,
     /// The lowest PID of those that wait to run a run alone (two
@@ -306,9 +304,7 @@ impl Ledger {
                     .load(Ordering::Relaxed)
                     .max(s.committed.load(Ordering::Relaxed)),
             );
-            let rest = s.rest.load(Ordering::Relaxed);
-            out.rest = out.rest.saturating_add(rest);
-            out.rest_max = out.rest_max.max(rest);
+            out.rest = out.rest.saturating_add(s.rest.load(Ordering::Relaxed));
             out.promised = out
                 .promised
                 .saturating_add(s.promised.load(Ordering::Relaxed));
