@@ -24,6 +24,11 @@ export RUSTC_BOOTSTRAP=1
 # sizes no machine has (tests ask for up to 128 TiB): make ASan's allocator
 # refuse like a real one (return null) instead of aborting the process.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1"
+# plan_store asserts each input's load and save time: AddressSanitizer, debug
+# assertions and the invariant checks run at every mutating call make a
+# sanitized build tens of times slower than the release build the bound is
+# for.
+export PLAN_STORE_SLOWDOWN="${PLAN_STORE_SLOWDOWN:-50}"
 
 # ---------------------------------------------------------------------------
 step "(a) fuzz targets, ${FUZZ_SECONDS}s each, AddressSanitizer"
