@@ -17,7 +17,7 @@
 //!
 //! The number of workers bounds how many runs are in flight; within that,
 //! memory decides: more small runs at once than large ones. Where the
-//! limit is the container's ([`crate::ledger`]), the room is the limit
+//! limit is the container's (the ledger (`ledger.rs`)), the room is the limit
 //! less what the other processes hold and the rest of every process, read
 //! at most every [`REFRESH`] (a waiting run reads it again each time).
 

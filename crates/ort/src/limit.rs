@@ -13,9 +13,9 @@
 //!
 //! One limit per container: the processes that share a limit (a server's
 //! workers, forked or spawned; replicas on one node) meet in a ledger in
-//! shared memory ([`crate::ledger`]): each says what its runs were
+//! shared memory (the ledger (`ledger.rs`)): each says what its runs were
 //! promised, what its arenas hold and what the rest of it holds, and each
-//! admits its runs into what the others leave ([`crate::admit`]). No
+//! admits its runs into what the others leave ([`Admission`](crate::Admission)). No
 //! daemon: a process killed mid-run gives its share back within about a
 //! second. `TENSOR_ARENA_LEDGER_DIR=off` makes the limit this process's
 //! alone.
@@ -149,7 +149,7 @@ pub fn default_budget() -> Result<Option<Arc<Budget>>, OrtArenaError> {
     Ok(made()?.0)
 }
 
-/// The admission of the default limit's runs ([`crate::admit`]): shared
+/// The admission of the default limit's runs ([`Admission`](crate::Admission)): shared
 /// by every pool whose workers commit under the default budget.
 ///
 /// # Errors
@@ -258,7 +258,7 @@ pub fn join_default_limit() -> Result<(), OrtArenaError> {
 /// model (ONNX Runtime's graph optimisation, its weights) takes hundreds
 /// of MiB outside any arena, so the processes of a container load one at
 /// a time, with no run in flight beside the load (it is admitted as a run
-/// alone: [`crate::admit`]). Without a limit shared with other processes,
+/// alone: [`Admission`](crate::Admission)). Without a limit shared with other processes,
 /// the guard is had at once.
 ///
 /// Four rapidocr workers loading their sessions at once in a 1 GiB

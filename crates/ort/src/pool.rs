@@ -299,7 +299,7 @@ impl<S> WorkerPool<S> {
         }
     }
 
-    /// Where the pool's runs are admitted ([`crate::admit`]).
+    /// Where the pool's runs are admitted ([`Admission`](crate::Admission)).
     pub fn admission(&self) -> &Arc<Admission> {
         &self.inner.admission
     }

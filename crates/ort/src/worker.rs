@@ -292,7 +292,7 @@ pub struct Worker {
     /// process's default, if any.
     budget: Option<Arc<Budget>>,
     /// Where its runs are admitted, when it belongs to a pool
-    /// ([`crate::admit`]).
+    /// ([`Admission`](crate::Admission)).
     admission: Option<Arc<Admission>>,
 }
 
@@ -404,7 +404,7 @@ impl Worker {
     }
 
     /// [`Worker::run`] for a worker of a [`WorkerPool`](crate::WorkerPool),
-    /// whose runs are admitted by what they will need ([`crate::admit`]),
+    /// whose runs are admitted by what they will need ([`Admission`](crate::Admission)),
     /// with the retry a memory limit calls for: a run that runs out of
     /// memory beside others is run again once, alone (no other run of the
     /// process beside it), if it could fit alone; `f` is called again then.

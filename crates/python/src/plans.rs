@@ -10,7 +10,7 @@
 //! | `configure(plans="DIR")` | sessions opened after it use DIR's stores (`False`: none) |
 //! | `save_plans()` | saves every session's plans now; returns how many stores were written |
 //!
-//! Locks and the GIL: a fork's `before` hook takes [`SAVING`] and [`STATE`]
+//! Locks and the GIL: a fork's `before` hook takes `SAVING` and `STATE`
 //! without the GIL, then waits for the GIL while it holds them. So a
 //! thread that holds the GIL never waits for either: every path here
 //! that takes them from Python lets the GIL go first (`py.detach`).
