@@ -468,8 +468,10 @@ impl Admission {
         let alone = alone && !matches!(self.room, Room::Unlimited);
         let mut st = self.lock();
         let most = {
-            // The room read fresh, so that the refusal is not a stale one.
-            self.room(&mut st, true);
+            // The room as read at most `REFRESH` ago: reading the group's
+            // figures costs system calls, which a run admitted at once
+            // does not pay more than every `REFRESH`.
+            self.room(&mut st, false);
             self.most(&st)
         };
         if need > most {
