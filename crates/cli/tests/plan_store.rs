@@ -43,9 +43,11 @@ fn replay(dir: &Path, file: &str) -> (Value, String) {
 }
 
 fn store_file(dir: &Path) -> PathBuf {
+    // The store, not the lock file its saves take beside it.
     let files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "plans"))
         .collect();
     assert_eq!(files.len(), 1, "one store file: {files:?}");
     files[0].clone()

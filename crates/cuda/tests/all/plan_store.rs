@@ -144,8 +144,16 @@ fn unusable_stores_are_clean_errors() {
     let (probe, _sim, _w) = with_weights();
     let path = probe.plan_store(dir.path(), "m", OPTIONS).path();
     let good = std::fs::read(&path).unwrap();
-    // Another setting's store (another torch, say): refused, saying which.
-    refused(dir.path(), "m", "torch=other device=sim", "options");
+    // Another setting's store (another torch, say) is a file of its own
+    // (the file is named by the whole key): nothing loaded, no warning.
+    {
+        let (mut b, _sim, _w) = with_weights();
+        let other = b
+            .load_plans(&b.plan_store(dir.path(), "m", "torch=other device=sim"))
+            .unwrap();
+        assert_eq!((other.plans, other.families), (0, 0));
+        assert!(other.warning.is_none());
+    }
     // Corrupt: one byte of the body flipped.
     let mut bad = good.clone();
     let last = bad.len() - 1;
