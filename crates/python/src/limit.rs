@@ -4,7 +4,7 @@
 //! | call | what it does |
 //! |---|---|
 //! | `memory_limit()` | the limit every worker without a `Budget` of its own commits under: `{"bytes": n, "source": ..., "file": ...}`, or `None` for no limit |
-//! | `set_memory_limit(limit)` | sets it (bytes, text such as `"1G"`, or `None`: no limit), before `configure()` and the first run |
+//! | `set_memory_limit(limit)` | sets it (bytes, text such as `"1G"`, or `None`: no limit), before the first session, `configure()` and the first run |
 //!
 //! Where it comes from, first that applies: `set_memory_limit`, then
 //! `TENSOR_ARENA_MEMORY_LIMIT` (`512M`, `4GiB`, bytes, or `off`), then the
@@ -52,13 +52,15 @@ fn memory_limit(py: Python<'_>) -> PyResult<Option<Bound<'_, PyDict>>> {
 /// `"off"`: no limit), in place of `TENSOR_ARENA_MEMORY_LIMIT`'s and the
 /// system's: bytes as an int, or text as the variable takes it (`"512M"`,
 /// `"1G"`, `"4GiB"`). Every process of the container that sets the same
-/// limit shares it. Call it before `configure()` and the first run (either
-/// makes the pool's workers).
+/// limit shares it. Call it before the first session, `configure()` and
+/// the first run: a session joins the container's limit when it is made
+/// (so that the other processes count what it holds while it loads), and
+/// the others make the pool's workers.
 ///
 /// # Errors
 /// `InvalidArgument` for a value that is not a size, 0, negative or more
-/// than the machine's memory, or once `configure()` or a run made the
-/// pool's workers (the limit in force then stays).
+/// than the machine's memory, or once a session, `configure()` or a run
+/// put the limit in force (it then stays).
 #[pyfunction]
 #[pyo3(signature = (limit))]
 fn set_memory_limit(limit: Option<Bound<'_, PyAny>>) -> PyResult<()> {
