@@ -481,7 +481,9 @@ impl Admission {
                  bytes (the limit less what the rest of the processes holds)"
             )));
         }
-        if st.queue.is_empty() && self.fits(&mut st, need, alone, false) {
+        // A run alone reads the other processes' figures afresh: one of
+        // theirs admitted within the last `REFRESH` is in flight.
+        if st.queue.is_empty() && self.fits(&mut st, need, alone, alone) {
             return Ok(self.admitted(st, need, alone, None));
         }
         st.next_id += 1;
@@ -560,13 +562,12 @@ impl Admission {
         alone: bool,
         waited: Option<Duration>,
     ) -> Ticket {
-        // A run alone is promised all the room there is: other processes
-        // of a shared limit see it held, and wait (a model's first run,
-        // whose need nobody knows, is one).
-        let need = match (&self.room, alone) {
-            (Room::Shared(_), true) => need.max(st.room.map_or(0, |r| r.0)),
-            _ => need,
-        };
+        // A run alone is promised what it asked for, not all the room:
+        // the ledger's flag already holds the other processes' new runs
+        // back, and a run of theirs that was admitted in the same instant
+        // keeps the room it was promised (its commits are measured against
+        // what this process holds and was promised; promising all the room
+        // here refused them, and a model's first run asks for nothing).
         st.promised += need;
         st.running += 1;
         st.alone_running |= alone;
