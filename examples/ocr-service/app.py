@@ -29,9 +29,12 @@ Nothing here is sized by hand. What keeps the container's memory bounded:
   once with ``OutOfMemory`` (-> 413 here). The number of workers is an
   upper bound; memory decides how many run at once.
 - What is left to the application, because tensor-arena cannot see it:
-  its own decoding and preprocessing. The executor below bounds how many
-  requests decode at once (the others wait holding only their bytes), and
-  OCR_MAX_BODY bounds a body.
+  its own decoding and preprocessing. A request decodes its image inside
+  ``ta.reserve(...)``, sized from the image's header before anything is
+  decoded: the decode waits its turn under the same limit as the runs of
+  every worker process (a page too large to decode at all gets 413), and
+  it ends before the runs. The executor below bounds how many requests
+  are in flight in a process, and OCR_MAX_BODY bounds a body.
 - ``ta.out_of_memory`` finds our ``OutOfMemory`` in the ``__cause__``
   chain: rapidocr re-raises every error of a run as its own
   ``ONNXRuntimeError``.
@@ -43,11 +46,12 @@ import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from io import BytesIO
 
 import tensor_arena.onnxruntime as ta
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from PIL import UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 # Runs at once at most (the pool's workers) and requests decoding at once.
 WORKERS = int(os.environ.get("OCR_WORKERS", "4"))
@@ -56,9 +60,15 @@ MAX_BODY = int(os.environ.get("OCR_MAX_BODY", str(16 << 20)))
 # The sessions first (only those made inside the block are tensor-arena's).
 with ta.patch():
     from rapidocr_onnxruntime import RapidOCR
-    from rapidocr_onnxruntime.utils.load_image import LoadImageError
+    from rapidocr_onnxruntime.utils.load_image import LoadImage, LoadImageError
 
     engine = RapidOCR()
+
+# rapidocr's own decoding (PIL, then BGR), done here so that it is reserved.
+load_image = LoadImage()
+# What decoding holds at its peak, per pixel: PIL's image (4 bytes for RGB),
+# numpy's copy (3) and the BGR conversion (3).
+DECODE_BYTES_PER_PIXEL = 10
 
 ta.configure(workers=WORKERS)
 
@@ -90,7 +100,12 @@ app = FastAPI(title="tensor-arena OCR example", lifespan=lifespan)
 
 
 def _ocr(body: bytes) -> dict:
-    result, elapse = engine(body)
+    with Image.open(BytesIO(body)) as header:  # reads the header only
+        width, height = header.size
+    with ta.reserve(width * height * DECODE_BYTES_PER_PIXEL):
+        image = load_image(body)
+    # The decoded image is BGR already: rapidocr takes it as it is.
+    result, elapse = engine(image)
     lines = [
         {"text": text, "score": float(score), "box": [[float(x), float(y)] for x, y in box]}
         for box, text, score in (result or [])
@@ -115,6 +130,8 @@ async def ocr(request: Request):
             return JSONResponse(
                 {"error": f"too large for this server's memory: {oom}"}, status_code=413
             )
+        if isinstance(e, Image.DecompressionBombError):
+            return JSONResponse({"error": f"image too large: {e}"}, status_code=413)
         if isinstance(e, (LoadImageError, UnidentifiedImageError)):
             return JSONResponse({"error": f"not an image: {e}"}, status_code=400)
         raise

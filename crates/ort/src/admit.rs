@@ -568,6 +568,9 @@ impl Admission {
         // keeps the room it was promised (its commits are measured against
         // what this process holds and was promised; promising all the room
         // here refused them, and a model's first run asks for nothing).
+        // Saturating (a reservation under no limit may ask for anything):
+        // the ticket gives back what was added.
+        let need = need.min(usize::MAX - st.promised);
         st.promised += need;
         st.running += 1;
         st.alone_running |= alone;

@@ -22,6 +22,7 @@ mod ledger;
 mod limit;
 mod pool;
 mod raw;
+mod reserve;
 mod runners;
 #[cfg(feature = "load-dynamic")]
 mod runtime;
@@ -50,6 +51,7 @@ pub use limit::{
 pub use ort;
 pub use pool::{Checkout, CheckoutFuture, PoolStats, WorkerPool};
 pub use raw::status_result;
+pub use reserve::Reservation;
 #[cfg(feature = "load-dynamic")]
 pub use runtime::Runtime;
 pub use served::NotServed;

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `memory_limit()` | the limit every worker without a `Budget` of its own commits under: `{"bytes": n, "source": ..., "file": ...}`, or `None` for no limit |
 //! | `set_memory_limit(limit)` | sets it (bytes, text such as `"1G"`, or `None`: no limit), before the first session, `configure()` and the first run |
+//! | `reserve(nbytes)` | waits until `nbytes` fit beside the runs in flight under the limit, and holds them until the reservation ends (`with ta.reserve(n): decode()`) |
 //!
 //! Where it comes from, first that applies: `set_memory_limit`, then
 //! `TENSOR_ARENA_MEMORY_LIMIT` (`512M`, `4GiB`, bytes, or `off`), then the
@@ -14,6 +15,7 @@
 //! limit shares it. It is read once, when the first worker is made.
 
 use crate::errors::InvalidArgument;
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensor_arena_ort::LimitSource;
@@ -105,9 +107,93 @@ pub(crate) fn memory_size(v: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
         .map_err(|e| InvalidArgument::new_err(e.to_string()))
 }
 
+/// Bytes promised to the application under the memory limit, beside the
+/// runs, until `release()` or the end of its `with` block.
+#[pyclass(frozen, module = "tensor_arena._native")]
+pub struct Reservation {
+    held: Mutex<Option<tensor_arena_ort::Reservation>>,
+    bytes: usize,
+}
+
+#[pymethods]
+impl Reservation {
+    /// The bytes reserved.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether it still holds its bytes.
+    #[getter]
+    fn held(&self) -> bool {
+        self.held.lock().is_some()
+    }
+
+    /// Gives the bytes back (again: nothing).
+    fn release(&self) {
+        self.held.lock().take();
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.release();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Reservation(nbytes={}, held={})", self.bytes, self.held())
+    }
+}
+
+/// Waits until `nbytes` fit in what the memory limit has not promised to
+/// the runs in flight (of every process sharing the limit) and to other
+/// reservations, then holds them for the caller: for work that allocates
+/// outside the arenas, such as decoding a request's image (`with
+/// ta.reserve(h * w * 10): img = decode(body)`). The wait is first come,
+/// first served with the runs and releases the GIL. End it before the
+/// request's own runs: a reservation held while a run of the same thread
+/// waits for room can wait on itself under a tight limit. Without a limit
+/// it returns at once.
+///
+/// # Errors
+/// `OutOfMemory` at once when `nbytes` is more than the limit could ever
+/// give (the limit less what the rest of the processes holds);
+/// `InvalidArgument` for a negative or non-integer size.
+#[pyfunction]
+fn reserve(py: Python<'_>, nbytes: Bound<'_, PyAny>) -> PyResult<Reservation> {
+    if nbytes.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(InvalidArgument::new_err(
+            "nbytes is a number of bytes, not a bool",
+        ));
+    }
+    let n: i128 = nbytes.extract().map_err(|_| {
+        InvalidArgument::new_err(format!(
+            "nbytes is a number of bytes (an int), not {nbytes}"
+        ))
+    })?;
+    let bytes = usize::try_from(n).map_err(|_| {
+        InvalidArgument::new_err(format!("nbytes must be at least 0 and countable, not {n}"))
+    })?;
+    let (pool, _) = crate::pool::pool()?;
+    let admission = std::sync::Arc::clone(pool.admission());
+    let held = py
+        .detach(|| admission.reserve(bytes))
+        .map_err(crate::errors::from_arena)?;
+    Ok(Reservation {
+        held: Mutex::new(Some(held)),
+        bytes,
+    })
+}
+
 /// Adds the functions to the module.
 pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(set_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(reserve, m)?)?;
+    m.add_class::<Reservation>()?;
     Ok(())
 }

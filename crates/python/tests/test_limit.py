@@ -123,3 +123,42 @@ def test_limit_values_are_parsed_alike_and_checked_against_the_machine():
     assert "machine's memory" in lines[5] and "machine's memory" in lines[6], out
     assert lines[9] == "{'bytes': 1073741824, 'source': 'set_memory_limit', 'file': None}", out
     assert lines[10:] == ["None", "536870912"], out
+
+
+def test_reserve_waits_its_turn_under_the_limit_and_refuses_what_never_fits():
+    out = child("""
+        import threading, time
+        import tensor_arena.onnxruntime as ta
+        first = ta.reserve(40 << 20)
+        print(first.nbytes, first.held)
+        got = []
+        t = threading.Thread(target=lambda: got.append(ta.reserve(40 << 20)))
+        t.start()
+        time.sleep(0.3)
+        print("second before release:", len(got))
+        first.release()
+        t.join(10)
+        print("second after release:", len(got), ta.stats()["admitted_current"] >> 20)
+        got[0].release()
+        with ta.reserve(10 << 20) as r:
+            print("inside:", r.held, ta.stats()["admitted_current"] >> 20)
+        print("after:", r.held, ta.stats()["admitted_current"])
+        for bad in (65 << 20, -1, True, "1G"):
+            try:
+                ta.reserve(bad)
+            except ta.OutOfMemory as e:
+                print("OutOfMemory", "68157440" in str(e))
+            except ta.InvalidArgument:
+                print("InvalidArgument")
+        """, TENSOR_ARENA_MEMORY_LIMIT="64M", TENSOR_ARENA_LEDGER_DIR="off")
+    assert out.splitlines() == [
+        "41943040 True",
+        "second before release: 0",
+        "second after release: 1 40",
+        "inside: True 10",
+        "after: False 0",
+        "OutOfMemory True",
+        "InvalidArgument",
+        "InvalidArgument",
+        "InvalidArgument",
+    ], out

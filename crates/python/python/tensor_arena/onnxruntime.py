@@ -74,6 +74,8 @@ reset_peak_stats = _native.reset_peak_stats
 shrink = _native.shrink
 memory_limit = _native.memory_limit
 set_memory_limit = _native.set_memory_limit
+reserve = _native.reserve
+Reservation = _native.Reservation
 system_heap = _native.system_heap
 
 __all__ = [
@@ -81,7 +83,7 @@ __all__ = [
     "library", "configure", "config", "save_plans", "stats", "reset_peak_stats", "shrink",
     "Budget",
     "Error", "InvalidArgument", "NoSuchFile", "InvalidProtobuf", "Fail", "OutOfMemory",
-    "LibraryError", "get_available_providers", "memory_limit", "set_memory_limit", "system_heap",
+    "LibraryError", "get_available_providers", "memory_limit", "set_memory_limit", "reserve", "Reservation", "system_heap",
     "out_of_memory", "PatchedInferenceSession", "ProviderNotice",
 ]
 
