@@ -4,13 +4,16 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// When a [`Worker`](crate::Worker) gives cached memory back, at the end of
-/// a run.
+/// When a [`Worker`](crate::Worker) gives cached memory back: at the end
+/// of a run, and before a run whose key's own plan says it needs less than
+/// the worker holds ([`Worker::prepare`](crate::Worker::prepare)).
 ///
 /// A model's *need* for a run is its plan's block (or, unplanned, the run's
 /// high water). The worker keeps, for every model it runs, the needs of
 /// that model's last runs, and after each run shrinks its arena to the
-/// largest of them over all models. So a model's memory follows its input
+/// largest of them over all models; a run whose plan is its key's own is
+/// given that bound before it starts, so a smaller run after a larger one
+/// runs on its own memory. So a model's memory follows its input
 /// down while the other models of a pipeline keep theirs: a worker running
 /// an OCR pipeline's det, cls and rec holds the largest of the three, and
 /// after a small image det's share comes down. The next larger run commits
@@ -45,7 +48,7 @@ pub enum Shrink {
     /// Hold the largest of each model's needs over the last `time` (and
     /// at least its last run's): inputs that alternate within `time` keep
     /// their memory, and memory comes down at the first run after `time`
-    /// of smaller runs. Traffic that stops is left to idle decay
+    /// of smaller runs (before it, when its key has its own plan). Traffic that stops is left to idle decay
     /// ([`WorkerOptions::decay`](crate::WorkerOptions::decay)), which gives
     /// everything back after its idle time without a run.
     Window {
