@@ -32,7 +32,10 @@
 //! run), and a summary gives each strategy's median large-run time over the
 //! pairs after the first and the median, over those pairs, of its large
 //! run's time (and CPU time) divided by the first strategy's in the same
-//! pair. Idle decay is off in this mode: the other strategies' runs would
+//! pair. With `small-first` after PAIRS, each strategy runs its small input
+//! first in each pair, so its large run follows its own small one at once
+//! (as in one stream of alternating requests); by default the other
+//! strategies' runs come between. Idle decay is off in this mode: the other strategies' runs would
 //! be idle time to it (a large det run takes more than its 2 s on a busy
 //! machine), and each strategy would commit again as if after idle.
 
@@ -184,8 +187,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().collect();
     if a.len() < 7 {
-        return Err("usage: follow LIB MODEL STRATEGY[,STRATEGY...] LARGE SMALL PAIRS".into());
+        return Err(
+            "usage: follow LIB MODEL STRATEGY[,STRATEGY...] LARGE SMALL PAIRS [small-first]".into(),
+        );
     }
+    let small_first = a.get(7).is_some_and(|s| s == "small-first");
     let runtime = Runtime::load(&a[1])?;
     let (large, small, pairs) = (dims(&a[4])?, dims(&a[5])?, a[6].parse::<usize>()?);
     let names: Vec<&str> = a[3].split(',').collect();
@@ -251,7 +257,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for k in 0..n {
             let s = (pair + k) % n;
             let target = &mut targets[s];
-            for (i, x, label) in [(2 * pair, &xl, &a[4]), (2 * pair + 1, &xs, &a[5])] {
+            let mut runs = [(2 * pair, &xl, &a[4]), (2 * pair + 1, &xs, &a[5])];
+            if small_first {
+                runs.reverse();
+            }
+            for (i, x, label) in runs {
                 let inputs: [(&str, &DynValue); 1] = [(spec.name.as_str(), x)];
                 let k0 = kernel();
                 let (millis, _, _) = run(target, &inputs)?;
