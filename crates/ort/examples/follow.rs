@@ -13,8 +13,12 @@
 //! (`GiveBack::Lazily`). LARGE and SMALL are
 //! shapes like `1x3x1280x1280`. Prints one line per run: `i label millis
 //! rss_after peak_in_use input_bytes high_water sys_millis minor_faults
-//! lazy_free`
-//! (peak and high water 0 for ONNX Runtime's strategies; system CPU time
+//! lazy_free peak_rss`
+//! (peak and high water 0 for ONNX Runtime's strategies; `peak_rss` the
+//! process's peak RSS during the run, `VmHWM` reset before it and after
+//! the worker gave back what the run's plan does not need
+//! (`SessionWorker::prepare`, timed into the run), 0 where it cannot be
+//! reset; system CPU time
 //! and minor page faults of the whole process during the run, which tell
 //! the kernel's part of a run apart) and first `session rss`. RSS is read
 //! after the run's outputs are dropped.
@@ -23,10 +27,17 @@
 //! then every strategy gets its own session in this one process, and each
 //! pair is run by each strategy in turn (large then small; the order turns
 //! from pair to pair), so the machine's load falls on all of them alike. This is for time only (RSS is the
-//! process's): lines are `strategy i label millis sys_millis minor_faults`,
-//! and a summary gives each strategy's median large-run time over the pairs
-//! after the first and the median, over those pairs, of its large run's
-//! time divided by the first strategy's in the same pair.
+//! process's): lines are `strategy i label millis sys_millis minor_faults
+//! cpu_millis` (CPU time of the whole process, user and system, during the
+//! run), and a summary gives each strategy's median large-run time over the
+//! pairs after the first and the median, over those pairs, of its large
+//! run's time (and CPU time) divided by the first strategy's in the same
+//! pair. With `small-first` after PAIRS, each strategy runs its small input
+//! first in each pair, so its large run follows its own small one at once
+//! (as in one stream of alternating requests); by default the other
+//! strategies' runs come between. Idle decay is off in this mode: the other strategies' runs would
+//! be idle time to it (a large det run takes more than its 2 s on a busy
+//! machine), and each strategy would commit again as if after idle.
 
 use std::time::Instant;
 use tensor_arena::memory::{GiveBack, PagesConfig};
@@ -58,17 +69,19 @@ fn lazy_free() -> u64 {
     proc_bytes("smaps_rollup", "LazyFree:")
 }
 
-/// System CPU time (ms) and minor page faults of this process so far.
-fn kernel() -> (f64, i64) {
+/// System CPU time (ms), minor page faults and CPU time, user and system
+/// (ms), of this process so far.
+fn kernel() -> (f64, i64, f64) {
     // SAFETY: `getrusage` writes the struct it is given; a zeroed `rusage`
     // is a valid value of this plain C struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a live, writable `rusage`; RUSAGE_SELF is valid.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return (0.0, 0);
+        return (0.0, 0, 0.0);
     }
-    let sys = ru.ru_stime.tv_sec as f64 * 1e3 + ru.ru_stime.tv_usec as f64 / 1e3;
-    (sys, ru.ru_minflt)
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+    let sys = ms(ru.ru_stime);
+    (sys, ru.ru_minflt, sys + ms(ru.ru_utime))
 }
 
 fn dims(s: &str) -> Result<Vec<usize>, std::num::ParseIntError> {
@@ -84,6 +97,7 @@ fn open(
     runtime: &Runtime,
     model: &str,
     strategy: &str,
+    decay: bool,
 ) -> Result<Target, Box<dyn std::error::Error>> {
     let (strategy, give_back) = match strategy.strip_suffix("-lazy") {
         Some(s) => (s, GiveBack::Lazily),
@@ -107,6 +121,13 @@ fn open(
                     ..PagesConfig::default()
                 },
                 ..ArenaOptions::default()
+            };
+            let options = match decay {
+                true => options,
+                false => ArenaOptions {
+                    decay: None,
+                    ..options
+                },
             };
             let session = ArenaSession::open(runtime, model, options)?;
             Target::Arena(Box::new(session.worker()?))
@@ -166,14 +187,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().collect();
     if a.len() < 7 {
-        return Err("usage: follow LIB MODEL STRATEGY[,STRATEGY...] LARGE SMALL PAIRS".into());
+        return Err(
+            "usage: follow LIB MODEL STRATEGY[,STRATEGY...] LARGE SMALL PAIRS [small-first]".into(),
+        );
     }
+    let small_first = a.get(7).is_some_and(|s| s == "small-first");
     let runtime = Runtime::load(&a[1])?;
     let (large, small, pairs) = (dims(&a[4])?, dims(&a[5])?, a[6].parse::<usize>()?);
     let names: Vec<&str> = a[3].split(',').collect();
     let mut targets = Vec::with_capacity(names.len());
     for name in &names {
-        targets.push(open(runtime, &a[2], name)?);
+        targets.push(open(runtime, &a[2], name, names.len() == 1)?);
     }
     let spec = match &targets[0] {
         Target::Ort(s, _) => tensor_arena_ort::InputSpec::of(s),
@@ -192,11 +216,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 (&xs, &a[5], bytes(&small))
             };
             let inputs: [(&str, &DynValue); 1] = [(spec.name.as_str(), x)];
+            // What the worker gives back before the run (as the run would
+            // as it starts), timed into the run: its peak starts after.
             let k0 = kernel();
+            let t = Instant::now();
+            if let Target::Arena(w) = target {
+                w.prepare(&inputs)?;
+            }
+            let prepared = t.elapsed().as_secs_f64() * 1e3;
+            // `5` resets the peak RSS (`VmHWM`) to the RSS now (Linux 4.0).
+            let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
             let (millis, peak, high_water) = run(target, &inputs)?;
+            let millis = millis + prepared;
             let k1 = kernel();
+            let peak_rss = if reset {
+                proc_bytes("status", "VmHWM:")
+            } else {
+                0
+            };
             println!(
-                "{i} {label} {millis:.2} {} {peak} {input_bytes} {high_water} {:.2} {} {}",
+                "{i} {label} {millis:.2} {} {peak} {input_bytes} {high_water} {:.2} {} {} {peak_rss}",
                 rss(),
                 k1.0 - k0.0,
                 k1.1 - k0.1,
@@ -210,6 +249,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     // Interleaved: large[s][pair] is strategy s's large-run time in a pair.
     let mut large_ms = vec![Vec::with_capacity(pairs); targets.len()];
+    let mut large_cpu = vec![Vec::with_capacity(pairs); targets.len()];
     let n = targets.len();
     for pair in 0..pairs {
         // The order turns each pair, so that no strategy always runs first
@@ -217,19 +257,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for k in 0..n {
             let s = (pair + k) % n;
             let target = &mut targets[s];
-            for (i, x, label) in [(2 * pair, &xl, &a[4]), (2 * pair + 1, &xs, &a[5])] {
+            let mut runs = [(2 * pair, &xl, &a[4]), (2 * pair + 1, &xs, &a[5])];
+            if small_first {
+                runs.reverse();
+            }
+            for (i, x, label) in runs {
                 let inputs: [(&str, &DynValue); 1] = [(spec.name.as_str(), x)];
                 let k0 = kernel();
                 let (millis, _, _) = run(target, &inputs)?;
                 let k1 = kernel();
                 println!(
-                    "{} {i} {label} {millis:.2} {:.2} {}",
+                    "{} {i} {label} {millis:.2} {:.2} {} {:.2}",
                     names[s],
                     k1.0 - k0.0,
-                    k1.1 - k0.1
+                    k1.1 - k0.1,
+                    k1.2 - k0.2
                 );
                 if i % 2 == 0 {
                     large_ms[s].push(millis);
+                    large_cpu[s].push(k1.2 - k0.2);
                 }
             }
         }
@@ -237,15 +283,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The first pair warms every strategy up; it is left out.
     for (s, name) in names.iter().enumerate() {
         let own = median(large_ms[s][1..].to_vec());
-        let ratio = median(
-            large_ms[s][1..]
-                .iter()
-                .zip(&large_ms[0][1..])
-                .map(|(x, y)| x / y)
-                .collect(),
-        );
+        let paired = |v: &[Vec<f64>]| {
+            median(
+                v[s][1..]
+                    .iter()
+                    .zip(&v[0][1..])
+                    .map(|(x, y)| x / y)
+                    .collect(),
+            )
+        };
+        let (ratio, cpu) = (paired(&large_ms), paired(&large_cpu));
         println!(
-            "summary {name}: large run median {own:.2} ms, {ratio:.3}x {} in the same pair (median of {} pairs)",
+            "summary {name}: large run median {own:.2} ms, {ratio:.3}x {} in the same pair, CPU time {cpu:.3}x (medians of {} pairs)",
             names[0],
             pairs - 1
         );

@@ -4,13 +4,16 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// When a [`Worker`](crate::Worker) gives cached memory back, at the end of
-/// a run.
+/// When a [`Worker`](crate::Worker) gives cached memory back: at the end
+/// of a run, and before a run whose key's own plan says it needs less than
+/// the worker holds ([`Worker::prepare`](crate::Worker::prepare)).
 ///
 /// A model's *need* for a run is its plan's block (or, unplanned, the run's
 /// high water). The worker keeps, for every model it runs, the needs of
 /// that model's last runs, and after each run shrinks its arena to the
-/// largest of them over all models. So a model's memory follows its input
+/// largest of them over all models; a run whose plan is its key's own is
+/// given that bound before it starts, so a smaller run after a larger one
+/// runs on its own memory. So a model's memory follows its input
 /// down while the other models of a pipeline keep theirs: a worker running
 /// an OCR pipeline's det, cls and rec holds the largest of the three, and
 /// after a small image det's share comes down. The next larger run commits
@@ -45,7 +48,7 @@ pub enum Shrink {
     /// Hold the largest of each model's needs over the last `time` (and
     /// at least its last run's): inputs that alternate within `time` keep
     /// their memory, and memory comes down at the first run after `time`
-    /// of smaller runs. Traffic that stops is left to idle decay
+    /// of smaller runs (before it, when its key has its own plan). Traffic that stops is left to idle decay
     /// ([`WorkerOptions::decay`](crate::WorkerOptions::decay)), which gives
     /// everything back after its idle time without a run.
     Window {
@@ -165,6 +168,54 @@ impl Follow {
         self.held()
     }
 
+    /// The bytes to hold *before* a run of `model` that is known to need
+    /// `need` bytes (its key's own plan): what [`Follow::after_run`] will
+    /// return if the run needs that, computed without noting the run. A
+    /// worker that holds more gives the rest back before the run starts,
+    /// so a smaller run's peak is its own, not the larger run's before it.
+    /// `None` under [`Shrink::Never`].
+    pub(crate) fn before_run(&self, model: u64, need: usize) -> Option<usize> {
+        self.before_run_at(model, need, Instant::now())
+    }
+
+    /// [`Follow::before_run`] at a given time.
+    fn before_run_at(&self, model: u64, need: usize, now_t: Instant) -> Option<usize> {
+        let keep = match self.policy {
+            Shrink::Never => return None,
+            Shrink::FollowInput { runs } => runs.max(1) as usize,
+            Shrink::KeepLargest | Shrink::Window { .. } => 1,
+        };
+        // The run's number once noted, as `after_run_at` counts it.
+        let now = self.runs + 1;
+        let mut held = need;
+        for m in &self.models {
+            if m.id != model {
+                // Another model: its needs as they stand, unless forgotten
+                // by the time this run is noted.
+                if now - m.last_run <= FORGET_AFTER {
+                    held = held.max(m.needs.iter().copied().max().unwrap_or(0));
+                }
+                continue;
+            }
+            let own = match self.policy {
+                // The window's needs still inside it once this run is
+                // noted (a need of at most `need` drops out either way).
+                Shrink::Window { time } => m
+                    .timed
+                    .iter()
+                    .filter(|&&(_, t)| now_t.saturating_duration_since(t) <= time)
+                    .map(|&(n, _)| n)
+                    .max(),
+                // The largest so far.
+                Shrink::KeepLargest => m.needs.front().copied(),
+                // The last `keep - 1` needs, which stay beside this one.
+                _ => m.needs.iter().rev().take(keep - 1).copied().max(),
+            };
+            held = held.max(own.unwrap_or(0));
+        }
+        Some(held)
+    }
+
     /// The bytes the models need now (`None` under [`Shrink::Never`]).
     pub(crate) fn held(&self) -> Option<usize> {
         if self.policy == Shrink::Never {
@@ -224,6 +275,60 @@ mod tests {
         // Another model's large need is held beside.
         assert_eq!(f.after_run_at(2, 500, s(401)), Some(500));
         assert_eq!(f.after_run_at(1, 10, s(402)), Some(500));
+    }
+
+    /// `before_run` says what `after_run` will hold, under every policy,
+    /// over a pseudo-random sequence of models, needs and times (models
+    /// forgotten and windows expiring included).
+    #[test]
+    fn before_run_foretells_after_run() {
+        let t0 = Instant::now();
+        let policies = [
+            Shrink::FollowInput { runs: 1 },
+            Shrink::FollowInput { runs: 3 },
+            Shrink::Window {
+                time: Duration::from_millis(50),
+            },
+            Shrink::KeepLargest,
+            Shrink::Never,
+        ];
+        for policy in policies {
+            let mut f = Follow::new(policy);
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            let mut ms = 0;
+            for _ in 0..2_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Mostly model 1 and 2, now and then one of many others
+                // (so that some are forgotten).
+                let model = match x % 10 {
+                    0 => 3 + (x >> 8) % 200,
+                    1..=4 => 2,
+                    _ => 1,
+                };
+                let need = ((x >> 16) % 1_000) as usize;
+                ms += (x >> 32) % 30;
+                let at = t0 + Duration::from_millis(ms);
+                let foretold = f.before_run_at(model, need, at);
+                assert_eq!(foretold, f.after_run_at(model, need, at), "{policy:?}");
+            }
+        }
+    }
+
+    /// The case the worker gives back early for: alternating sizes under
+    /// `FollowInput { runs: 1 }` come down before the small run, and stay
+    /// up under the default window.
+    #[test]
+    fn a_smaller_run_is_held_to_its_need_before_it_starts() {
+        let mut f = Follow::new(Shrink::FollowInput { runs: 1 });
+        f.after_run(1, 300);
+        assert_eq!(f.before_run(1, 10), Some(10));
+        assert_eq!(f.after_run(1, 10), Some(10));
+        let mut f = Follow::new(Shrink::default());
+        f.after_run(1, 300);
+        assert_eq!(f.before_run(1, 10), Some(300));
+        assert_eq!(Follow::new(Shrink::Never).before_run(1, 10), None);
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod key;
 mod learn;
 mod ledger;
 mod limit;
+mod plans;
 mod pool;
 mod raw;
 mod reserve;
@@ -49,6 +50,7 @@ pub use limit::{
     MEMORY_LIMIT_ENV, MEMTOTAL_PERCENT,
 };
 pub use ort;
+pub use plans::Plans;
 pub use pool::{Checkout, CheckoutFuture, PoolStats, WorkerPool};
 pub use raw::status_result;
 pub use reserve::Reservation;
@@ -80,7 +82,7 @@ pub use tensor_arena::{
     FamilyCounts, FamilyStats, PlanCache, PlanSource, PlanStats, RunReport, Stats,
 };
 pub use tensors::{hash_outputs, make_input, make_input_in, InputSpec};
-pub use worker::{worker_warning_limit, Plans, RunInfo, Worker, WorkerOptions};
+pub use worker::{worker_warning_limit, RunInfo, Worker, WorkerOptions};
 
 /// Counters of the registered allocator since the process started, over all
 /// threads and arenas.

@@ -3,9 +3,10 @@
 //! any `ort` session from `&Session`.
 
 use crate::key::RunKey;
+use crate::plans::Plans;
 use crate::slot::{self, Slot};
 use crate::tensors::InputSpec;
-use crate::worker::{Plans, Worker, WorkerOptions};
+use crate::worker::{Worker, WorkerOptions};
 use crate::{OrtArenaError, Shrink};
 use ort::value::{DynValue, ValueType};
 use std::ffi::CString;
@@ -477,6 +478,20 @@ impl SessionWorker {
             key: info.key.as_slice().to_vec(),
             plan: info.plan,
         })
+    }
+
+    /// Gives back, before a run on `inputs`, what the worker holds beyond
+    /// what that run's own plan and the shrink policy will hold
+    /// ([`Worker::prepare`]; [`SessionWorker::run`] does it as the run
+    /// starts); returns the bytes released.
+    ///
+    /// # Errors
+    /// As [`SessionWorker::run`] for inputs that do not fit the model
+    /// (nothing is given back).
+    pub fn prepare(&mut self, inputs: &[(&str, &DynValue)]) -> Result<usize, OrtArenaError> {
+        let s = &*self.session.0;
+        let (_, key) = order_inputs(&s.specs, inputs)?;
+        Ok(self.worker.prepare(&s.plans, &key))
     }
 
     /// Gives cached memory back down to what the recent runs need (see

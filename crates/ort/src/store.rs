@@ -3,7 +3,7 @@
 //! off the runs' threads ([`Plans::save`], [`PlanSaver`]), so that a new
 //! replica of a server is planned from its first request.
 
-use crate::worker::{Plans, Stored};
+use crate::plans::{Plans, Stored};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;

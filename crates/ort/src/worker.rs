@@ -5,124 +5,15 @@ use crate::admit::{Admission, Ticket};
 use crate::decay::Decay;
 use crate::follow::{Follow, Shrink};
 use crate::key::RunKey;
+use crate::plans::Plans;
 use crate::served::{NotServed, Watch};
 use crate::slot::{self, Slot};
 use crate::OrtArenaError;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tensor_arena::memory::PagesConfig;
-use tensor_arena::{
-    ArenaConfig, Budget, DynamicReason, FamilyStats, Lookup, PlanCache, PlanSource, PlanStats,
-    RunReport, Stats,
-};
-
-/// The plans of one model: what each input shape's run allocates, and
-/// where. One per model (session), shared by every worker that runs it
-/// (`&Plans` is `Sync`; put it beside the session, or in an `Arc`).
-///
-/// Plans are validated when they are made and checked when they are
-/// served, so handing a worker another model's plans, or keys that do not
-/// describe the run, is harmless: the run deviates from the plan, goes on
-/// dynamically, and the key is planned again.
-pub struct Plans {
-    id: u64,
-    cache: Arc<PlanCache<RunKey>>,
-    /// The largest run of the model seen so far (its high-water, bytes; 0:
-    /// none yet): what a run with no plan is admitted for.
-    largest: AtomicUsize,
-    /// Where the plans are loaded from and saved to, and what the last
-    /// save saw (`crate::store`).
-    pub(crate) store: Option<Stored>,
-}
-
-/// A [`Plans`]' store (`crate::store`), and the plans' generation its file
-/// last saw.
-#[derive(Debug)]
-pub(crate) struct Stored {
-    pub(crate) store: tensor_arena::PlanStore,
-    /// [`PlanStats::inserts`](tensor_arena::PlanStats::inserts) when last
-    /// loaded or saved: a save with nothing new is skipped.
-    pub(crate) saved: std::sync::atomic::AtomicU64,
-}
-
-static NEXT_PLANS: AtomicU64 = AtomicU64::new(1);
-
-impl Plans {
-    /// Plans for up to `capacity` shapes (least recently used out; at least
-    /// 1).
-    ///
-    /// A family's refit is made off the run's path, by the process's
-    /// background thread (`crate::learn`); [`Plans::learn_now`] makes
-    /// what is owed on the caller's thread.
-    pub fn new(capacity: usize) -> Self {
-        let cache = PlanCache::new(capacity.max(1));
-        cache.set_deferred_learning(true);
-        Self {
-            id: NEXT_PLANS.fetch_add(1, Ordering::Relaxed),
-            cache: Arc::new(cache),
-            largest: AtomicUsize::new(0),
-            store: None,
-        }
-    }
-
-    /// Makes the refits the runs left to the background thread now, on
-    /// this thread ([`PlanCache::learn`]); returns how many were made.
-    /// For a caller that wants the next prediction to know every shape
-    /// run so far (a test, a warm-up).
-    pub fn learn_now(&self) -> usize {
-        let _section = crate::learn::section();
-        self.cache.learn()
-    }
-
-    /// The plan cache (hits, misses, plans held: [`PlanCache::stats`]).
-    /// A program that forks while another thread calls into it directly
-    /// leaves that call to chance: this type's own methods are safe across
-    /// [`fork`](crate::fork) (the fork waits for them), the cache's are not.
-    pub fn cache(&self) -> &PlanCache<RunKey> {
-        &self.cache
-    }
-
-    /// The cache's counters, with every run of the model by how it was
-    /// served ([`PlanStats::runs`]).
-    pub fn stats(&self) -> PlanStats {
-        let _section = crate::learn::section();
-        self.cache.stats()
-    }
-
-    /// The model's plan families: each one's shapes, fit and runs (exact,
-    /// predicted, fell back and why, dynamic).
-    pub fn families(&self) -> Vec<FamilyStats> {
-        let _section = crate::learn::section();
-        self.cache.families()
-    }
-
-    pub(crate) fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// The largest run of the model seen so far, in bytes (0 before the
-    /// first run ends): what a run with no plan is admitted for.
-    pub fn largest_run(&self) -> usize {
-        self.largest.load(Ordering::Relaxed)
-    }
-}
-
-impl Default for Plans {
-    /// Room for 64 shapes.
-    fn default() -> Self {
-        Self::new(64)
-    }
-}
-
-impl std::fmt::Debug for Plans {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Plans")
-            .field("id", &self.id)
-            .field("stats", &self.stats())
-            .finish()
-    }
-}
+use tensor_arena::{ArenaConfig, Budget, DynamicReason, Lookup, PlanSource, RunReport, Stats};
 
 /// How a [`Worker`] manages its arena.
 #[derive(Clone, Debug)]
@@ -227,7 +118,8 @@ pub struct RunInfo {
     /// a planned run kept to its plan is in `report` (`deviated`,
     /// `deviation`).
     pub plan: Option<PlanSource>,
-    /// Bytes given back after the run by the shrink policy.
+    /// Bytes given back by the shrink policy: before the run, when its
+    /// key's own plan needs less than the worker held, and after it.
     pub released: usize,
     /// The run's key.
     pub key: RunKey,
@@ -377,7 +269,8 @@ impl Worker {
     /// if it succeeds its plan is learned, and later runs of the key get
     /// every tensor at its planned offset in one block
     /// ([`RunInfo::plan`] says which). After the run the shrink policy gives cached memory back
-    /// ([`WorkerOptions::shrink`]). A failed run (`Err`) teaches no plan.
+    /// ([`WorkerOptions::shrink`]); a run its key's own plan says needs
+    /// less is given it back before it starts ([`Worker::prepare`]). A failed run (`Err`) teaches no plan.
     /// [`Worker::last_run`] tells what the run did.
     ///
     /// `f` runs on this thread. Calling another worker's `run` inside it is
@@ -509,6 +402,7 @@ impl Worker {
                 }
             }
         }
+        let mut released = self.give_back_before(&mut core, plans, &lookup);
         crate::raw::take_refused_bytes();
         core.begin_run(lookup.plan.clone(), record);
         let calls_before = crate::raw::thread_alloc_calls();
@@ -573,10 +467,9 @@ impl Worker {
             }
             _ => target,
         };
-        let released = match target {
-            Some(bytes) if core.arena_stats().reserved > bytes => core.shrink_to(bytes),
-            _ => 0,
-        };
+        if let Some(bytes) = target.filter(|&b| core.arena_stats().reserved > b) {
+            released += core.shrink_to(bytes);
+        }
         self.runs += 1;
         slot.publish(&core);
         drop(core);
@@ -612,6 +505,37 @@ impl Worker {
             key: key.clone(),
         });
         result
+    }
+
+    /// Gives back, before a run of `key`, what the worker holds beyond what
+    /// the shrink policy will hold after it, when the key's own plan says
+    /// what the run needs ([`PlanSource::Exact`]): a smaller run after a
+    /// larger one then runs on its own memory, not the larger run's (under
+    /// [`Shrink::FollowInput`]; a [`Shrink::Window`] holds the larger need
+    /// through its window). Returns the bytes released. [`Worker::run`]
+    /// does this itself as the run starts; call it earlier to give the
+    /// memory back as soon as the next run is known (a request taken from
+    /// a queue while its inputs are decoded). A run whose plan is
+    /// predicted or unknown gives nothing back before it (a prediction may
+    /// be wrong); it is not counted as a run.
+    pub fn prepare(&mut self, plans: &Plans, key: &RunKey) -> usize {
+        let lookup = self.lookup(plans, key);
+        let slot = Arc::clone(&self.slot);
+        let mut core = slot.lock();
+        let released = self.give_back_before(&mut core, plans, &lookup);
+        slot.publish(&core);
+        released
+    }
+
+    /// [`Worker::prepare`] with the lookup made and the core locked.
+    fn give_back_before(&self, core: &mut slot::Core, plans: &Plans, lookup: &Lookup) -> usize {
+        let (Some(plan), PlanSource::Exact) = (&lookup.plan, lookup.source) else {
+            return 0;
+        };
+        match self.follow.before_run(plans.id(), plan.size()) {
+            Some(bytes) if core.arena_stats().reserved > bytes => core.shrink_to(bytes),
+            _ => 0,
+        }
     }
 
     /// What the last run did (`None` before the first).

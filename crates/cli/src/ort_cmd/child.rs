@@ -2,12 +2,16 @@
 //! session, run the sequence on `--threads` workers, print a JSON report.
 //!
 //! The main thread and the workers move in step through barriers: before
-//! each run the workers are parked (at `start`) while the main thread
-//! resets the peak RSS; after it they are parked again (at the next
-//! `start`, or at `release` after the last run) while the main thread reads
-//! the RSS and its peak, so every row is measured with the workers holding
-//! their arenas. Only after the last row is measured are the workers
-//! released to drop them. Progress goes to stderr, one line per run.
+//! each run the workers make its inputs and give back what their arenas
+//! hold beyond what the run's own plan needs
+//! ([`SessionWorker::prepare`], which a run does itself as it starts; its
+//! time counts in the run's), then are parked (at `prepared`) while the
+//! main thread resets the peak RSS; after the run they are parked again
+//! (at the next `start`, or at `release` after the last run) while the
+//! main thread reads the RSS and its peak, so every row is measured with
+//! the workers holding their arenas. Only after the last row is measured
+//! are the workers released to drop them. Progress goes to stderr, one
+//! line per run.
 
 use super::checks::{self, Resolved};
 use super::report::{RunRow, StrategyReport};
@@ -63,6 +67,10 @@ enum Target {
 struct Barriers {
     ready: Barrier,
     start: Barrier,
+    /// The workers have made the run's inputs and given back what it does
+    /// not need: its peak RSS starts after this.
+    prepared: Barrier,
+    go: Barrier,
     end: Barrier,
     release: Barrier,
     /// Set by a worker whose run failed; read and cleared by the main
@@ -194,6 +202,8 @@ pub fn main(args: &OrtArgs, strategy: OrtStrategy) -> Result<ExitCode, String> {
     let barriers = Barriers {
         ready: Barrier::new(args.threads as usize + 1),
         start: Barrier::new(args.threads as usize + 1),
+        prepared: Barrier::new(args.threads as usize + 1),
+        go: Barrier::new(args.threads as usize + 1),
         end: Barrier::new(args.threads as usize + 1),
         release: Barrier::new(args.threads as usize + 1),
         failed: AtomicBool::new(false),
@@ -245,13 +255,15 @@ fn run_all(args: &OrtArgs, strategy: OrtStrategy, job: &Job<'_>) -> Result<Strat
             session_rss as f64 / (1024.0 * 1024.0)
         );
         for (i, label) in args.inputs.iter().enumerate() {
-            // The workers are parked at `start`: this run's peak starts from
-            // here.
+            b.start.wait();
+            // The workers are parked at `prepared`, the run's inputs made and
+            // what it does not need given back: its peak starts from here.
+            b.prepared.wait();
             if let Err(e) = rss::reset_peak() {
                 peak_error.get_or_insert(e);
             }
             let t = Instant::now();
-            b.start.wait();
+            b.go.wait();
             b.end.wait();
             let wall = t.elapsed();
             if let Some(d) = delay {
@@ -346,8 +358,15 @@ fn worker(job: &Job<'_>) -> Result<Vec<Step>, String> {
     let mut steps = Vec::new();
     for (i, run) in job.runs.iter().enumerate() {
         b.start.wait();
-        if let Ok(w) = &mut arena_worker {
-            let step = one_run(job, w.as_mut(), run, i as u64).unwrap_or_else(|e| {
+        let ready = match &mut arena_worker {
+            Ok(w) => Some(prepare(job, w.as_mut(), run, i as u64)),
+            Err(_) => None,
+        };
+        b.prepared.wait();
+        b.go.wait();
+        if let (Ok(w), Some(ready)) = (&mut arena_worker, ready) {
+            let step = ready.and_then(|ready| one_run(job, w.as_mut(), &ready));
+            let step = step.unwrap_or_else(|e| {
                 b.failed.store(true, Ordering::Relaxed);
                 // A failed run (out of memory, say) is reported as that
                 // run's result; the worker and the session go on.
@@ -388,14 +407,49 @@ fn inputs(
     Ok(values)
 }
 
-fn one_run(
+/// A run's inputs, made before it, and what giving back before it cost.
+struct Ready {
+    values: Vec<(String, DynValue)>,
+    /// Nanoseconds of the give-back (counted in the run's time).
+    nanos: u64,
+    /// Memory-layer calls of the give-back (counted in the run's).
+    memory_calls: u64,
+}
+
+/// Makes a run's inputs; an arena worker then gives back what its arena
+/// holds beyond what the run's own plan needs, as the run would as it
+/// starts.
+fn prepare(
     job: &Job<'_>,
     worker: Option<&mut tensor_arena_ort::SessionWorker>,
     run: &[(String, Vec<usize>)],
     seed: u64,
-) -> Result<Step, String> {
+) -> Result<Ready, String> {
     let values = inputs(job, run, seed)?;
-    let inputs: Vec<(&str, &DynValue)> = values.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    let mut ready = Ready {
+        values,
+        nanos: 0,
+        memory_calls: 0,
+    };
+    if let Some(w) = worker {
+        let named: Vec<(&str, &DynValue)> =
+            ready.values.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        let before = w.stats().memory_calls();
+        let t = Instant::now();
+        w.prepare(&named).map_err(|e| e.to_string())?;
+        ready.nanos = t.elapsed().as_nanos() as u64;
+        ready.memory_calls = w.stats().memory_calls() - before;
+    }
+    Ok(ready)
+}
+
+fn one_run(
+    job: &Job<'_>,
+    worker: Option<&mut tensor_arena_ort::SessionWorker>,
+    ready: &Ready,
+) -> Result<Step, String> {
+    let inputs: Vec<(&str, &DynValue)> =
+        ready.values.iter().map(|(n, v)| (n.as_str(), v)).collect();
     let mut step = Step::default();
     match (job.target, worker) {
         (Target::Ort { session, options }, _) => {
@@ -411,7 +465,7 @@ fn one_run(
             let before = w.stats();
             let t = Instant::now();
             let out = w.run(&inputs).map_err(|e| e.to_string())?;
-            step.nanos = t.elapsed().as_nanos() as u64;
+            step.nanos = t.elapsed().as_nanos() as u64 + ready.nanos;
             step.hash = out.hash().map_err(|e| e.to_string())?;
             step.peak_in_use = out.report.peak_in_use;
             step.plan = Some(out.plan.map_or_else(
@@ -422,7 +476,7 @@ fn one_run(
             let after = w.stats();
             step.reserved = after.reserved;
             step.lazily_given_back = after.lazily_given_back;
-            step.memory_calls = after.memory_calls() - before.memory_calls();
+            step.memory_calls = after.memory_calls() - before.memory_calls() + ready.memory_calls;
         }
         (Target::Arena(_), None) => return Err("no worker".into()),
     }

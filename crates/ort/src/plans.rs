@@ -1,0 +1,114 @@
+//! A model's plans: what each input shape's run allocates, shared by every
+//! worker that runs the model.
+
+use crate::key::RunKey;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use tensor_arena::{FamilyStats, PlanCache, PlanStats};
+
+/// The plans of one model: what each input shape's run allocates, and
+/// where. One per model (session), shared by every worker that runs it
+/// (`&Plans` is `Sync`; put it beside the session, or in an `Arc`).
+///
+/// Plans are validated when they are made and checked when they are
+/// served, so handing a worker another model's plans, or keys that do not
+/// describe the run, is harmless: the run deviates from the plan, goes on
+/// dynamically, and the key is planned again.
+pub struct Plans {
+    id: u64,
+    pub(crate) cache: Arc<PlanCache<RunKey>>,
+    /// The largest run of the model seen so far (its high-water, bytes; 0:
+    /// none yet): what a run with no plan is admitted for.
+    pub(crate) largest: AtomicUsize,
+    /// Where the plans are loaded from and saved to, and what the last
+    /// save saw (`crate::store`).
+    pub(crate) store: Option<Stored>,
+}
+
+/// A [`Plans`]' store (`crate::store`), and the plans' generation its file
+/// last saw.
+#[derive(Debug)]
+pub(crate) struct Stored {
+    pub(crate) store: tensor_arena::PlanStore,
+    /// [`PlanStats::inserts`](tensor_arena::PlanStats::inserts) when last
+    /// loaded or saved: a save with nothing new is skipped.
+    pub(crate) saved: std::sync::atomic::AtomicU64,
+}
+
+static NEXT_PLANS: AtomicU64 = AtomicU64::new(1);
+
+impl Plans {
+    /// Plans for up to `capacity` shapes (least recently used out; at least
+    /// 1).
+    ///
+    /// A family's refit is made off the run's path, by the process's
+    /// background thread (`crate::learn`); [`Plans::learn_now`] makes
+    /// what is owed on the caller's thread.
+    pub fn new(capacity: usize) -> Self {
+        let cache = PlanCache::new(capacity.max(1));
+        cache.set_deferred_learning(true);
+        Self {
+            id: NEXT_PLANS.fetch_add(1, Ordering::Relaxed),
+            cache: Arc::new(cache),
+            largest: AtomicUsize::new(0),
+            store: None,
+        }
+    }
+
+    /// Makes the refits the runs left to the background thread now, on
+    /// this thread ([`PlanCache::learn`]); returns how many were made.
+    /// For a caller that wants the next prediction to know every shape
+    /// run so far (a test, a warm-up).
+    pub fn learn_now(&self) -> usize {
+        let _section = crate::learn::section();
+        self.cache.learn()
+    }
+
+    /// The plan cache (hits, misses, plans held: [`PlanCache::stats`]).
+    /// A program that forks while another thread calls into it directly
+    /// leaves that call to chance: this type's own methods are safe across
+    /// [`fork`](crate::fork) (the fork waits for them), the cache's are not.
+    pub fn cache(&self) -> &PlanCache<RunKey> {
+        &self.cache
+    }
+
+    /// The cache's counters, with every run of the model by how it was
+    /// served ([`PlanStats::runs`]).
+    pub fn stats(&self) -> PlanStats {
+        let _section = crate::learn::section();
+        self.cache.stats()
+    }
+
+    /// The model's plan families: each one's shapes, fit and runs (exact,
+    /// predicted, fell back and why, dynamic).
+    pub fn families(&self) -> Vec<FamilyStats> {
+        let _section = crate::learn::section();
+        self.cache.families()
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The largest run of the model seen so far, in bytes (0 before the
+    /// first run ends): what a run with no plan is admitted for.
+    pub fn largest_run(&self) -> usize {
+        self.largest.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for Plans {
+    /// Room for 64 shapes.
+    fn default() -> Self {
+        Self::new(64)
+    }
+}
+
+impl std::fmt::Debug for Plans {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plans")
+            .field("id", &self.id)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
