@@ -260,8 +260,13 @@ impl Drop for Ticket {
             st.alone_running = false;
         }
         self.admission.publish(&st);
+        // Only runs waiting in this process are woken (a wake is a
+        // system call on every run's end otherwise; other processes poll).
+        let waiting = !st.queue.is_empty();
         drop(st);
-        self.admission.turn.notify_all();
+        if waiting {
+            self.admission.turn.notify_all();
+        }
     }
 }
 
