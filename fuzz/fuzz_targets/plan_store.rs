@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 
 /// Fixed allowance of time per input.
 const LOAD_MS_BASE: u64 = 200;
-/// Heap a load and save may reach per byte of file.
-const PEAK_PER_BYTE: usize = 4;
+/// Heap a load and save may reach per byte of file (the plan store's
+/// goal: at most 3x the file).
+const PEAK_PER_BYTE: usize = 3;
 /// Fixed allowance of heap per input.
 const PEAK_BASE: usize = 8 << 20;
 

@@ -287,7 +287,12 @@ impl PlanStore {
     {
         let path = self.path();
         match file::read(&path) {
-            Ok(Some(bytes)) => self.load_bytes(&bytes, cache),
+            Ok(Some(bytes)) => {
+                let decoded = decode::<K>(&bytes);
+                // The file is let go before its plans join the cache.
+                drop(bytes);
+                self.install(decoded, cache)
+            }
             Ok(None) => Loaded::default(),
             Err(e) => self.refused(e.to_string()),
         }
@@ -310,7 +315,19 @@ impl PlanStore {
     where
         K: PlanKey + Hash + Eq + Clone,
     {
-        let (contents, ids_match) = match decode::<K>(bytes) {
+        self.install(decode::<K>(bytes), cache)
+    }
+
+    /// Adds a decoded file's contents to `cache` ([`PlanStore::load`]).
+    fn install<K>(
+        &self,
+        decoded: Result<(StoreContents<K>, bool), StoreError>,
+        cache: &PlanCache<K>,
+    ) -> Loaded
+    where
+        K: PlanKey + Hash + Eq + Clone,
+    {
+        let (contents, ids_match) = match decoded {
             Ok(c) => c,
             Err(e) => return self.refused(e.to_string()),
         };
