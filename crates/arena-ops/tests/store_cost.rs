@@ -1,10 +1,11 @@
 //! What a plan store file of hostile content costs to load and save: the
 //! heap a load and the next save reach is at most a few times the file's
-//! size (counted by this binary's global allocator), for the files that
-//! cost most before: a plan whose blocks are all live at once, a file of
-//! many small plans, shapes whose blocks no model explains, a plan of
-//! alloc-free pairs (whose tape outweighs its file most). Each case
-//! runs alone (one test: the counter is process-wide).
+//! size (counted by this binary's global allocator), and each takes at
+//! most 0.2 s and 1 s per 10 MB (twenty times that in a debug build), for
+//! the files that cost most before: a plan whose blocks are all live at
+//! once, a file of many small plans, shapes whose blocks no model
+//! explains, a plan of alloc-free pairs (whose tape outweighs its file
+//! most). Each case runs alone (one test: the counter is process-wide).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -186,9 +187,17 @@ fn data_dependent(body: &mut Vec<u8>) {
     }
 }
 
+/// The most seconds a load or a save of `len` bytes may take: 0.2 s and
+/// 1 s per 10 MB (as the `plan_store` fuzz target asserts), twenty times
+/// that in a debug build.
+fn time_limit(len: usize) -> f64 {
+    let slowdown = if cfg!(debug_assertions) { 20.0 } else { 1.0 };
+    (0.2 + len as f64 / 1e7) * slowdown
+}
+
 /// The heap a load of `file` reaches above where it started, the heap
 /// the next save reaches above where it started; the plans and shapes
-/// loaded.
+/// loaded. Fails if either takes longer than [`time_limit`].
 fn cost(store: &PlanStore, file: &[u8]) -> (usize, usize, usize, usize) {
     std::fs::write(store.path(), file).unwrap();
     let base = LIVE.load(Ordering::Relaxed);
@@ -205,6 +214,12 @@ fn cost(store: &PlanStore, file: &[u8]) -> (usize, usize, usize, usize) {
     store.save(&cache).unwrap();
     let save_s = t.elapsed().as_secs_f64();
     eprintln!("  load {load_s:.3} s, save {save_s:.3} s");
+    let limit = time_limit(file.len());
+    assert!(
+        load_s <= limit && save_s <= limit,
+        "{} bytes: load {load_s:.3} s, save {save_s:.3} s (limit {limit:.3} s)",
+        file.len()
+    );
     let save = PEAK.load(Ordering::Relaxed) - base;
     (load, save, loaded.plans, loaded.shapes)
 }
