@@ -207,7 +207,7 @@ pub fn make_predicted_plans(trace: &Trace) -> (HashMap<String, Arc<Plan>>, usize
             if other != label {
                 let none = tensor_arena::Lookup::none(tensor_arena::DynamicReason::NewFamily);
                 let report = tensor_arena::RunReport::default();
-                cache.after_run(other.as_str(), &none, &report, plan.recording(), true);
+                cache.after_run(other.as_str(), &none, &report, &plan.recording(), true);
             }
         }
         let lookup = cache.lookup(label.as_str());

@@ -96,7 +96,7 @@ fn check_accepted(plan: &Plan) {
 /// The plan's parts, each field perhaps changed a little or a lot.
 fn tamper(plan: &Plan, u: &mut Unstructured<'_>) -> arbitrary::Result<PlanParts> {
     let mut parts = PlanParts {
-        recording: plan.recording().clone(),
+        recording: plan.recording(),
         offsets: (0..plan.len()).filter_map(|i| plan.offset(i)).collect(),
         size: plan.size(),
         align: plan.align(),

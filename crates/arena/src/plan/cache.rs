@@ -176,6 +176,12 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         self.owes.load(Ordering::Acquire)
     }
 
+    /// Whether family `id`'s current structure owes its fit (tests).
+    #[cfg(test)]
+    pub(crate) fn owes_fit(&self, id: u64) -> bool {
+        self.families.lock().owed_by(id).is_some()
+    }
+
     /// Solves the plans runs left, then makes the refits they left
     /// ([`set_deferred_learning`](Self::set_deferred_learning)),
     /// outside the families' lock (lookups and runs go on meanwhile), and
@@ -388,6 +394,15 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
                 };
             }
         }
+        // A structure loaded from a store owes its fit; a cache with no
+        // learner makes it here, once, for the family asked about.
+        if self.owes() && !self.defer.load(Ordering::Relaxed) {
+            let owed = self.families.lock().owed_by(key.family());
+            if let Some(owed) = owed {
+                let fit = owed.refit();
+                self.families.lock().install(&owed, fit);
+            }
+        }
         let prediction = self.families.lock().prediction(key.family());
         let prediction = match prediction {
             Ok(p) => p,
@@ -533,9 +548,9 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         key.dims(&mut dims);
         // The run's own sizes where it kept them (smaller than predicted).
         let seen = if kept && !recording.is_empty() {
-            recording
+            std::borrow::Cow::Borrowed(recording)
         } else {
-            plan.recording()
+            std::borrow::Cow::Owned(plan.recording())
         };
         self.keep(
             key.to_owned().into(),
@@ -551,7 +566,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         let owed =
             self.families
                 .lock()
-                .observe(id, || key.family_name(), dims, seen, hint, learning);
+                .observe(id, || key.family_name(), dims, &seen, hint, learning);
         if owed {
             self.owes.store(true, Ordering::Release);
         }
@@ -638,9 +653,10 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
     /// Adds what a plan store loaded: `plans` (valid, least recently used
     /// first) in one publish, the most recent kept where they pass the
     /// capacity, and `families` through the same path as a run's shapes
-    /// ([`Families::import`]): fitted once per structure, or, with
-    /// deferred learning, left to [`learn`](Self::learn) (then
-    /// [`owes`](Self::owes) is true).
+    /// ([`Families::import`]): no fit is made; each structure owes its
+    /// fit (then [`owes`](Self::owes) is true), made by
+    /// [`learn`](Self::learn) with deferred learning, else by the first
+    /// [`lookup`](Self::lookup) that needs a prediction from it.
     pub(crate) fn restore(&self, plans: Vec<(K, Arc<Plan>)>, families: Vec<FamilySnapshot>) {
         {
             let _writer = self.writer.lock();

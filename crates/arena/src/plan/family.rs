@@ -230,8 +230,8 @@ pub(crate) struct Learning {
     pub(crate) refit: bool,
     pub(crate) defer: bool,
     /// A shape loaded from a plan store ([`Families::import`]): only added,
-    /// never fitted, unless `refit` (its structure's last shape, fitted
-    /// once with every shape in).
+    /// never fitted; with `refit` (its structure's last shape) the
+    /// structure owes its fit, made later with every shape in.
     pub(crate) import: bool,
 }
 
@@ -557,9 +557,10 @@ impl Families {
         // With a fit to go on, the refit is left to a learner when asked
         // (the run's thread then pays bookkeeping only); the first fit is
         // made here, so the next shape is predicted.
-        // A structure loaded from a store is fitted by the learner when
-        // there is one (a store's load then costs no fit at all).
-        if defer && (s.fit.is_some() || import) && s.obs.len() >= 2 {
+        // A structure loaded from a store owes its fit (a store's load
+        // costs no fit at all): to the learner when there is one, else to
+        // the first lookup that needs it.
+        if (defer && s.fit.is_some() || import) && s.obs.len() >= 2 {
             s.owed = Some(afresh || s.fit.is_none());
             return true;
         }
@@ -589,6 +590,24 @@ impl Families {
             }
         }
         out
+    }
+
+    /// The fit owed by family `id`'s current structure (the one
+    /// [`Families::prediction`] predicts from), if it owes one: for a
+    /// cache with no learner, made by the lookup that needs it (outside
+    /// the lock) and installed.
+    pub(crate) fn owed_by(&self, id: u64) -> Option<Owed> {
+        let f = self.map.get(&id)?;
+        let s = f.structures.iter().max_by_key(|s| s.last_used)?;
+        let afresh = s.owed?;
+        Some(Owed {
+            family: id,
+            shape: Arc::clone(&s.shape),
+            generation: s.generation,
+            obs: s.obs.iter().cloned().collect(),
+            fit: s.fit.clone(),
+            afresh,
+        })
     }
 
     /// Installs a refit made from `owed`, if its structure is still held
@@ -708,31 +727,39 @@ impl Families {
 
     /// Adds saved families ([`Families::export`]'s, from a plan store):
     /// each shape joins its family through [`Families::observe`], as a
-    /// run's would, oldest first, and each structure is fitted once its
-    /// shapes are in. Every shape's recording must pass
-    /// [`Recording::validate`] (the store checks them all before it
-    /// imports any).
+    /// run's would, oldest first, consumed as it goes (one recording per
+    /// structure, its sizes replaced shape by shape). Every shape's
+    /// recording must pass [`Recording::validate`] (the store checks them
+    /// all before it imports any).
     ///
-    /// With `defer` (a cache that learns off the runs' path), no fit is
-    /// made here: each structure of two shapes or more is left owing its
-    /// fit to the learner ([`Families::owed`]); whether any is.
+    /// No fit is made here: a fit costs thousands of monomials a block,
+    /// far more than the bytes that describe it, so a store's load would
+    /// cost what its file's content chooses. Each structure of two shapes
+    /// or more is left owing its fit ([`Families::owed`]): to the learner
+    /// with `defer`, else to the first lookup that asks the family for a
+    /// prediction ([`Families::owed_by`]). Whether any is.
     pub(crate) fn import(&mut self, families: Vec<FamilySnapshot>, defer: bool) -> bool {
         let mut owes = false;
         for f in families {
+            let name = f.name;
             for s in f.structures {
                 let last = s.shapes.len().saturating_sub(1);
-                for (i, shape) in s.shapes.iter().enumerate() {
-                    let rec = s.recording(shape);
-                    let name = || f.name.clone();
-                    // Fitted once, with its last shape: a fit per shape
-                    // (each widening the range) cost 4.9 s for 25 KB of
-                    // blocks no model explains.
+                let aligns = s.aligns;
+                let mut rec = Recording {
+                    blocks: Vec::with_capacity(aligns.len()),
+                    events: s.events,
+                };
+                for (i, shape) in s.shapes.into_iter().enumerate() {
+                    rec.blocks.clear();
+                    rec.blocks
+                        .extend(shape.sizes.iter().copied().zip(aligns.iter().copied()));
                     let learning = Learning {
                         refit: i == last,
                         defer,
                         import: true,
                     };
-                    owes |= self.observe(f.id, name, shape.dims.clone(), &rec, None, learning);
+                    let name = || name.clone();
+                    owes |= self.observe(f.id, name, shape.dims, &rec, None, learning);
                 }
             }
         }

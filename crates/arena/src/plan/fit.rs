@@ -623,6 +623,9 @@ fn vertices(
     }
     let scale = sizes.iter().copied().fold(q, f64::max);
     let tol = 1e-9 * scale;
+    if !slopes::agree(ms, sizes, q, tol) {
+        return None;
+    }
     let feasible = |a: f64, c: f64| {
         intercept.is_none_or(|(lo, hi)| a >= lo - tol && a <= hi + tol)
             && ms.iter().zip(sizes).all(|(&m, &s)| {
@@ -795,6 +798,8 @@ fn tiers(varied: &[bool]) -> Vec<Vec<Monomial>> {
 mod predict;
 #[path = "fit_refit.rs"]
 mod refit;
+#[path = "fit_slopes.rs"]
+mod slopes;
 
 #[cfg(test)]
 #[path = "fit_tests.rs"]

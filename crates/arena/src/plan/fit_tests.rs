@@ -441,3 +441,42 @@ fn a_stride_over_two_units_fits_nothing() {
     );
     assert_eq!(f.predict(&[7, 100]), Err(NoPrediction::Unfit));
 }
+
+/// The slope filter never refuses sizes that follow a line to the
+/// quantum (it only spares `vertices` the sizes that follow none), and
+/// refuses sizes that follow no line.
+#[test]
+fn the_slope_filter_keeps_every_line_and_refuses_noise() {
+    let mut seed = 7u64;
+    let mut rnd = |n: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    for _ in 0..2000 {
+        let q = [1.0, 8.0, 64.0][rnd(3) as usize];
+        let a = rnd(5000) as f64;
+        let c = rnd(3000) as f64 / 7.0;
+        let ms: Vec<f64> = (0..2 + rnd(15)).map(|_| rnd(1 << 20) as f64).collect();
+        let sizes: Vec<f64> = ms
+            .iter()
+            .map(|&m| ((a + c * m) / q).ceil().max(1.0) * q)
+            .collect();
+        let tol = 1e-9 * sizes.iter().copied().fold(q, f64::max);
+        assert!(
+            super::slopes::agree(&ms, &sizes, q, tol),
+            "a={a} c={c} q={q} {ms:?} {sizes:?}"
+        );
+        assert!(super::affine(&ms, &sizes, q).is_some());
+    }
+    let ms = [1000.0, 2000.0, 3000.0, 4000.0];
+    let sizes = [64.0 * 700.0, 64.0 * 3.0, 64.0 * 999.0, 64.0 * 10.0];
+    assert!(!super::slopes::agree(
+        &ms,
+        &sizes,
+        64.0,
+        1e-9 * 64.0 * 999.0
+    ));
+    assert!(super::affine(&ms, &sizes, 64.0).is_none());
+}

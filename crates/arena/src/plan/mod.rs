@@ -75,12 +75,14 @@ mod overlap;
 mod recording;
 pub mod solver;
 pub mod store;
+mod tape;
 pub mod trace;
 
 pub use cache::{Lookup, PlanCache, PlanStats};
 pub use dims::KeyDims;
 pub use family::{DynamicReason, FamilyCounts, FamilyStats, PlanSource};
 pub use recording::{PlanEvent, Recording, MAX_ALIGN, MAX_BLOCK};
+pub(crate) use tape::Source;
 
 /// Why a planned run left its plan (and the rest of it was served by the
 /// dynamic pool).
@@ -103,22 +105,32 @@ pub enum Deviation {
 /// A `Plan` is valid by construction: [`Plan::from_recording`] and
 /// deserialization (`serde`, through [`Plan::from_parts`]) both refuse
 /// anything that [`Plan::validate`] would.
+///
+/// In memory a plan is its compiled tape only (one step per event, with
+/// each allocation's offset, size and alignment) and where each block's
+/// allocation is on it: its recording and offsets are read from the tape
+/// when asked for ([`Plan::recording`], [`Plan::to_parts`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(try_from = "PlanParts"))]
+#[cfg_attr(feature = "serde", serde(try_from = "PlanParts", into = "PlanParts"))]
 pub struct Plan {
-    recording: Recording,
-    offsets: Vec<usize>,
+    /// The plan compiled for serving: one step per event, in time order.
+    tape: Vec<Step>,
+    /// Where block `i`'s allocation is on the tape (block `i` is the
+    /// `i`-th allocation: always an allocation step).
+    allocs: Vec<u32>,
     size: usize,
     align: usize,
     lower_bound: usize,
-    /// The plan compiled for serving: one step per event (derived from the
-    /// fields above; not serialized).
-    #[cfg_attr(feature = "serde", serde(skip_serializing))]
-    tape: Vec<Step>,
-    /// What following the whole tape adds up to (derived likewise).
-    #[cfg_attr(feature = "serde", serde(skip_serializing))]
+    /// What following the whole tape adds up to (derived from the tape).
     whole: TapeTotals,
+}
+
+#[cfg(feature = "serde")]
+impl From<Plan> for PlanParts {
+    fn from(plan: Plan) -> Self {
+        plan.to_parts()
+    }
 }
 
 /// What a run that follows a plan's whole tape does, in sum: the core
@@ -183,19 +195,16 @@ impl Plan {
         recording.validate()?;
         let requests = recording.requests();
         let (solution, hint) = solver::plan_hinted(&requests, hint);
-        let mut plan = Self {
-            recording: recording.clone(),
-            offsets: solution.offsets,
-            size: solution.size,
-            align: max_align(recording),
-            lower_bound: recording.peak_live(),
-            tape: Vec::new(),
-            whole: TapeTotals::default(),
-        };
+        drop(requests);
         // The solver's output is checked like any other plan's: a solver
         // bug becomes an error here, not overlapping blocks later.
-        plan.validate_layout(&requests)?;
-        plan.compile();
+        let plan = Self::build_from(
+            recording,
+            &solution.offsets,
+            solution.size,
+            max_align(recording),
+            recording.peak_live(),
+        )?;
         Ok((plan, hint))
     }
 
@@ -205,69 +214,13 @@ impl Plan {
     /// # Errors
     /// [`PlanError`] naming the first problem.
     pub fn from_parts(parts: PlanParts) -> Result<Self, PlanError> {
-        let mut plan = Self {
-            recording: parts.recording,
-            offsets: parts.offsets,
-            size: parts.size,
-            align: parts.align,
-            lower_bound: parts.lower_bound,
-            tape: Vec::new(),
-            whole: TapeTotals::default(),
-        };
-        plan.validate()?;
-        plan.compile();
-        Ok(plan)
-    }
-
-    /// Compiles the validated plan into its tape: one step per event.
-    fn compile(&mut self) {
-        self.tape = self
-            .recording
-            .events
-            .iter()
-            .map(|ev| match *ev {
-                PlanEvent::Alloc(i) => {
-                    let (size, align) = self.recording.blocks[i as usize];
-                    Step {
-                        offset: self.offsets[i as usize],
-                        size,
-                        // Validated: a power of two of at most 1 GiB.
-                        align: align as u32,
-                        index: i,
-                    }
-                }
-                PlanEvent::Free(i) => Step {
-                    offset: 0,
-                    size: 0,
-                    align: 0,
-                    index: i,
-                },
-            })
-            .collect();
-        let mut whole = TapeTotals::default();
-        let mut live = 0usize;
-        let mut freed = vec![false; self.recording.blocks.len()];
-        for step in &self.tape {
-            if step.is_free() {
-                whole.frees += 1;
-                live -= self.recording.blocks[step.index as usize].0;
-                freed[step.index as usize] = true;
-            } else {
-                whole.allocs += 1;
-                live += step.size;
-                whole.peak_live = whole.peak_live.max(live);
-            }
-        }
-        whole.end_live = (0..self.recording.blocks.len() as u32)
-            .filter(|&i| !freed[i as usize])
-            .collect();
-        whole.end_live_bytes = live;
-        let sizes = self.recording.blocks.iter().fold(0, |acc, b| acc | b.0);
-        whole.size_quantum = match sizes {
-            0 => 0,
-            s => 1 << s.trailing_zeros(),
-        };
-        self.whole = whole;
+        Self::build_from(
+            &parts.recording,
+            &parts.offsets,
+            parts.size,
+            parts.align,
+            parts.lower_bound,
+        )
     }
 
     /// The compiled plan: step `pos` is what event `pos` of a run that
@@ -303,7 +256,8 @@ impl Plan {
     /// as many as keep the footprint. Worked out on each call (one
     /// placement of the plan's blocks), for a run that leaves the plan.
     pub(crate) fn run_order_start(&self) -> usize {
-        solver::run_order_start(&self.recording.requests(), &self.offsets)
+        let offsets: Vec<usize> = (0..self.len()).map(|i| self.step_of(i).offset).collect();
+        solver::run_order_start(&self.recording().requests(), &offsets)
     }
 
     /// Alignment the plan's block needs (the largest of its blocks').
@@ -313,98 +267,65 @@ impl Plan {
 
     /// Number of blocks planned.
     pub fn len(&self) -> usize {
-        self.offsets.len()
+        self.allocs.len()
     }
 
     /// Whether the plan holds no block.
     pub fn is_empty(&self) -> bool {
-        self.offsets.is_empty()
+        self.allocs.is_empty()
     }
 
     /// `(size, align)` of block `i` as recorded.
     pub fn block(&self, i: usize) -> Option<(usize, usize)> {
-        self.recording.blocks.get(i).copied()
+        let at = *self.allocs.get(i)?;
+        let step = self.tape.get(at as usize)?;
+        Some((step.size, step.align as usize))
     }
 
     /// Offset of block `i`.
     pub fn offset(&self, i: usize) -> Option<usize> {
-        self.offsets.get(i).copied()
+        let at = *self.allocs.get(i)?;
+        self.tape.get(at as usize).map(|s| s.offset)
     }
 
-    /// The recording the plan was made from.
-    pub fn recording(&self) -> &Recording {
-        &self.recording
+    /// The recording the plan was made from, rebuilt from its tape (the
+    /// plan keeps no copy of it).
+    pub fn recording(&self) -> Recording {
+        let mut rec = Recording {
+            blocks: Vec::with_capacity(self.len()),
+            events: Vec::with_capacity(self.tape.len()),
+        };
+        self.recording_upto(self.tape.len(), &mut rec);
+        rec
+    }
+
+    /// Appends the recording of the tape's first `pos` steps to `rec`.
+    pub(crate) fn recording_upto(&self, pos: usize, rec: &mut Recording) {
+        for step in &self.tape[..pos.min(self.tape.len())] {
+            if step.is_free() {
+                rec.events.push(PlanEvent::Free(step.index));
+            } else {
+                rec.blocks.push((step.size, step.align as usize));
+                rec.events.push(PlanEvent::Alloc(step.index));
+            }
+        }
     }
 
     /// Whether a run that did what `other` records can be served by this
     /// plan: the same events in the same order, and every block no larger
     /// and no more aligned than here.
     pub fn covers(&self, other: &Recording) -> bool {
-        other.events == self.recording.events
-            && other
-                .blocks
-                .iter()
-                .zip(&self.recording.blocks)
-                .all(|(o, s)| o.0 <= s.0 && o.1 <= s.1)
+        other.events.len() == self.tape.len()
+            && other.events.iter().copied().eq(self.events())
+            && other.blocks.iter().zip(&self.allocs).all(|(o, &at)| {
+                let s = &self.tape[at as usize];
+                o.0 <= s.size && o.1 <= s.align as usize
+            })
     }
 
     /// Number of events recorded.
     pub(crate) fn event_count(&self) -> usize {
-        self.recording.events.len()
-    }
-
-    /// Checks everything serving relies on: the recording passes
-    /// [`Recording::validate`]; there is one offset per block; every offset
-    /// is a multiple of its block's alignment; no two blocks alive at the
-    /// same time share a byte; `size` is exactly the highest end offset
-    /// (so every block lies inside the plan's block); `align` is a power of
-    /// two no smaller than any block's; and `lower_bound` is the recording's.
-    ///
-    /// # Errors
-    /// [`PlanError`] naming the first problem found.
-    pub fn validate(&self) -> Result<(), PlanError> {
-        self.recording.validate()?;
-        // From the events themselves (in time order): no requests, no
-        // sort, memory of the live blocks only.
-        overlap::check_recording(&self.recording, &self.offsets, self.size)
-            .map_err(PlanError::new)?;
-        self.validate_rest()
-    }
-
-    /// [`Plan::validate`] but for its recording, already validated, whose
-    /// requests are `requests`.
-    fn validate_layout(&self, requests: &[solver::Request]) -> Result<(), PlanError> {
-        overlap::check(requests, &self.offsets, self.size).map_err(PlanError::new)?;
-        self.validate_rest()
-    }
-
-    /// What [`Plan::validate`] checks past the offsets: the size, the
-    /// alignment and the lower bound.
-    fn validate_rest(&self) -> Result<(), PlanError> {
-        if self.size > MAX_BLOCK {
-            return Err(PlanError::new(format!(
-                "size {} is over the largest block ({MAX_BLOCK})",
-                self.size
-            )));
-        }
-        let needed = max_align(&self.recording);
-        if !self.align.is_power_of_two() || self.align < needed || self.align > MAX_ALIGN {
-            return Err(PlanError::new(format!(
-                "align {} must be a power of two between the blocks' largest alignment \
-                 ({needed}) and {MAX_ALIGN}",
-                self.align
-            )));
-        }
-        // The events are in time order: one pass (equal to
-        // `solver::lower_bound` of the requests; tested).
-        let lower_bound = self.recording.peak_live();
-        if self.lower_bound != lower_bound {
-            return Err(PlanError::new(format!(
-                "lower_bound {} but the recording's is {lower_bound}",
-                self.lower_bound
-            )));
-        }
-        Ok(())
+        self.tape.len()
     }
 }
 
@@ -421,7 +342,7 @@ fn max_align(recording: &Recording) -> usize {
 /// The fields of a [`Plan`], unchecked: what its serialized form holds.
 /// [`Plan::from_parts`] turns them into a plan after checking them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PlanParts {
     /// The recorded run.
     pub recording: Recording,

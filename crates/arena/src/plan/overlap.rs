@@ -9,71 +9,76 @@
 //! every live one: quadratic where many blocks are live at once (a file of
 //! 2.2 MB took 8 s to check).
 
+#[cfg(test)]
 use super::solver::Request;
-use super::{PlanEvent, Recording};
+use super::{PlanError, PlanEvent};
 use std::collections::BTreeMap;
 
 /// [`check`] of a valid recording's blocks (every block allocated once,
-/// in order, freed at most once after: [`Recording::validate`]), from its
-/// events, which are in time order: no request list and no sort; memory
-/// for the blocks live at once only.
+/// in order, freed at most once after: [`Recording::validate`]), read
+/// where they are (`block(i)` is block `i`'s offset, size and alignment),
+/// from its events, which are in time order: no request list and no sort;
+/// memory for the blocks live at once only (12 bytes each, in a B-tree).
+///
+/// [`Recording::validate`]: super::Recording::validate
 ///
 /// # Errors
-/// A message naming the first violation found.
-pub(crate) fn check_recording(
-    rec: &Recording,
-    offsets: &[usize],
+/// The first violation found, or `block`'s error.
+pub(crate) fn check_source<B, E>(
+    blocks: usize,
+    block: B,
+    events: impl Iterator<Item = PlanEvent>,
     size: usize,
-) -> Result<(), String> {
-    if offsets.len() != rec.blocks.len() {
-        return Err(format!(
-            "{} offsets for {} blocks",
-            offsets.len(),
-            rec.blocks.len()
-        ));
-    }
+) -> Result<(), PlanError>
+where
+    B: Fn(usize) -> Result<(usize, (usize, usize)), E>,
+    PlanError: From<E>,
+{
     let mut top = 0usize;
-    for (i, (&(len, align), &offset)) in rec.blocks.iter().zip(offsets).enumerate() {
+    for i in 0..blocks {
+        let (offset, (len, align)) = block(i)?;
         let align = align.max(1);
         if offset % align != 0 {
-            return Err(format!("block {i}: offset {offset} not aligned to {align}"));
+            return Err(PlanError::new(format!(
+                "block {i}: offset {offset} not aligned to {align}"
+            )));
         }
-        let end = offset
-            .checked_add(len)
-            .ok_or_else(|| format!("block {i}: offset {offset} + size {len} overflows"))?;
+        let end = offset.checked_add(len).ok_or_else(|| {
+            PlanError::new(format!("block {i}: offset {offset} + size {len} overflows"))
+        })?;
         top = top.max(end);
     }
     if top != size {
-        return Err(format!("size {size} but the highest end is {top}"));
+        return Err(PlanError::new(format!(
+            "size {size} but the highest end is {top}"
+        )));
     }
-    // Live blocks by offset: offset -> (end, block).
-    let mut live: BTreeMap<usize, (usize, u32)> = BTreeMap::new();
-    for (t, ev) in rec.events.iter().enumerate() {
-        match *ev {
+    // Live blocks by offset: offset -> block (its end is its offset plus
+    // its size).
+    let mut live: BTreeMap<usize, u32> = BTreeMap::new();
+    for (t, ev) in events.enumerate() {
+        match ev {
             PlanEvent::Free(i) => {
-                let lo = offsets[i as usize];
-                if live.get(&lo).is_some_and(|&(_, j)| j == i) {
+                let (lo, _) = block(i as usize)?;
+                if live.get(&lo) == Some(&i) {
                     live.remove(&lo);
                 }
             }
             PlanEvent::Alloc(i) => {
-                let (len, _) = rec.blocks[i as usize];
-                if len == 0 {
-                    continue;
-                }
-                let lo = offsets[i as usize];
+                let (lo, (len, _)) = block(i as usize)?;
                 let hi = lo + len;
-                let below = live.range(..=lo).next_back().map(|(&o, &v)| (o, v));
-                let above = live.range(lo..).next().map(|(&o, &v)| (o, v));
-                for (other_lo, (other_hi, j)) in below.into_iter().chain(above) {
+                let below = live.range(..=lo).next_back().map(|(&o, &j)| (o, j));
+                let above = live.range(lo..).next().map(|(&o, &j)| (o, j));
+                for (other_lo, j) in below.into_iter().chain(above) {
+                    let other_hi = other_lo + block(j as usize)?.1 .0;
                     if lo < other_hi && other_lo < hi {
-                        return Err(format!(
+                        return Err(PlanError::new(format!(
                             "blocks {j} [{other_lo}, {other_hi}) and {i} [{lo}, {hi}) overlap \
                              in memory while both are live (event {t})"
-                        ));
+                        )));
                     }
                 }
-                live.insert(lo, (hi, i));
+                live.insert(lo, i);
             }
         }
     }
@@ -85,6 +90,7 @@ pub(crate) fn check_recording(
 ///
 /// # Errors
 /// A message naming the first violation found.
+#[cfg(test)]
 pub(crate) fn check(requests: &[Request], offsets: &[usize], size: usize) -> Result<(), String> {
     if offsets.len() != requests.len() {
         return Err(format!(
@@ -189,7 +195,7 @@ mod tests {
         }
     }
 
-    /// The check from a recording's events agrees with the one from its
+    /// The check from a tape's steps agrees with the one from its
     /// requests, on every placement of a small recording.
     #[test]
     fn the_events_check_agrees_with_the_requests_check() {
@@ -213,7 +219,8 @@ mod tests {
                             .max()
                             .unwrap();
                         let want = check(&reqs, &offsets, size);
-                        let got = super::check_recording(&rec, &offsets, size);
+                        let got =
+                            crate::plan::Plan::build_from(&rec, &offsets, size, 8, rec.peak_live());
                         assert_eq!(got.is_ok(), want.is_ok(), "{offsets:?}: {got:?} {want:?}");
                     }
                 }

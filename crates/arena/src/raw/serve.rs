@@ -229,9 +229,9 @@ impl<M: Memory> RawArena<M> {
                 // The whole tape as recorded: its totals at once.
                 peak = peak.max(others + self.planned_live + whole.peak_live);
                 for &index in &whole.end_live {
-                    let (Some(served), Some(&(size, _))) = (
+                    let (Some(served), Some((size, _))) = (
                         pb.served.get_mut(index as usize),
-                        plan.recording().blocks.get(index as usize),
+                        plan.block(index as usize),
                     ) else {
                         debug_assert!(false, "a validated plan names its own blocks");
                         continue;
@@ -261,7 +261,8 @@ impl<M: Memory> RawArena<M> {
                         peak = peak.max(others + live);
                     }
                 }
-                run.rec.clone_from(plan.recording());
+                run.rec.clear();
+                plan.recording_upto(steps.len(), &mut run.rec);
                 for &(at, size) in smaller {
                     let Some(block) = steps
                         .get(at)
@@ -340,11 +341,17 @@ impl<M: Memory> RawArena<M> {
         if serve.recording {
             return;
         }
-        let plan = serve.plan.recording();
+        let plan = &serve.plan;
         rec.blocks
-            .extend_from_slice(&plan.blocks[..(blocks as usize).min(plan.blocks.len())]);
-        rec.events
-            .extend_from_slice(&plan.events[..serve.pos.min(plan.events.len())]);
+            .extend((0..(blocks as usize).min(plan.len())).filter_map(|i| plan.block(i)));
+        rec.events.extend(
+            plan.steps()[..serve.pos.min(plan.event_count())]
+                .iter()
+                .map(|s| match s.is_free() {
+                    true => crate::plan::PlanEvent::Free(s.index),
+                    false => crate::plan::PlanEvent::Alloc(s.index),
+                }),
+        );
         serve.recording = true;
     }
 

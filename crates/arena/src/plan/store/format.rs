@@ -32,7 +32,7 @@ use super::check::hash64;
 use super::merge::{MAX_FAMILIES, MAX_PLANS, MAX_SHAPES, MAX_STRUCTURES};
 use super::snapshot::{FamilySnapshot, ShapeSnapshot, StructureSnapshot};
 use super::{ModelKey, StoreError};
-use crate::plan::{Plan, PlanEvent, PlanParts, Recording};
+use crate::plan::{Plan, PlanError, PlanEvent, Recording, Source};
 use std::collections::VecDeque;
 
 /// The file's first bytes.
@@ -57,7 +57,9 @@ pub(crate) struct Body {
 
 /// The file for `body`'s parts: header and body. Plans or structures with
 /// a block index that does not fit an event's 31 bits (no real run has
-/// 2^31 blocks) are left out.
+/// 2^31 blocks) are left out. The file's bytes are counted first and
+/// written into one buffer of that size (a save holds the file once, not
+/// a growing buffer and its copy), straight from each plan's tape.
 pub(crate) fn encode(
     key: &ModelKey,
     kind: &str,
@@ -65,27 +67,47 @@ pub(crate) fn encode(
     plans: &[(Vec<u8>, &Plan)],
     families: &[FamilySnapshot],
 ) -> Vec<u8> {
-    let mut w = Vec::with_capacity(4096);
+    let plans: Vec<&(Vec<u8>, &Plan)> = plans.iter().filter(|(_, p)| fits(p)).collect();
+    let mut len = HEADER + 8 + 4 + key.runtime.len() + 4 + key.options.len();
+    len += 4 + kind.len() + 8 + 4;
+    for (k, p) in &plans {
+        len += 4 + k.len() + 4 + 24 * p.len() + 4 + 4 * p.event_count() + 24;
+    }
+    len += 4;
+    for f in families {
+        len += 8 + 4 + f.name.len() + 4;
+        for s in structures(f) {
+            len += 4 + 8 * s.aligns.len() + 4 + 4 * s.events.len() + 4;
+            for shape in &s.shapes {
+                len += 4 + 8 * shape.dims.len() + 8 * s.aligns.len() + 8;
+            }
+        }
+    }
+    let mut w = Vec::with_capacity(len);
     w.extend_from_slice(&[0; HEADER]);
     put_u64(&mut w, key.model);
     put_bytes(&mut w, key.runtime.as_bytes());
     put_bytes(&mut w, key.options.as_bytes());
     put_bytes(&mut w, kind.as_bytes());
     put_u64(&mut w, probe);
-    let plans: Vec<_> = plans
-        .iter()
-        .filter(|(_, p)| codes(&p.recording().events).is_some())
-        .collect();
     put_len(&mut w, plans.len());
     for (k, plan) in plans {
         put_bytes(&mut w, k);
-        let rec = plan.recording();
-        put_len(&mut w, rec.blocks.len());
-        for &(size, align) in &rec.blocks {
+        put_len(&mut w, plan.len());
+        for i in 0..plan.len() {
+            let (size, align) = plan.block(i).unwrap_or((0, 0));
             put_u64(&mut w, size as u64);
             put_u64(&mut w, align as u64);
         }
-        put_events(&mut w, &rec.events);
+        put_len(&mut w, plan.event_count());
+        for step in plan.steps() {
+            let c = if step.is_free() {
+                step.index | FREE
+            } else {
+                step.index
+            };
+            w.extend_from_slice(&c.to_le_bytes());
+        }
         for i in 0..plan.len() {
             put_u64(&mut w, plan.offset(i).unwrap_or(0) as u64);
         }
@@ -97,18 +119,16 @@ pub(crate) fn encode(
     for f in families {
         put_u64(&mut w, f.id);
         put_bytes(&mut w, f.name.as_bytes());
-        let structures: Vec<_> = f
-            .structures
-            .iter()
-            .filter(|s| codes(&s.events).is_some())
-            .collect();
-        put_len(&mut w, structures.len());
-        for s in structures {
+        put_len(&mut w, structures(f).count());
+        for s in structures(f) {
             put_len(&mut w, s.aligns.len());
             for &a in &s.aligns {
                 put_u64(&mut w, a as u64);
             }
-            put_events(&mut w, &s.events);
+            put_len(&mut w, s.events.len());
+            for c in s.events.iter().filter_map(|ev| code(*ev)) {
+                w.extend_from_slice(&c.to_le_bytes());
+            }
             put_len(&mut w, s.shapes.len());
             for shape in &s.shapes {
                 put_len(&mut w, shape.dims.len());
@@ -123,6 +143,7 @@ pub(crate) fn encode(
             }
         }
     }
+    debug_assert_eq!(w.len(), len, "the file's bytes as counted");
     let body_len = (w.len() - HEADER) as u64;
     let checksum = hash64(&w[HEADER..]);
     w[0..8].copy_from_slice(&MAGIC);
@@ -147,23 +168,26 @@ fn put_bytes(w: &mut Vec<u8>, b: &[u8]) {
     w.extend_from_slice(b);
 }
 
-fn put_events(w: &mut Vec<u8>, events: &[PlanEvent]) {
-    put_len(w, events.len());
-    for c in codes(events).into_iter().flatten() {
-        w.extend_from_slice(&c.to_le_bytes());
-    }
+/// Whether every block index of `plan` fits an event's 31 bits (and its
+/// counts a `u32`).
+fn fits(plan: &Plan) -> bool {
+    plan.len() <= FREE as usize && plan.event_count() <= u32::MAX as usize
 }
 
-/// Each event's code, or `None` where an index does not fit 31 bits.
-fn codes(events: &[PlanEvent]) -> Option<Vec<u32>> {
-    events
+/// A family's structures whose events all have a code.
+fn structures(f: &FamilySnapshot) -> impl Iterator<Item = &StructureSnapshot> {
+    f.structures
         .iter()
-        .map(|ev| match *ev {
-            PlanEvent::Alloc(i) if i < FREE => Some(i),
-            PlanEvent::Free(i) if i < FREE => Some(i | FREE),
-            _ => None,
-        })
-        .collect()
+        .filter(|s| s.events.iter().all(|ev| code(*ev).is_some()))
+}
+
+/// An event's code, or `None` where its index does not fit 31 bits.
+fn code(ev: PlanEvent) -> Option<u32> {
+    match ev {
+        PlanEvent::Alloc(i) if i < FREE => Some(i),
+        PlanEvent::Free(i) if i < FREE => Some(i | FREE),
+        _ => None,
+    }
 }
 
 /// Checks the header and checksum of `file` and decodes its body; every
@@ -348,25 +372,42 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
+    /// A plan, built straight from the file's bytes into its tape (no
+    /// recording or offsets beside it) and checked.
     fn plan(&mut self) -> Result<Plan, StoreError> {
         let n = self.count(16)?;
-        let mut blocks = Vec::with_capacity(n);
-        for _ in 0..n {
-            blocks.push((self.usize()?, self.usize()?));
-        }
-        let events = self.events()?;
-        if blocks.len().saturating_mul(8) > self.b.len() {
-            return Err(StoreError::malformed("a plan's offsets past the end"));
-        }
-        let offsets = self.usizes(blocks.len())?;
-        let parts = PlanParts {
-            recording: Recording { blocks, events },
-            offsets,
-            size: self.usize()?,
-            align: self.usize()?,
-            lower_bound: self.usize()?,
+        let blocks = self.take(16 * n)?;
+        let e = self.count(4)?;
+        let events = self.take(4 * e)?;
+        let offsets = n
+            .checked_mul(8)
+            .ok_or_else(|| StoreError::malformed("a plan's offsets past the end"))?;
+        let offsets = self
+            .take(offsets)
+            .map_err(|_| StoreError::malformed("a plan's offsets past the end"))?;
+        let (size, align, lower_bound) = (self.usize()?, self.usize()?, self.usize()?);
+        let word = |b: &[u8], at: usize| {
+            let v = u64::from_le_bytes(b[8 * at..8 * at + 8].try_into().expect("8"));
+            usize::try_from(v).map_err(|_| PlanError::new(format!("{v} is not a size here")))
         };
-        Plan::from_parts(parts).map_err(StoreError::Invalid)
+        Plan::build(Source {
+            blocks: n,
+            block: |i| Ok((word(blocks, 2 * i)?, word(blocks, 2 * i + 1)?)),
+            offset: |i| word(offsets, i),
+            events: events.chunks_exact(4).map(|c| {
+                let c = u32::from_le_bytes(c.try_into().expect("4"));
+                if c & FREE != 0 {
+                    PlanEvent::Free(c & !FREE)
+                } else {
+                    PlanEvent::Alloc(c)
+                }
+            }),
+            event_count: e,
+            size,
+            align,
+            lower_bound,
+        })
+        .map_err(StoreError::Invalid)
     }
 
     fn family(&mut self) -> Result<FamilySnapshot, StoreError> {

@@ -8,8 +8,10 @@
 //! - Every family's structures (events and alignments) and the shapes each
 //!   was seen at (dimensions, each block's size, lower bound): the
 //!   family's recordings, not its fits. Loading adds each shape as a run
-//!   would, so the fits are made by the same code as any process's, and a
-//!   change to how families fit needs no new format.
+//!   would, and the fits are made later by the same code as any process's
+//!   (by the cache's learner, or by a family's first prediction), so a
+//!   change to how families fit needs no new format, and a load costs no
+//!   fit (a fit costs far more than the bytes that describe it).
 //!
 //! # The file
 //! One file per model key (model, runtime, options),
@@ -277,8 +279,11 @@ impl PlanStore {
     }
 
     /// Adds the store's plans and families to `cache`: the plans in one
-    /// step, the families' shapes as runs would add them (so the families
-    /// fit them). A missing file adds nothing, quietly; a file refused
+    /// step, the families' shapes as runs would add them, each structure
+    /// owing its fit (made by [`PlanCache::learn`] with deferred learning,
+    /// else by the family's first prediction in [`PlanCache::lookup`]).
+    /// Time and heap follow the file's size (at most 3 times it at once,
+    /// the file included). A missing file adds nothing, quietly; a file refused
     /// adds nothing and says why in [`Loaded::warning`]. Never fails and
     /// never panics on any file.
     pub fn load<K>(&self, cache: &PlanCache<K>) -> Loaded
@@ -287,7 +292,12 @@ impl PlanStore {
     {
         let path = self.path();
         match file::read(&path) {
-            Ok(Some(bytes)) => self.load_bytes(&bytes, cache),
+            Ok(Some(bytes)) => {
+                let decoded = decode::<K>(&bytes);
+                // The file is let go before its plans join the cache.
+                drop(bytes);
+                self.install(decoded, cache)
+            }
             Ok(None) => Loaded::default(),
             Err(e) => self.refused(e.to_string()),
         }
@@ -310,7 +320,19 @@ impl PlanStore {
     where
         K: PlanKey + Hash + Eq + Clone,
     {
-        let (contents, ids_match) = match decode::<K>(bytes) {
+        self.install(decode::<K>(bytes), cache)
+    }
+
+    /// Adds a decoded file's contents to `cache` ([`PlanStore::load`]).
+    fn install<K>(
+        &self,
+        decoded: Result<(StoreContents<K>, bool), StoreError>,
+        cache: &PlanCache<K>,
+    ) -> Loaded
+    where
+        K: PlanKey + Hash + Eq + Clone,
+    {
+        let (contents, ids_match) = match decoded {
             Ok(c) => c,
             Err(e) => return self.refused(e.to_string()),
         };

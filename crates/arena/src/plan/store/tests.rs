@@ -445,7 +445,7 @@ fn the_last_savers_plan_is_the_one_loaded_for_a_key_both_learned() {
     let fresh = PlanCache::<String>::new(16);
     store(dir.path()).load(&fresh);
     assert_eq!(fresh.peek("2x8"), two.peek("2x8"));
-    assert_eq!(fresh.peek("2x8").unwrap().recording(), &rec);
+    assert_eq!(fresh.peek("2x8").unwrap().recording(), rec);
 }
 
 #[test]
@@ -635,4 +635,24 @@ fn a_cache_that_learns_off_the_runs_path_leaves_the_loaded_fits_to_its_learner()
     assert_eq!(cache.learn(), 1);
     assert!(!cache.owes());
     assert_eq!(cache.lookup("4x16").source, PlanSource::Predicted);
+}
+
+#[test]
+fn a_cache_without_a_learner_fits_a_loaded_structure_at_its_first_prediction() {
+    let dir = tempfile::tempdir().unwrap();
+    saved(dir.path());
+    let cache = PlanCache::<String>::new(16);
+    let loaded = store(dir.path()).load(&cache);
+    assert_eq!((loaded.plans, loaded.shapes, loaded.warning), (3, 3, None));
+    // No fit made by the load (it would cost what the file chooses): the
+    // structure owes it, and the first lookup that needs it makes it.
+    assert!(cache.owes_fit(family_of("4x16")));
+    assert_eq!(cache.lookup("2x8").source, PlanSource::Exact);
+    assert_eq!(cache.lookup("4x16").source, PlanSource::Predicted);
+    assert!(!cache.owes_fit(family_of("4x16")));
+}
+
+/// The family id of key `k`.
+fn family_of(k: &str) -> u64 {
+    <str as crate::KeyDims>::family(k)
 }
