@@ -80,7 +80,7 @@ impl<M: Memory> RawArena<M> {
             }
             deviated |= serve.deviated;
             deviation = serve.why;
-            left_as_dynamic = serve.deviated && serve.straight && !serve.resized;
+            left_as_dynamic = serve.deviated && serve.straight && !serve.resized && !serve.beside;
             let slot = serve.slot;
             let pb = self.plan_blocks[slot as usize]
                 .as_mut()

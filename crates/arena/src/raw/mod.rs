@@ -160,6 +160,12 @@ struct Serve {
     /// then where the plan's sizes put them, not the run's (a dynamic
     /// arena's placement of the run's own sizes may differ).
     resized: bool,
+    /// Whether a block was served at most half its slot: the run's blocks
+    /// may no longer be the plan's by index (an extra one took a slot).
+    halved: bool,
+    /// Whether a block was served beside the plan's block (not where a
+    /// dynamic arena would have it, [`RawArena::alloc_past_plan`]).
+    beside: bool,
 }
 
 /// A block drawn from the pool to serve a planned run.
@@ -610,11 +616,13 @@ impl<M: Memory> RawArena<M> {
         if let Some(served) = self.alloc_planned(len, align) {
             return Ok(served);
         }
-        let in_block = self
-            .run
-            .as_ref()
-            .and_then(|r| r.serve.as_ref())
-            .is_some_and(|s| !s.deviated || s.loose.is_some());
+        let beside = self.beside_plan(len);
+        let in_block = !beside
+            && self
+                .run
+                .as_ref()
+                .and_then(|r| r.serve.as_ref())
+                .is_some_and(|s| !s.deviated || s.loose.is_some());
         if in_block {
             // A bad request is an error, not a deviation (checked here
             // only then: `alloc_pool` checks it again).
@@ -648,7 +656,7 @@ impl<M: Memory> RawArena<M> {
             }
             self.leave_block(len, align);
         }
-        let raw = self.alloc_pool(len, align, location, true)?;
+        let raw = self.alloc_pool(len, align, location, !beside)?;
         let i = raw.span as usize;
         if self.span_gens.len() <= i {
             self.span_gens.resize(i + 1, 0);
@@ -698,7 +706,14 @@ impl<M: Memory> RawArena<M> {
             .is_some_and(|s| s.repair.is_some());
         let (raw, placed) = match repaired.then(|| self.alloc_repaired(size, align, tag)) {
             Some(Some((raw, off))) => (raw, Some(off)),
-            _ => (self.pool.alloc(size, align, tag)?, None),
+            _ => {
+                // A block outside the plan of a run on one: past the plan.
+                let past = !planable && self.run.as_ref().is_some_and(|r| r.serve.is_some());
+                match past.then(|| self.alloc_past_plan(size, align, tag)) {
+                    Some(Some(raw)) => (raw, None),
+                    _ => (self.pool.alloc(size, align, tag)?, None),
+                }
+            }
         };
         self.allocs += 1;
         let in_use = self.in_use();
@@ -736,26 +751,6 @@ impl<M: Memory> RawArena<M> {
             }
         }
         Ok(raw)
-    }
-
-    /// The open run's next block, `size` bytes at `align`, at the place its
-    /// repair gives it, if the pool has that place free: the block and its
-    /// offset from the dissolved plan block.
-    #[cold]
-    #[inline(never)]
-    fn alloc_repaired(
-        &mut self,
-        size: usize,
-        align: usize,
-        tag: Tag,
-    ) -> Option<(RawBlock<M::Ptr>, usize)> {
-        let r = self.run.as_mut()?;
-        let index = r.blocks as usize;
-        let repair = r.serve.as_mut()?.repair.as_mut()?;
-        let rid = repair.rid;
-        let (off, rel) = repair.at(index, size)?;
-        let raw = self.pool.alloc_range(rid, off, size, align, tag)?;
-        Some((raw, rel))
     }
 
     /// Bytes live span `span` holds (0 if it is not live).

@@ -6,7 +6,7 @@ use super::{Handle, HandleKind, OpenRun, PlanBlock, RawAlloc, RawArena, Serve};
 use crate::freemap::{pow2, FreeError};
 use crate::memory::Memory;
 use crate::plan::{Deviation, Plan, Recording};
-use crate::pool::{Tag, PLAN_BLOCK};
+use crate::pool::{RawBlock, Tag, PLAN_BLOCK};
 use crate::ArenaError;
 
 use std::sync::Arc;
@@ -63,6 +63,8 @@ impl<M: Memory> RawArena<M> {
             repair: None,
             straight: false,
             resized: false,
+            halved: false,
+            beside: false,
         })
     }
 
@@ -104,6 +106,7 @@ impl<M: Memory> RawArena<M> {
             // Served, but smaller than recorded: this run's own recording
             // differs from the plan's from here on.
             serve.resized = true;
+            serve.halved |= size.saturating_mul(2) <= step.size;
             Self::materialize(serve, &mut run.rec, run.blocks);
         }
         let ptr = M::at(pb.raw.ptr, step.offset);
@@ -134,6 +137,88 @@ impl<M: Memory> RawArena<M> {
                 generation,
             },
         })
+    }
+
+    /// Whether the open run's next allocation (`len` bytes) is one its plan
+    /// has no place for, and not the plan's next block come early: the
+    /// plan's next step is a free (or it has none left), and the request
+    /// is at most half the plan's next block (or it has none left) and a
+    /// sixteenth of the plan's block, and no
+    /// block was served in a slot twice its size or more (an extra block
+    /// served in the slot of the plan's next, whose own block then comes
+    /// where the plan frees, is no extra one). Such a
+    /// block (a small buffer a run makes at some inputs only) is served
+    /// from the pool beside the plan's block, outside the run's recording,
+    /// and the run goes on following its plan: taken as a deviation, every
+    /// later block would be the plan's next by index, none in its slot,
+    /// and the run was served around blocks where no dynamic arena would
+    /// have them (one extra block of 128 bytes put runs up to 1.5x their
+    /// dynamic runs).
+    #[inline]
+    pub(super) fn beside_plan(&self, len: usize) -> bool {
+        let Some(run) = self.run.as_ref() else {
+            return false;
+        };
+        let Some(serve) = run.serve.as_ref().filter(|s| !s.deviated && !s.halved) else {
+            return false;
+        };
+        if serve.plan.step(serve.pos).is_some_and(|s| !s.is_free()) {
+            return false;
+        }
+        // No more than a sixteenth of the plan's block (as `loose` takes
+        // an extra block in): a large block where the plan frees is
+        // another path through the model, not a buffer beside it.
+        len <= serve.plan.size() / 16
+            && serve
+                .plan
+                .block(run.blocks as usize)
+                .is_none_or(|(bytes, _)| len.saturating_mul(2) <= bytes)
+    }
+
+    /// The open run's next block, `size` bytes at `align`, at the place its
+    /// repair gives it, if the pool has that place free: the block and its
+    /// offset from the dissolved plan block.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_repaired(
+        &mut self,
+        size: usize,
+        align: usize,
+        tag: Tag,
+    ) -> Option<(RawBlock<M::Ptr>, usize)> {
+        let r = self.run.as_mut()?;
+        let index = r.blocks as usize;
+        let repair = r.serve.as_mut()?.repair.as_mut()?;
+        let rid = repair.rid;
+        let (off, rel) = repair.at(index, size)?;
+        let raw = self.pool.alloc_range(rid, off, size, align, tag)?;
+        Some((raw, rel))
+    }
+
+    /// A block outside the plan of the open run that still follows its
+    /// plan ([`RawArena::beside_plan`]), `size` bytes at `align`, right
+    /// past the plan's block, where a dynamic arena would put it on a
+    /// fresh region, if the pool has that place free and committed: the
+    /// pool's usual placement may take it from anywhere in cached memory
+    /// above (24 KiB past the block for a 128-byte block, seen). `None`:
+    /// the pool places it.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_past_plan(
+        &mut self,
+        size: usize,
+        align: usize,
+        tag: Tag,
+    ) -> Option<RawBlock<M::Ptr>> {
+        let serve = self.run.as_mut()?.serve.as_mut().filter(|s| !s.deviated)?;
+        serve.beside = true;
+        let pb = self.plan_blocks.get(serve.slot as usize)?.as_ref()?;
+        if pb.dissolved {
+            return None;
+        }
+        let (rid, off) = (pb.raw.rid, pb.raw.off.checked_add(pb.raw.size)?);
+        let off = off.checked_next_multiple_of(align.max(1))?;
+        self.pool.alloc_range(rid, off, size, align, tag)
     }
 
     /// Records the free of block `index`, following it in the serving plan.
@@ -220,6 +305,11 @@ impl<M: Memory> RawArena<M> {
             return;
         }
         serve.resized |= !smaller.is_empty();
+        serve.halved |= smaller.iter().any(|&(at, size)| {
+            steps
+                .get(at)
+                .is_some_and(|s| size.saturating_mul(2) <= s.size)
+        });
         // Bytes in use outside planned blocks do not change meanwhile.
         let others = self.pool.in_use() - self.plan_reserved;
         let mut peak = run.peak;

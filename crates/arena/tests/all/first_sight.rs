@@ -247,12 +247,17 @@ fn an_image_height_that_never_varied_is_predicted_at_the_lower_bound() {
 /// refused where models of one degree part, or below a constant's range:
 /// 172 of 248 within a granule, mean 1.0146x, p95 1.232x, worst 2.304x,
 /// 11.07 MiB past; kept over by more than a granule 41 of 300, worst
-/// 2.517x. The sample's floor went from 250 fell-back runs to 240.)
+/// 2.517x. The sample's floor went from 250 fell-back runs to 240.
+/// Later, a small block where the plan frees served beside the plan's
+/// block, the run keeping to its plan: 150 of 218 within a granule, mean
+/// 1.0179x, p95 1.244x, 10.19 MiB past, the kept runs 32.73 MiB under
+/// their dynamic runs; of all 575 predicted runs 531 within max(a
+/// granule, 3%), 92.3%, against 498 of 546 before; floor 210.)
 #[test]
 fn fell_back_runs_against_no_plan() {
     let f = fell_back_against_no_plan(super::families::arena);
     // (The figures are in the doc above.)
-    f.holds(1.015);
+    f.holds(1.019, 1.25);
     // Kept predictions: mostly a few granules over (safe-side slots on
     // runs of a few KiB); the worst are local models (a block no model
     // explains at every shape, fitted to the three nearest) through a
@@ -278,18 +283,29 @@ fn fell_back_runs_against_no_plan_on_pages() {
     });
     // (1.0160x: 13 fewer fell-back runs than before the refusals of
     // models of one degree that part, closer to their dynamic runs than
-    // the mean.)
-    f.holds(1.017);
+    // the mean; 1.0198x, p95 1.261x, once extra blocks were served beside
+    // the plan: 30 runs that fell back near their dynamic runs kept their
+    // plans.)
+    f.holds(1.021, 1.27);
 }
 
 impl FellBack {
     /// The fell-back runs where they stand: enough of them, 68% within a
     /// granule of their dynamic runs, a mean over them of at most `mean`
-    /// times their dynamic runs' high-water, p95 1.25x, worst 2.5x; and
-    /// enough of them left where a dynamic arena would be (each held, as
-    /// it goes, to its dynamic run or its plan's block).
-    fn holds(&self, mean: f64) {
-        assert!(self.fell >= 240, "{} fell-back runs", self.fell);
+    /// times their dynamic runs' high-water, p95 at most `p95`, worst
+    /// 2.5x; enough of them left where a dynamic arena would be (each
+    /// held, as it goes, to its dynamic run or its plan's block); and of
+    /// every predicted run (kept or fell back), 91.5% within max(a
+    /// granule, 3%) of its dynamic run (90.8-91.2% before extra blocks
+    /// were served beside the plan, 92.0-92.3% since).
+    fn holds(&self, mean: f64, p95: f64) {
+        assert!(
+            self.goal_within * 1000 >= self.predicted * 915,
+            "{} of {} predicted runs within max(a granule, 3%)",
+            self.goal_within,
+            self.predicted
+        );
+        assert!(self.fell >= 210, "{} fell-back runs", self.fell);
         assert!(
             self.within * 100 >= self.fell * 68,
             "{} of {} within a granule",
@@ -297,7 +313,7 @@ impl FellBack {
             self.fell
         );
         assert!(self.mean <= mean, "mean {:.4}x", self.mean);
-        assert!(self.p95 <= 1.25, "p95 {:.3}x", self.p95);
+        assert!(self.p95 <= p95, "p95 {:.3}x", self.p95);
         assert!(self.worst <= 2.5, "worst {:.3}x", self.worst);
         assert!(self.as_dynamic >= 30, "{} left as dynamic", self.as_dynamic);
     }
@@ -305,6 +321,10 @@ impl FellBack {
 
 /// What [`fell_back_against_no_plan`] found.
 struct FellBack {
+    /// Predicted runs (kept or fell back), and those within max(a
+    /// granule, 3%) of their dynamic runs.
+    predicted: u32,
+    goal_within: u32,
     fell: u32,
     within: u32,
     /// Left with every block where a dynamic arena would have it.
@@ -430,6 +450,8 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
         mib(goal_net)
     );
     FellBack {
+        predicted,
+        goal_within,
         fell,
         within,
         as_dynamic,
