@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Memory following the input down (issue 20), measured side by side.
+"""Memory following the input down, measured side by side.
 
 Runs crates/ort's `follow` example once per (sequence, strategy, repetition),
 each in a process of its own, strategies interleaved within a repetition,

@@ -107,7 +107,7 @@ fn open(
         "follow1" => Some(Shrink::FollowInput { runs: 1 }),
         "follow2" => Some(Shrink::FollowInput { runs: 2 }),
         "keep" => Some(Shrink::KeepLargest),
-        // The default (issue 35: a window of 1 s, idle decay after 2 s).
+        // The default (a window of 1 s, idle decay after 2 s).
         "default" => Some(Shrink::default()),
         "ort-arena" | "ort-shrink" if give_back == GiveBack::Now => None,
         s => return Err(format!("unknown strategy {s}").into()),

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shrink {
     /// Hold the largest of each model's last `runs` needs (at least 1).
-    /// With 1 (the default before issue 35), memory comes down after a
+    /// With 1 (the default before [`Shrink::Window`]), memory comes down after a
     /// single smaller run;
     /// with `n`, after `n` smaller runs in a row, so inputs that alternate
     /// within `n` runs keep their memory.
