@@ -213,3 +213,33 @@ fn a_killed_process_share_comes_back() {
     assert!(waiting.join().unwrap() >= Duration::from_millis(300));
     assert_eq!(admission.stats().processes, 1);
 }
+
+/// A run alone (a model's first run: nobody knows its need) is promised
+/// what it asked for, not all the room: the other processes' runs already
+/// in flight keep their room (their commits are measured against what
+/// this process was promised), and the ledger's flag holds their new runs
+/// back while it runs.
+#[test]
+fn a_run_alone_is_promised_its_need_not_all_the_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let admission = Admission::new(Room::Shared(Shared {
+        budget: Budget::new(64 * MIB),
+        ledger: Ledger::open(dir.path(), "k").unwrap(),
+        limit: 64 * MIB,
+        whole: false,
+        margin: 0,
+        usage: None,
+    }));
+    let first = admission.admit(0, true).unwrap();
+    assert!(first.alone());
+    assert_eq!(
+        admission.stats().promised,
+        0,
+        "a first run alone promised the room"
+    );
+    drop(first);
+    let retry = admission.admit(10 * MIB, true).unwrap();
+    assert_eq!(admission.stats().promised, 10 * MIB);
+    drop(retry);
+    assert_eq!(admission.stats().promised, 0);
+}
