@@ -143,16 +143,7 @@ impl Recording {
             )));
         }
         for (i, &(size, align)) in self.blocks.iter().enumerate() {
-            if size == 0 || size > MAX_BLOCK {
-                return Err(PlanError::new(format!(
-                    "block {i}: size {size} is not in 1..={MAX_BLOCK}"
-                )));
-            }
-            if !align.is_power_of_two() || align > MAX_ALIGN {
-                return Err(PlanError::new(format!(
-                    "block {i}: alignment {align} is not a power of two of at most {MAX_ALIGN}"
-                )));
-            }
+            check_block(i, size, align)?;
         }
         // Per block: allocated yet, freed yet.
         let mut freed = vec![false; self.blocks.len()];
@@ -197,6 +188,22 @@ impl Recording {
         }
         Ok(())
     }
+}
+
+/// Block `i`'s size and alignment in range ([`Recording::validate`]; a
+/// stored plan's tape is checked the same way).
+pub(crate) fn check_block(i: usize, size: usize, align: usize) -> Result<(), PlanError> {
+    if size == 0 || size > MAX_BLOCK {
+        return Err(PlanError::new(format!(
+            "block {i}: size {size} is not in 1..={MAX_BLOCK}"
+        )));
+    }
+    if !align.is_power_of_two() || align > MAX_ALIGN {
+        return Err(PlanError::new(format!(
+            "block {i}: alignment {align} is not a power of two of at most {MAX_ALIGN}"
+        )));
+    }
+    Ok(())
 }
 
 /// The largest block a recording or plan may hold: 128 TiB, as for any

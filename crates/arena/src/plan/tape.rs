@@ -11,8 +11,9 @@
 //! on one byte, the alignment and the lower bound), made on the source
 //! where it is, so that checking never holds a copy of it.
 
-use super::{overlap, Plan, PlanError, PlanEvent, Recording, Step, TapeTotals, MAX_ALIGN};
-use super::{PlanParts, MAX_BLOCK};
+use super::recording::check_block;
+use super::{overlap, Plan, PlanError, PlanEvent, Recording, Step, TapeTotals};
+use super::{PlanParts, MAX_ALIGN, MAX_BLOCK};
 
 /// What a tape is built from: a plan's blocks, offsets and events, read
 /// where they are (a recording, or a file's bytes) and checked as they
@@ -322,19 +323,4 @@ impl Plan {
             lower_bound: self.lower_bound,
         }
     }
-}
-
-/// A block's size and alignment in range ([`Recording::validate`]).
-fn check_block(i: usize, size: usize, align: usize) -> Result<(), PlanError> {
-    if size == 0 || size > MAX_BLOCK {
-        return Err(PlanError::new(format!(
-            "block {i}: size {size} is not in 1..={MAX_BLOCK}"
-        )));
-    }
-    if !align.is_power_of_two() || align > MAX_ALIGN {
-        return Err(PlanError::new(format!(
-            "block {i}: alignment {align} is not a power of two of at most {MAX_ALIGN}"
-        )));
-    }
-    Ok(())
 }
