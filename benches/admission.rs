@@ -1,8 +1,9 @@
 //! Admission by predicted need: what it adds to a run of a worker pool.
 //!
 //! - `uncontended`: one thread, a checkout and a run that allocates
-//!   nothing, its key planned (so the run is admitted by its plan's block),
-//!   on a pool whose workers are admitted and on the same pool with
+//!   nothing (after its first run, admitted for the 0 bytes its model's
+//!   runs need, beside others), on a pool whose workers are admitted and
+//!   on the same pool with
 //!   admission taken off its workers. The difference is admission's cost
 //!   on the whole path (lookup to learned).
 //! - `threads/16`: 16 threads, each [`RUNS`] checkouts and runs on a pool

@@ -21,9 +21,12 @@
 //! less what the other processes hold and the rest of every process, read
 //! at most every [`REFRESH`] (a waiting run reads it again each time).
 
-use crate::ledger::{Ledger, Others, Share};
+use crate::ledger::{Ledger, Share};
+use crate::room::{Reading, RestBy};
+pub(crate) use crate::room::{Room, Shared};
 use crate::OrtArenaError;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tensor_arena::Budget;
@@ -40,109 +43,10 @@ const RELIEVE_AFTER: Duration = Duration::from_millis(500);
 /// How often a waiting run looks at the room again without being woken
 /// (other processes do not wake it).
 const POLL: Duration = Duration::from_millis(10);
-
-/// Where the room comes from.
-pub(crate) enum Room {
-    /// No limit: every run is admitted at once (and counted).
-    Unlimited,
-    /// A budget of this process alone: its limit.
-    Budget(Arc<Budget>),
-    /// A limit shared by the processes of a container through a ledger.
-    Shared(Shared),
-}
-
-/// A limit shared through a [`Ledger`].
-pub(crate) struct Shared {
-    /// The process's budget: its limit is set to this process's room.
-    pub(crate) budget: Arc<Budget>,
-    pub(crate) ledger: Ledger,
-    /// The container's limit in bytes.
-    pub(crate) limit: usize,
-    /// Whether the limit is the container's whole memory (the rest of
-    /// every process and [`Shared::margin`] come off it), or one the
-    /// program set for the arenas alone.
-    pub(crate) whole: bool,
-    /// What is kept free under a whole limit: the kernel's own memory
-    /// charged to the group, and what processes allocate between samples.
-    pub(crate) margin: usize,
-    /// The group's usage files, for a whole limit: what the group holds
-    /// (`memory.current`, v1's `memory.usage_in_bytes`) and its
-    /// `memory.stat` (page cache the kernel can drop: `inactive_file`).
-    /// `None`: the processes' own figures are summed instead.
-    pub(crate) usage: Option<(std::path::PathBuf, std::path::PathBuf)>,
-}
-
-/// How long a sample of the group's rest counts: the rest a service's
-/// requests hold outside the arenas (decoded images, preprocessing) comes
-/// and goes with them, and the room follows its recent peak, not a dip.
-pub const REST_WINDOW: Duration = Duration::from_secs(10);
-
-/// Adds `now` to the samples and returns the group's rest now, its most
-/// and its least within [`REST_WINDOW`].
-fn recent(seen: &mut VecDeque<(Instant, usize)>, now: usize) -> GroupRest {
-    let t = Instant::now();
-    while seen
-        .front()
-        .is_some_and(|(at, _)| t.duration_since(*at) > REST_WINDOW)
-    {
-        seen.pop_front();
-    }
-    // Samples at most every REFRESH: a few hundred at most.
-    seen.push_back((t, now));
-    let values = seen.iter().map(|(_, v)| *v);
-    GroupRest {
-        now,
-        peak: values.clone().max().unwrap_or(now),
-        floor: values.min().unwrap_or(now),
-    }
-}
-
-/// The rest of a group (all it holds but the arenas), as sampled.
-#[derive(Clone, Copy, Debug)]
-struct GroupRest {
-    now: usize,
-    /// The most over [`REST_WINDOW`]: what runs beside others are
-    /// admitted against (the rest comes and goes with requests).
-    peak: usize,
-    /// The least over [`REST_WINDOW`]: what a run alone could have once
-    /// the other requests' buffers are gone; a run that needs more than
-    /// that is refused at once.
-    floor: usize,
-}
-
-/// Which figure of the group's rest a room is taken with.
-#[derive(Clone, Copy)]
-enum RestBy {
-    Peak,
-    Now,
-    Floor,
-}
-
 /// How long a run alone waits for its room before it fails.
 pub const ALONE_WAIT: Duration = Duration::from_secs(30);
-
-/// What a group holds that the kernel cannot simply drop: its usage less
-/// its page cache, from its usage file and `memory.stat`. The margin
-/// ([`crate::margin`]) covers the cache a service cannot do without (the
-/// code it runs).
-fn working_set(usage: &std::path::Path, stat: &std::path::Path) -> Option<usize> {
-    let used: usize = std::fs::read_to_string(usage).ok()?.trim().parse().ok()?;
-    let stat = std::fs::read_to_string(stat).unwrap_or_default();
-    let field = |name: &str| {
-        stat.lines().find_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            (k == name).then(|| v.trim().parse::<usize>().ok())?
-        })
-    };
-    // Page cache the kernel reclaims before it kills (active or not; tmpfs
-    // and shared memory are on the anonymous lists, not here): v1's
-    // hierarchical figures where there are some, else the group's own.
-    let file = |name: &str| field(&format!("total_{name}")).or_else(|| field(name));
-    let cache = file("inactive_file")
-        .unwrap_or(0)
-        .saturating_add(file("active_file").unwrap_or(0));
-    Some(used.saturating_sub(cache))
-}
+/// The bit of [`Fast::gate`] a run alone in flight sets.
+const ALONE: usize = 1 << (usize::BITS - 1);
 
 /// The admission counters of a pool (or of the process's default limit).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -186,26 +90,72 @@ struct Waiter {
     passed: u32,
 }
 
+/// What only the queue's side changes, under the lock.
 #[derive(Default)]
 struct State {
-    promised: usize,
-    running: usize,
-    /// A run admitted alone is in flight.
-    alone_running: bool,
     queue: VecDeque<Waiter>,
     next_id: u64,
-    /// The room, and when it was read (shared limits).
-    room: Option<(usize, Instant)>,
-    /// The other processes, as last read.
-    others: Others,
-    /// The rest of this process (its anonymous memory outside arenas).
-    rest: usize,
-    /// The rest of the whole group (all it holds but the arenas), where
-    /// its usage can be read: the most seen over [`REST_WINDOW`].
-    group_rest: Option<GroupRest>,
-    /// The group's rest as sampled over the last [`REST_WINDOW`].
-    rest_seen: VecDeque<(Instant, usize)>,
+    /// The shared limit's figures, as last read.
+    reading: Reading,
+    /// The counters only waiting runs move.
     stats: AdmissionStats,
+}
+
+/// What a run admitted without waiting reads and moves: atomics, so that
+/// the runs of many threads are admitted without taking a lock (a lock
+/// every thread takes twice a run made 16 threads wait on each other's
+/// wake-ups).
+///
+/// A run is admitted without the lock only while [`Fast::gate`] is 0: no
+/// run waits and none runs alone. A run that counts itself in
+/// [`Fast::running`] and then sees the gate closed counts itself out and
+/// goes to the queue; a run alone counts itself in the gate (it queues)
+/// before it reads `running`. Both are sequentially consistent, so one of
+/// the two sees the other.
+#[derive(Default)]
+struct Fast {
+    promised: AtomicUsize,
+    running: AtomicUsize,
+    /// Runs waiting (the queue's length), plus [`ALONE`] while a run alone
+    /// is in flight.
+    gate: AtomicUsize,
+    admitted: AtomicU64,
+    promised_peak: AtomicUsize,
+    running_peak: AtomicUsize,
+    /// A shared limit's room as last read, and when ([`Admission::epoch`]
+    /// plus this many nanoseconds; 0: never, or another process waits to
+    /// run alone).
+    room: AtomicUsize,
+    room_at: AtomicU64,
+    /// The rest of this process, as last read (published with its share).
+    rest: AtomicUsize,
+    /// The run at the head of the queue waits to run alone.
+    head_alone: AtomicBool,
+}
+
+impl Fast {
+    /// Promises `need` if it fits in `room` with what is promised; returns
+    /// what was added (`need`, or less under no limit, where promises
+    /// saturate).
+    fn promise(&self, need: usize, room: usize) -> Option<usize> {
+        let mut now = self.promised.load(SeqCst);
+        loop {
+            let add = if room == usize::MAX {
+                need.min(usize::MAX - now)
+            } else if now.checked_add(need)? <= room {
+                need
+            } else {
+                return None;
+            };
+            match self
+                .promised
+                .compare_exchange_weak(now, now + add, SeqCst, SeqCst)
+            {
+                Ok(_) => return Some(add),
+                Err(seen) => now = seen,
+            }
+        }
+    }
 }
 
 /// The admission of one limit's runs (see the module docs). Shared as
@@ -213,6 +163,9 @@ struct State {
 /// process's default limit.
 pub struct Admission {
     room: Room,
+    fast: Fast,
+    /// What [`Fast::room_at`] counts from.
+    epoch: Instant,
     state: Mutex<State>,
     /// Waiting runs wait here (the standard library's: nothing is left
     /// behind in a forked child).
@@ -253,20 +206,14 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut st = self.admission.lock();
-        st.promised -= self.need;
-        st.running -= 1;
+        let a = &self.admission;
+        a.fast.promised.fetch_sub(self.need, SeqCst);
+        a.fast.running.fetch_sub(1, SeqCst);
         if self.alone {
-            st.alone_running = false;
+            a.fast.gate.fetch_sub(ALONE, SeqCst);
         }
-        self.admission.publish(&st);
-        // Only runs waiting in this process are woken (a wake is a
-        // system call on every run's end otherwise; other processes poll).
-        let waiting = !st.queue.is_empty();
-        drop(st);
-        if waiting {
-            self.admission.turn.notify_all();
-        }
+        a.publish();
+        a.wake_waiters();
     }
 }
 
@@ -274,6 +221,8 @@ impl Admission {
     pub(crate) fn new(room: Room) -> Arc<Self> {
         Arc::new(Self {
             room,
+            fast: Fast::default(),
+            epoch: Instant::now(),
             state: Mutex::new(State::default()),
             turn: Condvar::new(),
         })
@@ -293,6 +242,17 @@ impl Admission {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Wakes the runs waiting in this process, if there are any (a wake is
+    /// a system call; other processes poll).
+    fn wake_waiters(&self) {
+        if self.fast.gate.load(SeqCst) & !ALONE != 0 {
+            // Taken so that a waiter between its look at the room and its
+            // wait is not missed.
+            drop(self.lock());
+            self.turn.notify_all();
+        }
+    }
+
     /// The budget whose limit this admission follows, if any.
     pub(crate) fn budget(&self) -> Option<&Arc<Budget>> {
         match &self.room {
@@ -305,16 +265,20 @@ impl Admission {
     /// The counters.
     pub fn stats(&self) -> AdmissionStats {
         let st = self.lock();
+        let f = &self.fast;
         let mut s = st.stats;
         s.room = match &self.room {
             Room::Unlimited => usize::MAX,
             Room::Budget(b) => b.limit(),
-            Room::Shared(_) => st.room.map_or(0, |r| r.0),
+            Room::Shared(_) => st.reading.room.map_or(0, |r| r.0),
         };
-        s.promised = st.promised;
-        s.running = st.running;
+        s.promised = f.promised.load(SeqCst);
+        s.promised_peak = f.promised_peak.load(Relaxed);
+        s.running = f.running.load(SeqCst);
+        s.running_peak = f.running_peak.load(Relaxed);
+        s.admitted = f.admitted.load(Relaxed);
         s.queued = st.queue.len();
-        s.processes = 1 + st.others.processes;
+        s.processes = 1 + st.reading.others.processes;
         s
     }
 
@@ -324,7 +288,7 @@ impl Admission {
         match &self.room {
             Room::Unlimited => usize::MAX,
             Room::Budget(b) => b.limit(),
-            Room::Shared(s) => base(s, st, RestBy::Floor),
+            Room::Shared(s) => st.reading.base(s, RestBy::Floor),
         }
     }
 
@@ -334,8 +298,10 @@ impl Admission {
         let room = self.room(st, fresh);
         match &self.room {
             Room::Shared(s) => {
-                let held = usize::try_from(st.others.held).unwrap_or(usize::MAX);
-                base(s, st, RestBy::Now).saturating_sub(held).max(room)
+                let r = &st.reading;
+                r.base(s, RestBy::Now)
+                    .saturating_sub(r.others_held())
+                    .max(room)
             }
             _ => room,
         }
@@ -349,59 +315,58 @@ impl Admission {
             Room::Budget(b) => return b.limit(),
             Room::Shared(s) => s,
         };
-        if let Some((r, at)) = st.room {
+        if let Some((r, at)) = st.reading.room {
             if !fresh && at.elapsed() < REFRESH {
                 return r;
             }
         }
-        let committed = s.budget.committed();
-        st.rest = crate::ledger::anon_resident()
-            .and_then(|a| usize::try_from(a).ok())
-            .map_or(0, |a| a.saturating_sub(committed));
-        st.others = s.ledger.others(false);
-        // Under a whole limit with the group's own figures: the rest is
-        // everything the group holds but the arenas (processes that are
-        // not ours, the kernel's memory, page cache in use).
-        st.group_rest = s
-            .usage
-            .as_ref()
-            .filter(|_| s.whole)
-            .and_then(|(u, stat)| working_set(u, stat))
-            .map(|ws| {
-                let arenas = usize::try_from(st.others.committed)
-                    .unwrap_or(usize::MAX)
-                    .saturating_add(committed);
-                ws.saturating_sub(arenas)
-            })
-            .map(|now| recent(&mut st.rest_seen, now));
-        let held = usize::try_from(st.others.held).unwrap_or(usize::MAX);
-        let room = base(s, st, RestBy::Peak).saturating_sub(held);
-        // This process's commits must fit in its room too (idle workers
-        // give back first; a commit that still does not fit is refused).
-        s.budget.set_limit(room);
-        if committed > room {
-            // The rest of the group grew into what the arenas hold: idle
-            // workers give their cache back now, not at their next commit.
-            s.budget.relieve();
-        }
-        st.room = Some((room, Instant::now()));
-        self.publish(st);
+        let room = st.reading.read(s);
+        let f = &self.fast;
+        f.rest.store(st.reading.rest, Relaxed);
+        f.room.store(room, Relaxed);
+        // Another process waiting to run alone holds new runs back: none
+        // is admitted without the lock until the room is read again.
+        let at = if st.reading.others.alone {
+            0
+        } else {
+            u64::try_from(self.epoch.elapsed().as_nanos())
+                .unwrap_or(u64::MAX)
+                .max(1)
+        };
+        f.room_at.store(at, SeqCst);
+        self.publish();
         room
     }
 
+    /// The room a run admitted without the lock may take: `None` where the
+    /// room must be read first (a shared limit's, stale).
+    fn fast_room(&self) -> Option<usize> {
+        match &self.room {
+            Room::Unlimited => Some(usize::MAX),
+            Room::Budget(b) => Some(b.limit()),
+            Room::Shared(_) => {
+                let at = self.fast.room_at.load(SeqCst);
+                let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                let fresh = u64::try_from(REFRESH.as_nanos()).unwrap_or(u64::MAX);
+                (at != 0 && now.saturating_sub(at) < fresh).then(|| self.fast.room.load(Relaxed))
+            }
+        }
+    }
+
     /// Publishes this process's share to the ledger, if shared.
-    fn publish(&self, st: &State) {
+    fn publish(&self) {
         if let Room::Shared(s) = &self.room {
+            let f = &self.fast;
             s.ledger.publish(Share {
-                promised: st.promised as u64,
+                promised: f.promised.load(SeqCst) as u64,
                 committed: s.budget.committed() as u64,
-                rest: st.rest as u64,
+                rest: f.rest.load(Relaxed) as u64,
                 // Only a run alone at the head of the queue (or running)
                 // holds the other processes' new runs back: one further
                 // back waits behind this process's own head, and two
                 // processes whose heads waited for each other's flags
                 // would wait for ever.
-                alone: st.alone_running || st.queue.front().is_some_and(|w| w.alone),
+                alone: f.gate.load(SeqCst) & ALONE != 0 || f.head_alone.load(SeqCst),
             });
         }
     }
@@ -441,21 +406,84 @@ impl Admission {
         }
     }
 
-    /// Whether a run of `need` fits now.
+    /// Whether a run of `need` fits now (nothing is promised).
     fn fits(&self, st: &mut State, need: usize, alone: bool, fresh: bool) -> bool {
-        if st.alone_running {
+        let f = &self.fast;
+        if f.gate.load(SeqCst) & ALONE != 0 {
             return false;
         }
         if alone {
             // Nothing of this process runs, nothing of the others is in
             // flight, and no other process waiting alone goes first (the
-            // lowest PID does).
+            // lowest PID does). The run is queued (counted in the gate)
+            // before it reads `running`: a run admitted without the lock
+            // after this read sees the gate and queues.
             let room = self.room_alone(st, fresh);
-            let first = st.others.alone_pid.is_none_or(|p| p > std::process::id());
-            return st.running == 0 && st.others.promised == 0 && first && need <= room;
+            let others = &st.reading.others;
+            let first = others.alone_pid.is_none_or(|p| p > std::process::id());
+            return f.running.load(SeqCst) == 0 && others.promised == 0 && first && need <= room;
         }
         let room = self.room(st, fresh);
-        !st.others.alone && st.promised.saturating_add(need) <= room
+        !st.reading.others.alone && f.promised.load(SeqCst).saturating_add(need) <= room
+    }
+
+    /// Admits a run of `need` bytes now if it fits (queued runs aside):
+    /// what was promised, or `None`.
+    fn take(&self, st: &mut State, need: usize, alone: bool, fresh: bool) -> Option<usize> {
+        let f = &self.fast;
+        if alone {
+            if !self.fits(st, need, true, fresh) {
+                return None;
+            }
+            f.gate.fetch_add(ALONE, SeqCst);
+            f.running.fetch_add(1, SeqCst);
+            return f.promise(need, usize::MAX);
+        }
+        if f.gate.load(SeqCst) & ALONE != 0 {
+            return None;
+        }
+        let room = self.room(st, fresh);
+        if st.reading.others.alone {
+            return None;
+        }
+        f.running.fetch_add(1, SeqCst);
+        if f.gate.load(SeqCst) & ALONE != 0 {
+            self.unrun();
+            return None;
+        }
+        let got = f.promise(need, room);
+        if got.is_none() {
+            self.unrun();
+        }
+        got
+    }
+
+    /// Counts out a run counted in [`Fast::running`] that was not admitted.
+    fn unrun(&self) {
+        self.fast.running.fetch_sub(1, SeqCst);
+    }
+
+    /// Admits a run without the lock, if nothing waits, nothing runs alone
+    /// and it fits.
+    fn admit_fast(self: &Arc<Self>, need: usize) -> Option<Ticket> {
+        let room = self.fast_room()?;
+        let f = &self.fast;
+        if f.gate.load(SeqCst) != 0 {
+            return None;
+        }
+        f.running.fetch_add(1, SeqCst);
+        let got = if f.gate.load(SeqCst) == 0 {
+            f.promise(need, room)
+        } else {
+            None
+        };
+        let Some(got) = got else {
+            self.unrun();
+            // A run alone that read `running` meanwhile waits for it.
+            self.wake_waiters();
+            return None;
+        };
+        Some(self.admitted(got, false))
     }
 
     /// Admits a run of `need` bytes (`alone`: with no other run beside
@@ -471,6 +499,11 @@ impl Admission {
     ) -> Result<Ticket, OrtArenaError> {
         // Without a limit nothing runs out: no run needs to be alone.
         let alone = alone && !matches!(self.room, Room::Unlimited);
+        if !alone {
+            if let Some(t) = self.admit_fast(need) {
+                return Ok(t);
+            }
+        }
         let mut st = self.lock();
         let most = {
             // The room as read at most `REFRESH` ago: reading the group's
@@ -486,10 +519,11 @@ impl Admission {
                  bytes (the limit less what the rest of the processes holds)"
             )));
         }
-        // A run alone reads the other processes' figures afresh: one of
-        // theirs admitted within the last `REFRESH` is in flight.
-        if st.queue.is_empty() && self.fits(&mut st, need, alone, alone) {
-            return Ok(self.admitted(st, need, alone, None));
+        if !alone && st.queue.is_empty() {
+            if let Some(got) = self.take(&mut st, need, false, false) {
+                drop(st);
+                return Ok(self.admitted(got, false));
+            }
         }
         st.next_id += 1;
         let id = st.next_id;
@@ -499,20 +533,27 @@ impl Admission {
             alone,
             passed: 0,
         });
-        self.publish(&st);
+        self.fast.gate.fetch_add(1, SeqCst);
+        self.sync_head(&st);
+        self.publish();
         let since = Instant::now();
         let mut relieved = since;
+        // A run alone looks at once (it could not before it was queued);
+        // others wait first (they just looked).
+        let mut look = alone;
         loop {
-            st = self
-                .turn
-                .wait_timeout(st, POLL)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            if !look {
+                st = self
+                    .turn
+                    .wait_timeout(st, POLL)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+            look = false;
             let at = st.queue.iter().position(|w| w.id == id).expect("queued");
             if alone && since.elapsed() >= ALONE_WAIT {
-                st.queue.remove(at);
+                self.dequeue(&mut st, at);
                 st.stats.refused += 1;
-                self.publish(&st);
                 drop(st);
                 self.turn.notify_all();
                 return Err(OrtArenaError::OutOfMemory(format!(
@@ -536,23 +577,31 @@ impl Admission {
                 self.room(&mut st, true);
                 continue;
             }
-            let go = if at == 0 {
-                self.fits(&mut st, need, alone, true)
+            let got = if at == 0 {
+                self.take(&mut st, need, alone, true)
             } else {
                 let head = &st.queue[0];
                 let may_pass = !alone && !head.alone && head.passed < MAX_PASSES;
                 let head_need = (head.need, head.alone);
-                may_pass
-                    && self.fits(&mut st, need, false, true)
-                    && !self.fits(&mut st, head_need.0, head_need.1, false)
+                if may_pass && !self.fits(&mut st, head_need.0, head_need.1, false) {
+                    self.take(&mut st, need, false, true)
+                } else {
+                    None
+                }
             };
-            if go {
+            if let Some(got) = got {
                 if at != 0 {
                     st.queue[0].passed += 1;
                     st.stats.passed += 1;
                 }
-                st.queue.remove(at);
-                let ticket = self.admitted(st, need, alone, Some(since.elapsed()));
+                self.dequeue(&mut st, at);
+                let waited = since.elapsed();
+                let s = &mut st.stats;
+                s.waited += 1;
+                s.wait_total += waited;
+                s.wait_max = s.wait_max.max(waited);
+                drop(st);
+                let ticket = self.admitted(got, alone);
                 // The next in line looks again.
                 self.turn.notify_all();
                 return Ok(ticket);
@@ -560,46 +609,38 @@ impl Admission {
         }
     }
 
-    fn admitted(
-        self: &Arc<Self>,
-        mut st: MutexGuard<'_, State>,
-        need: usize,
-        alone: bool,
-        waited: Option<Duration>,
-    ) -> Ticket {
-        // A run alone is promised what it asked for, not all the room:
-        // the ledger's flag already holds the other processes' new runs
-        // back, and a run of theirs that was admitted in the same instant
-        // keeps the room it was promised (its commits are measured against
-        // what this process holds and was promised; promising all the room
-        // here refused them, and a model's first run asks for nothing).
-        // Saturating (a reservation under no limit may ask for anything):
-        // the ticket gives back what was added.
-        let need = need.min(usize::MAX - st.promised);
-        st.promised += need;
-        st.running += 1;
-        st.alone_running |= alone;
-        let (promised, running) = (st.promised, st.running);
-        let s = &mut st.stats;
-        s.admitted += 1;
-        s.promised_peak = s.promised_peak.max(promised);
-        s.running_peak = s.running_peak.max(running);
-        if let Some(w) = waited {
-            s.waited += 1;
-            s.wait_total += w;
-            s.wait_max = s.wait_max.max(w);
-        }
-        self.publish(&st);
+    /// Takes the waiter at `at` off the queue.
+    fn dequeue(&self, st: &mut State, at: usize) {
+        st.queue.remove(at);
+        self.fast.gate.fetch_sub(1, SeqCst);
+        self.sync_head(st);
+        self.publish();
+    }
+
+    /// Mirrors whether the head of the queue waits to run alone.
+    fn sync_head(&self, st: &State) {
+        let alone = st.queue.front().is_some_and(|w| w.alone);
+        self.fast.head_alone.store(alone, SeqCst);
+    }
+
+    /// The ticket of a run admitted with `got` bytes promised (and counted
+    /// in [`Fast::running`]).
+    fn admitted(self: &Arc<Self>, got: usize, alone: bool) -> Ticket {
+        let f = &self.fast;
+        f.admitted.fetch_add(1, Relaxed);
+        f.promised_peak.fetch_max(f.promised.load(SeqCst), Relaxed);
+        f.running_peak.fetch_max(f.running.load(SeqCst), Relaxed);
+        self.publish();
         Ticket {
             admission: Arc::clone(self),
-            need,
+            need: got,
             alone,
         }
     }
 
     /// Bytes promised to the runs in flight now.
     pub(crate) fn promised_now(&self) -> usize {
-        self.lock().promised
+        self.fast.promised.load(SeqCst)
     }
 
     /// Whether the limit is shared with other processes (a ledger).
@@ -653,147 +694,6 @@ impl Admission {
     }
 }
 
-/// What a shared limit leaves this process's runs before the other
-/// processes' arenas: the limit, less (for a whole limit) the margin and
-/// the rest of the group taken `by` one of its figures.
-fn base(s: &Shared, st: &State, by: RestBy) -> usize {
-    if !s.whole {
-        return s.limit;
-    }
-    let others_rest = usize::try_from(st.others.rest).unwrap_or(usize::MAX);
-    let measured = match (st.group_rest, by) {
-        (Some(g), RestBy::Peak) => g.peak,
-        (Some(g), RestBy::Now) => g.now,
-        (Some(g), RestBy::Floor) => g.floor,
-        (None, _) => st.rest.saturating_add(others_rest),
-    };
-    s.limit.saturating_sub(s.margin).saturating_sub(measured)
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-
-    #[test]
-    fn a_groups_working_set_is_its_usage_less_inactive_page_cache() {
-        let d = tempfile::tempdir().unwrap();
-        let (usage, stat) = (
-            d.path().join("memory.current"),
-            d.path().join("memory.stat"),
-        );
-        std::fs::write(&usage, "1000000\n").unwrap();
-        std::fs::write(&stat, "anon 5\ninactive_file 300000\nactive_file 7\n").unwrap();
-        assert_eq!(working_set(&usage, &stat), Some(699_993));
-        // v1: the hierarchical figures win.
-        std::fs::write(
-            &stat,
-            "inactive_file 1\nactive_file 2\ntotal_inactive_file 400000\ntotal_active_file 100000\n",
-        )
-        .unwrap();
-        assert_eq!(working_set(&usage, &stat), Some(500_000));
-        assert_eq!(working_set(&d.path().join("none"), &stat), None);
-    }
-
-    #[test]
-    fn runs_are_admitted_by_bytes_not_by_count() {
-        let a = Admission::of_budget(Budget::new(100));
-        let t1 = a.admit(40, false).unwrap();
-        let t2 = a.admit(40, false).unwrap();
-        assert_eq!(a.stats().promised, 80);
-        // 30 more does not fit: it waits until one ends.
-        let a2 = Arc::clone(&a);
-        let started = Arc::new(AtomicUsize::new(0));
-        let s2 = Arc::clone(&started);
-        let h = std::thread::spawn(move || {
-            let t = a2.admit(30, false).unwrap();
-            s2.store(1, SeqCst);
-            drop(t);
-        });
-        while a.stats().queued == 0 {
-            std::thread::yield_now();
-        }
-        std::thread::sleep(Duration::from_millis(30));
-        assert_eq!(started.load(SeqCst), 0, "admitted over the limit");
-        drop(t1);
-        h.join().unwrap();
-        assert_eq!(started.load(SeqCst), 1);
-        drop(t2);
-        let s = a.stats();
-        assert_eq!((s.promised, s.running, s.admitted, s.waited), (0, 0, 3, 1));
-        assert_eq!(s.promised_peak, 80);
-    }
-
-    #[test]
-    fn a_run_larger_than_the_limit_is_refused_at_once() {
-        let a = Admission::of_budget(Budget::new(100));
-        let t = Instant::now();
-        let err = a.admit(101, false).err().expect("refused");
-        assert!(t.elapsed() < Duration::from_millis(100));
-        let msg = err.to_string();
-        assert!(msg.contains("101") && msg.contains("100"), "{msg}");
-        assert!(matches!(err, OrtArenaError::OutOfMemory(_)));
-        assert_eq!(a.stats().refused, 1);
-    }
-
-    #[test]
-    fn a_small_run_passes_a_large_head_a_bounded_number_of_times() {
-        let a = Admission::of_budget(Budget::new(100));
-        let big_in_flight = a.admit(60, false).unwrap();
-        // The head needs 50: it waits for the 60.
-        let a2 = Arc::clone(&a);
-        let head = std::thread::spawn(move || drop(a2.admit(50, false).unwrap()));
-        while a.stats().queued == 0 {
-            std::thread::yield_now();
-        }
-        // Small runs of 10 fit beside the 60: they pass, up to MAX_PASSES.
-        let mut smalls = Vec::new();
-        for _ in 0..MAX_PASSES {
-            smalls.push(a.admit(4, false).unwrap());
-        }
-        assert_eq!(a.stats().passed, u64::from(MAX_PASSES));
-        // The next one may not pass any more, though it fits: it waits.
-        let a3 = Arc::clone(&a);
-        let late = Arc::new(AtomicUsize::new(0));
-        let l2 = Arc::clone(&late);
-        let after = std::thread::spawn(move || {
-            let t = a3.admit(4, false).unwrap();
-            l2.store(1, SeqCst);
-            drop(t);
-        });
-        std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(late.load(SeqCst), 0, "the head was starved");
-        drop(smalls);
-        drop(big_in_flight);
-        head.join().unwrap();
-        after.join().unwrap();
-        assert_eq!(late.load(SeqCst), 1);
-    }
-
-    #[test]
-    fn a_run_alone_waits_for_the_runs_in_flight_and_nothing_starts_beside_it() {
-        let a = Admission::of_budget(Budget::new(100));
-        let t1 = a.admit(10, false).unwrap();
-        let a2 = Arc::clone(&a);
-        let alone_in = Arc::new(AtomicUsize::new(0));
-        let flag = Arc::clone(&alone_in);
-        let h = std::thread::spawn(move || {
-            let t = a2.admit(30, true).unwrap();
-            flag.store(1, SeqCst);
-            std::thread::sleep(Duration::from_millis(30));
-            flag.store(2, SeqCst);
-            drop(t);
-        });
-        std::thread::sleep(Duration::from_millis(30));
-        assert_eq!(alone_in.load(SeqCst), 0, "alone beside a run");
-        drop(t1);
-        while alone_in.load(SeqCst) == 0 {
-            std::thread::yield_now();
-        }
-        // While it runs, a small run waits.
-        let t = a.admit(1, false).unwrap();
-        assert_eq!(alone_in.load(SeqCst), 2, "a run started beside one alone");
-        drop(t);
-        h.join().unwrap();
-    }
-}
+#[path = "admit_unit.rs"]
+mod tests;

@@ -243,3 +243,48 @@ fn a_run_alone_is_promised_its_need_not_all_the_room() {
     drop(retry);
     assert_eq!(admission.stats().promised, 0);
 }
+
+/// A model whose runs take nothing from the arena (ONNX Runtime allocated
+/// elsewhere, or a model with no intermediate tensors) runs alone only
+/// once: after its first run it needs 0 bytes, and its runs go on side by
+/// side (they were all run alone, one at a time, when "no run seen" and
+/// "runs of 0 bytes" were one figure).
+#[test]
+fn a_model_whose_runs_take_nothing_runs_alone_only_once() {
+    let budget = Budget::new(48 * MIB);
+    let pool = WorkerPool::new(2, options(&budget)).unwrap();
+    let plans = Plans::default();
+    let key = RunKey::from_shapes([[1i64]]);
+    pool.checkout()
+        .worker()
+        .run_retrying(&plans, &key, || Ok(()))
+        .unwrap();
+    let inside = std::sync::atomic::AtomicUsize::new(0);
+    let together = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut c = pool.checkout();
+                c.worker()
+                    .run_retrying(&plans, &key, || {
+                        use std::sync::atomic::Ordering::SeqCst;
+                        inside.fetch_add(1, SeqCst);
+                        let until = Instant::now() + Duration::from_secs(2);
+                        while Instant::now() < until && inside.load(SeqCst) < 2 {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        if inside.load(SeqCst) == 2 {
+                            together.store(true, SeqCst);
+                        }
+                        Ok(())
+                    })
+                    .unwrap();
+            });
+        }
+    });
+    assert!(
+        together.into_inner(),
+        "the runs were admitted one at a time"
+    );
+    assert_eq!(pool.stats().admission.running_peak, 2);
+}

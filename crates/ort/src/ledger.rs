@@ -89,6 +89,9 @@ pub struct Ledger {
     /// This process's slot, and the PID it was claimed for (a forked child
     /// claims its own).
     mine: std::sync::Mutex<Option<(usize, u32)>>,
+    /// `mine` as one word read without the lock: the PID in the high 32
+    /// bits, the slot plus one in the low (0: none).
+    mine_word: AtomicU64,
     /// When the slots' processes were last checked.
     checked: std::sync::Mutex<Option<Instant>>,
 }
@@ -155,6 +158,7 @@ impl Ledger {
             map,
             path,
             mine: std::sync::Mutex::new(None),
+            mine_word: AtomicU64::new(0),
             checked: std::sync::Mutex::new(None),
         };
         let magic = ledger.word(0);
@@ -215,6 +219,10 @@ impl Ledger {
     /// a fork). `None` when every slot is taken.
     fn own(&self) -> Option<usize> {
         let pid = std::process::id();
+        let word = self.mine_word.load(Ordering::Acquire);
+        if word >> 32 == u64::from(pid) && word & 0xffff_ffff != 0 {
+            return usize::try_from((word & 0xffff_ffff) - 1).ok();
+        }
         let mut mine = self.mine.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((i, p)) = *mine {
             if p == pid {
@@ -234,6 +242,8 @@ impl Ledger {
                 s.alone.store(0, Ordering::Relaxed);
                 s.start.store(start, Ordering::Release);
                 *mine = Some((i, pid));
+                self.mine_word
+                    .store(u64::from(pid) << 32 | (i as u64 + 1), Ordering::Release);
                 return Some(i);
             }
         }
@@ -257,6 +267,7 @@ impl Ledger {
     pub fn leave(&self) {
         let pid = std::process::id();
         let mut mine = self.mine.lock().unwrap_or_else(|e| e.into_inner());
+        self.mine_word.store(0, Ordering::Release);
         if let Some((i, p)) = mine.take() {
             if p == pid {
                 let s = self.slot(i);

@@ -24,6 +24,7 @@ mod plans;
 mod pool;
 mod raw;
 mod reserve;
+mod room;
 mod runners;
 #[cfg(feature = "load-dynamic")]
 mod runtime;

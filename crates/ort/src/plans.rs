@@ -17,9 +17,10 @@ use tensor_arena::{FamilyStats, PlanCache, PlanStats};
 pub struct Plans {
     id: u64,
     pub(crate) cache: Arc<PlanCache<RunKey>>,
-    /// The largest run of the model seen so far (its high-water, bytes; 0:
-    /// none yet): what a run with no plan is admitted for.
-    pub(crate) largest: AtomicUsize,
+    /// The largest run of the model seen so far (its high-water, bytes),
+    /// plus one; 0: no run has ended yet. What a run with no plan is
+    /// admitted for.
+    largest: AtomicUsize,
     /// Where the plans are loaded from and saved to, and what the last
     /// save saw (`crate::store`).
     pub(crate) store: Option<Stored>,
@@ -93,7 +94,20 @@ impl Plans {
     /// The largest run of the model seen so far, in bytes (0 before the
     /// first run ends): what a run with no plan is admitted for.
     pub fn largest_run(&self) -> usize {
-        self.largest.load(Ordering::Relaxed)
+        self.largest.load(Ordering::Relaxed).saturating_sub(1)
+    }
+
+    /// Whether a run of the model has ended (a model whose runs take
+    /// nothing from the arena has run too: its runs need 0 bytes, and only
+    /// its first runs alone).
+    pub(crate) fn has_run(&self) -> bool {
+        self.largest.load(Ordering::Relaxed) != 0
+    }
+
+    /// Counts a run that reached `high_water` bytes.
+    pub(crate) fn note_run(&self, high_water: usize) {
+        self.largest
+            .fetch_max(high_water.saturating_add(1), Ordering::Relaxed);
     }
 }
 

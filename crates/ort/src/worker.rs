@@ -433,11 +433,12 @@ impl Worker {
         // What this model needs for this key: its plan's block, or what the
         // run reached.
         let mut need = planned_size.unwrap_or(report.high_water);
-        if not_served.is_none() {
-            plans
-                .largest
-                .fetch_max(report.high_water, Ordering::Relaxed);
-        }
+        // A run the arena did not serve needed nothing of it.
+        plans.note_run(if not_served.is_none() {
+            report.high_water
+        } else {
+            0
+        });
         let mut learned = false;
         if self.options.plans && not_served.is_none() {
             let _section = crate::learn::section();
@@ -617,10 +618,8 @@ impl Worker {
 fn need_of(plans: &Plans, lookup: &Lookup) -> (usize, bool) {
     match &lookup.plan {
         Some(p) => (p.size(), false),
-        None => match plans.largest_run() {
-            0 => (0, true),
-            n => (n, false),
-        },
+        None if plans.has_run() => (plans.largest_run(), false),
+        None => (0, true),
     }
 }
 
