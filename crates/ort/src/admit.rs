@@ -366,7 +366,8 @@ impl Admission {
                 // back waits behind this process's own head, and two
                 // processes whose heads waited for each other's flags
                 // would wait for ever.
-                alone: f.gate.load(SeqCst) & ALONE != 0 || f.head_alone.load(SeqCst),
+                alone: f.head_alone.load(SeqCst),
+                alone_running: f.gate.load(SeqCst) & ALONE != 0,
             });
         }
     }
@@ -414,13 +415,15 @@ impl Admission {
         }
         if alone {
             // Nothing of this process runs, nothing of the others is in
-            // flight, and no other process waiting alone goes first (the
-            // lowest PID does). The run is queued (counted in the gate)
+            // flight or runs alone (a first run is promised nothing: its
+            // need is unknown), and no other process waiting alone goes
+            // first (the lowest PID does). The run is queued (counted in the gate)
             // before it reads `running`: a run admitted without the lock
             // after this read sees the gate and queues.
             let room = self.room_alone(st, fresh);
             let others = &st.reading.others;
-            let first = others.alone_pid.is_none_or(|p| p > std::process::id());
+            let first =
+                !others.alone_running && others.alone_pid.is_none_or(|p| p > std::process::id());
             return f.running.load(SeqCst) == 0 && others.promised == 0 && first && need <= room;
         }
         let room = self.room(st, fresh);

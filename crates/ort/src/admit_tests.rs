@@ -172,6 +172,7 @@ fn a_killed_process_share_comes_back() {
             committed: 40 * MIB as u64,
             rest: 0,
             alone: false,
+            alone_running: false,
         },
     );
     let budget = Budget::new(64 * MIB);
@@ -287,4 +288,51 @@ fn a_model_whose_runs_take_nothing_runs_alone_only_once() {
         "the runs were admitted one at a time"
     );
     assert_eq!(pool.stats().admission.running_peak, 2);
+}
+
+/// A run alone of another process holds this process's runs alone back,
+/// whatever the two PIDs: the lowest PID goes first only among runs that
+/// wait (a model's first run is promised nothing, so two first runs of two
+/// worker processes side by side ran out of memory together).
+#[test]
+fn a_run_alone_waits_for_another_process_running_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    // Spawned after this process: its PID is higher than ours (the rule
+    // that let a lower PID pass), PIDs wrapping aside.
+    let mut other = Command::new("sleep").arg("60").spawn().unwrap();
+    Ledger::open(dir.path(), "k").unwrap().pretend(
+        other.id(),
+        Share {
+            promised: 0,
+            committed: 0,
+            rest: 0,
+            alone: false,
+            alone_running: true,
+        },
+    );
+    let admission = Admission::new(Room::Shared(Shared {
+        budget: Budget::new(64 * MIB),
+        ledger: Ledger::open(dir.path(), "k").unwrap(),
+        limit: 64 * MIB,
+        whole: false,
+        margin: 0,
+        usage: None,
+    }));
+    let waiting = {
+        let a = Arc::clone(&admission);
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            drop(a.admit(MIB, true).unwrap());
+            t0.elapsed()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        admission.stats().queued,
+        1,
+        "a run alone started beside another process's"
+    );
+    other.kill().unwrap();
+    other.wait().unwrap();
+    assert!(waiting.join().unwrap() >= Duration::from_millis(300));
 }

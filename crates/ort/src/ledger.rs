@@ -57,8 +57,20 @@ pub struct Share {
     /// Bytes the rest of the process holds (its anonymous resident memory
     /// less its arenas').
     pub rest: u64,
-    /// Whether a run of it waits to run alone (or runs alone).
+    /// Whether a run of it waits at the head of its queue to run alone.
     pub alone: bool,
+    /// Whether a run of it runs alone now.
+    pub alone_running: bool,
+}
+
+/// A slot's `alone` word: a run waits alone at the head of its queue.
+const WAITS_ALONE: u64 = 1;
+/// A slot's `alone` word: a run runs alone.
+const RUNS_ALONE: u64 = 2;
+
+/// The `alone` word of `share`.
+fn alone_word(share: &Share) -> u64 {
+    u64::from(share.alone) * WAITS_ALONE | u64::from(share.alone_running) * RUNS_ALONE
 }
 
 /// The other processes of the ledger, summed.
@@ -73,8 +85,11 @@ pub struct Others {
     pub committed: u64,
     /// What the rest of those processes holds.
     pub rest: u64,
-    /// Whether one of them waits to run a run alone.
+    /// Whether one of them waits to run a run alone, or runs one.
     pub alone: bool,
+    /// Whether one of them runs a run alone now: no run alone of another
+    /// process starts beside it, whatever its PID.
+    pub alone_running: bool,
     /// The lowest PID of those that wait to run a run alone (two
     /// processes waiting so go in that order).
     pub alone_pid: Option<u32>,
@@ -259,7 +274,10 @@ impl Ledger {
         s.promised.store(share.promised, Ordering::Relaxed);
         s.committed.store(share.committed, Ordering::Relaxed);
         s.rest.store(share.rest, Ordering::Relaxed);
-        s.alone.store(u64::from(share.alone), Ordering::Release);
+        // Sequentially consistent with the loads in `others`: two
+        // processes that each publish a wait alone and then read the other
+        // do not both miss each other's flag.
+        s.alone.store(alone_word(&share), Ordering::SeqCst);
         true
     }
 
@@ -319,8 +337,14 @@ impl Ledger {
             out.promised = out
                 .promised
                 .saturating_add(s.promised.load(Ordering::Relaxed));
-            if s.alone.load(Ordering::Acquire) != 0 {
+            let alone = s.alone.load(Ordering::SeqCst);
+            if alone != 0 {
                 out.alone = true;
+            }
+            if alone & RUNS_ALONE != 0 {
+                out.alone_running = true;
+            }
+            if alone & WAITS_ALONE != 0 {
                 out.alone_pid = Some(out.alone_pid.map_or(pid, |p| p.min(pid)));
             }
         }
@@ -340,7 +364,7 @@ impl Ledger {
                 s.promised.store(share.promised, Ordering::Relaxed);
                 s.committed.store(share.committed, Ordering::Relaxed);
                 s.rest.store(share.rest, Ordering::Relaxed);
-                s.alone.store(u64::from(share.alone), Ordering::Relaxed);
+                s.alone.store(alone_word(&share), Ordering::Relaxed);
                 let start = start_time(pid).expect("a live process").max(1);
                 s.start.store(start, Ordering::Release);
                 return;
@@ -430,7 +454,8 @@ mod tests {
             promised: 10,
             committed: 30,
             rest: 5,
-            alone: false
+            alone: false,
+            alone_running: false,
         }));
         // Another process's slot, written by hand: a live one (PID 1, its
         // real start time) and a dead one.
