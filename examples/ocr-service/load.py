@@ -67,16 +67,16 @@ def get(url: str) -> dict:
         return json.load(r)
 
 
-def post(url: str, body: bytes) -> int:
+def post(url: str, body: bytes) -> tuple:
+    """The response's status and, for an error, its body's text."""
     req = urllib.request.Request(url, data=body, method="POST",
                                  headers={"Content-Type": "application/octet-stream"})
     try:
         with urllib.request.urlopen(req, timeout=600) as r:
             r.read()
-            return r.status
+            return r.status, None
     except urllib.error.HTTPError as e:
-        e.read()
-        return e.code
+        return e.code, e.read().decode(errors="replace")[:400]
 
 
 def main() -> int:
@@ -93,6 +93,7 @@ def main() -> int:
     images = [render(rng, i) for i in range(a.images)]
     before = get(a.url + "/memory")
     counts: Counter = Counter()
+    errors: list = []  # the first distinct error bodies (413's reasons)
     lock = threading.Lock()
     next_i = [0]
     rss_max = [before["rss_kib"]["VmRSS"]]
@@ -106,12 +107,15 @@ def main() -> int:
                 if i >= a.requests:
                     return
                 next_i[0] += 1
+            message = None
             try:
-                code = post(a.url + "/ocr", images[i % len(images)])
+                code, message = post(a.url + "/ocr", images[i % len(images)])
             except OSError as e:
                 code = f"error: {type(e).__name__}"
             with lock:
                 counts[code] += 1
+                if message is not None and len(errors) < 3 and message not in errors:
+                    errors.append(message)
 
     def sampler() -> None:
         while not done.wait(0.25):
@@ -140,6 +144,7 @@ def main() -> int:
     print(json.dumps({
         "clients": a.clients, "requests": a.requests, "seconds": round(seconds, 1),
         "status": {str(k): v for k, v in sorted(counts.items(), key=str)},
+        "errors": errors,
         "rss_sessions_mib": mib(before["rss_kib"]["VmRSS"]),
         "rss_peak_mib": mib(idle["rss_kib"]["VmHWM"]),
         "rss_sampled_max_mib": mib(rss_max[0]),

@@ -297,12 +297,7 @@ impl Admission {
     fn room_alone(&self, st: &mut State, fresh: bool) -> usize {
         let room = self.room(st, fresh);
         match &self.room {
-            Room::Shared(s) => {
-                let r = &st.reading;
-                r.base(s, RestBy::Now)
-                    .saturating_sub(r.others_held())
-                    .max(room)
-            }
+            Room::Shared(s) => alone_room(s, &st.reading, room),
             _ => room,
         }
     }
@@ -322,6 +317,10 @@ impl Admission {
         }
         let room = st.reading.read(s);
         let f = &self.fast;
+        if f.gate.load(SeqCst) & ALONE != 0 {
+            // A run alone commits up to the room it was admitted by.
+            s.budget.set_limit(alone_room(s, &st.reading, room));
+        }
         f.rest.store(st.reading.rest, Relaxed);
         f.room.store(room, Relaxed);
         // Another process waiting to run alone holds new runs back: none
@@ -440,6 +439,12 @@ impl Admission {
             }
             f.gate.fetch_add(ALONE, SeqCst);
             f.running.fetch_add(1, SeqCst);
+            if let Room::Shared(s) = &self.room {
+                // Its commits may take the room it was admitted by, not
+                // only what runs beside others may (the rest at its peak).
+                let room = st.reading.room.map_or(0, |r| r.0);
+                s.budget.set_limit(alone_room(s, &st.reading, room));
+            }
             return f.promise(need, usize::MAX);
         }
         if f.gate.load(SeqCst) & ALONE != 0 {
@@ -575,6 +580,11 @@ impl Admission {
                 drop(st);
                 if let Some(b) = self.budget() {
                     b.relieve();
+                    // What the C library's heap keeps free counts in the
+                    // rest of the process, which the room is taken less:
+                    // give it back too (a worker that decayed before the
+                    // request's buffers were freed did not trim them).
+                    crate::decay::trim_system_heap();
                 }
                 st = self.lock();
                 self.room(&mut st, true);
@@ -592,6 +602,22 @@ impl Admission {
                     None
                 }
             };
+            if got.is_none() && at == 0 && need > self.most(&st) {
+                // The rest of the processes grew while it waited: even
+                // alone it would not fit now (the least the rest held over
+                // the last `REST_WINDOW`), and waiting on would wait for
+                // ever where nothing else runs.
+                self.dequeue(&mut st, at);
+                st.stats.refused += 1;
+                let most = self.most(&st);
+                drop(st);
+                self.turn.notify_all();
+                return Err(OrtArenaError::OutOfMemory(format!(
+                    "the run needs {need} bytes; the memory limit leaves a run at most {most} \
+                     bytes (the limit less what the rest of the processes has held for {} s)",
+                    crate::room::REST_WINDOW.as_secs()
+                )));
+            }
             if let Some(got) = got {
                 if at != 0 {
                     st.queue[0].passed += 1;
@@ -695,6 +721,15 @@ impl Admission {
         };
         Self::new(room)
     }
+}
+
+/// The room of a run alone under a shared limit: the limit less the rest
+/// of the group as it is now and what the other processes' arenas hold,
+/// and at least `room` (what runs beside others get).
+fn alone_room(s: &Shared, r: &Reading, room: usize) -> usize {
+    r.base(s, RestBy::Now)
+        .saturating_sub(r.others_held())
+        .max(room)
 }
 
 #[cfg(test)]

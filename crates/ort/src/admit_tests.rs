@@ -336,3 +336,61 @@ fn a_run_alone_waits_for_another_process_running_alone() {
     other.wait().unwrap();
     assert!(waiting.join().unwrap() >= Duration::from_millis(300));
 }
+
+/// A run waiting at the head of its queue whose need outgrows what the
+/// limit could ever give it alone (the rest of the processes grew while it
+/// waited) fails with `OutOfMemory` instead of waiting for ever.
+#[test]
+fn a_waiting_run_the_rest_outgrew_fails_instead_of_waiting_for_ever() {
+    let dir = tempfile::tempdir().unwrap();
+    let own = usize::try_from(crate::ledger::anon_resident().unwrap()).unwrap();
+    // This process's rest, plus 200 MiB: another process holds 150 of them.
+    let limit = own + 200 * MIB;
+    let mut holder = Command::new("sleep").arg("60").spawn().unwrap();
+    let writer = Ledger::open(dir.path(), "k").unwrap();
+    let share = |promised: usize, rest: usize| Share {
+        promised: promised as u64,
+        committed: 0,
+        rest: rest as u64,
+        alone: false,
+        alone_running: false,
+    };
+    writer.pretend(holder.id(), share(150 * MIB, 0));
+    let admission = Admission::new(Room::Shared(Shared {
+        budget: Budget::new(limit),
+        ledger: Ledger::open(dir.path(), "k").unwrap(),
+        limit,
+        whole: true,
+        margin: 0,
+        usage: None,
+    }));
+    let waiting = {
+        let a = Arc::clone(&admission);
+        std::thread::spawn(move || a.admit(100 * MIB, false).map(drop))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        admission.stats().queued,
+        1,
+        "100 MiB admitted beside 150 of 200"
+    );
+    // The holder ends; a process whose rest takes 150 MiB comes.
+    let mut grown = Command::new("sleep").arg("60").spawn().unwrap();
+    writer.pretend(grown.id(), share(0, 150 * MIB));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let t0 = Instant::now();
+    while !waiting.is_finished() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the run waits for room that cannot come: {:?}",
+            admission.stats()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let err = waiting.join().unwrap().expect_err("refused");
+    assert!(matches!(err, OrtArenaError::OutOfMemory(_)), "{err}");
+    assert_eq!(admission.stats().refused, 1);
+    grown.kill().unwrap();
+    grown.wait().unwrap();
+}

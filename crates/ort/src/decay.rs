@@ -263,8 +263,10 @@ fn decay_due() -> Option<Duration> {
 /// scratch, shapes, thread state) and the system-allocator blocks of
 /// session creation live there, and glibc keeps what they freed in its
 /// per-thread arenas. Called once after workers decayed, on the decay
-/// thread (no server thread waits for it); elsewhere a no-op.
-fn trim_system_heap() {
+/// thread (no server thread waits for it), and by a run that has waited
+/// for room at the head of its queue ([`crate::Admission`]); elsewhere a
+/// no-op.
+pub(crate) fn trim_system_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         // SAFETY: `malloc_trim` only returns free heap memory to the

@@ -70,7 +70,7 @@ const RUNS_ALONE: u64 = 2;
 
 /// The `alone` word of `share`.
 fn alone_word(share: &Share) -> u64 {
-    u64::from(share.alone) * WAITS_ALONE | u64::from(share.alone_running) * RUNS_ALONE
+    (u64::from(share.alone) * WAITS_ALONE) | (u64::from(share.alone_running) * RUNS_ALONE)
 }
 
 /// The other processes of the ledger, summed.
