@@ -20,6 +20,7 @@ import argparse
 import io
 import json
 import random
+import statistics
 import threading
 import time
 import urllib.error
@@ -94,6 +95,7 @@ def main() -> int:
     before = get(a.url + "/memory")
     counts: Counter = Counter()
     errors: list = []  # the first distinct error bodies (413's reasons)
+    latencies: list = []  # seconds of each answered request
     lock = threading.Lock()
     next_i = [0]
     rss_max = [before["rss_kib"]["VmRSS"]]
@@ -108,12 +110,15 @@ def main() -> int:
                     return
                 next_i[0] += 1
             message = None
+            t = time.monotonic()
             try:
                 code, message = post(a.url + "/ocr", images[i % len(images)])
             except OSError as e:
                 code = f"error: {type(e).__name__}"
             with lock:
                 counts[code] += 1
+                if code == 200:
+                    latencies.append(time.monotonic() - t)
                 if message is not None and len(errors) < 3 and message not in errors:
                     errors.append(message)
 
@@ -144,6 +149,9 @@ def main() -> int:
     print(json.dumps({
         "clients": a.clients, "requests": a.requests, "seconds": round(seconds, 1),
         "status": {str(k): v for k, v in sorted(counts.items(), key=str)},
+        "answered_per_s": round(counts[200] / seconds, 3),
+        "latency_p50_s": round(statistics.median(latencies), 2) if latencies else None,
+        "latency_p99_s": round(sorted(latencies)[int(0.99 * (len(latencies) - 1))], 2) if latencies else None,
         "errors": errors,
         "rss_sessions_mib": mib(before["rss_kib"]["VmRSS"]),
         "rss_peak_mib": mib(idle["rss_kib"]["VmHWM"]),

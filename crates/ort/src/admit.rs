@@ -26,7 +26,7 @@ use crate::room::{Reading, RestBy};
 pub(crate) use crate::room::{Room, Shared};
 use crate::OrtArenaError;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tensor_arena::Budget;
@@ -43,8 +43,10 @@ const RELIEVE_AFTER: Duration = Duration::from_millis(500);
 /// How often a waiting run looks at the room again without being woken
 /// (other processes do not wake it).
 const POLL: Duration = Duration::from_millis(10);
-/// How long a run alone waits for its room before it fails.
-pub const ALONE_WAIT: Duration = Duration::from_secs(30);
+/// How long a run alone waits for its room before it fails: long enough
+/// for the first runs of every worker process of a container to go one at
+/// a time (four processes' three models on a loaded machine passed 30 s).
+pub const ALONE_WAIT: Duration = Duration::from_secs(120);
 /// The bit of [`Fast::gate`] a run alone in flight sets.
 const ALONE: usize = 1 << (usize::BITS - 1);
 
@@ -85,6 +87,9 @@ pub struct AdmissionStats {
 
 struct Waiter {
     id: u64,
+    /// When it came ([`crate::ledger::monotonic_ns`]): runs alone of two
+    /// processes go in this order.
+    since: u64,
     need: usize,
     alone: bool,
     passed: u32,
@@ -129,8 +134,9 @@ struct Fast {
     room_at: AtomicU64,
     /// The rest of this process, as last read (published with its share).
     rest: AtomicUsize,
-    /// The run at the head of the queue waits to run alone.
-    head_alone: AtomicBool,
+    /// Since when the run at the head of the queue waits to run alone (0:
+    /// it does not).
+    head_alone: AtomicU64,
 }
 
 impl Fast {
@@ -365,7 +371,7 @@ impl Admission {
                 // back waits behind this process's own head, and two
                 // processes whose heads waited for each other's flags
                 // would wait for ever.
-                alone: f.head_alone.load(SeqCst),
+                alone_since: Some(f.head_alone.load(SeqCst)).filter(|&t| t != 0),
                 alone_running: f.gate.load(SeqCst) & ALONE != 0,
             });
         }
@@ -415,14 +421,14 @@ impl Admission {
         if alone {
             // Nothing of this process runs, nothing of the others is in
             // flight or runs alone (a first run is promised nothing: its
-            // need is unknown), and no other process waiting alone goes
-            // first (the lowest PID does). The run is queued (counted in the gate)
+            // need is unknown), and no other process's run alone came
+            // first (runs alone go in the order they came). The run is queued (counted in the gate)
             // before it reads `running`: a run admitted without the lock
             // after this read sees the gate and queues.
             let room = self.room_alone(st, fresh);
             let others = &st.reading.others;
-            let first =
-                !others.alone_running && others.alone_pid.is_none_or(|p| p > std::process::id());
+            let mine = (st.queue.front().map_or(0, |w| w.since), std::process::id());
+            let first = !others.alone_running && others.alone_first.is_none_or(|f| f > mine);
             return f.running.load(SeqCst) == 0 && others.promised == 0 && first && need <= room;
         }
         let room = self.room(st, fresh);
@@ -537,6 +543,7 @@ impl Admission {
         let id = st.next_id;
         st.queue.push_back(Waiter {
             id,
+            since: crate::ledger::monotonic_ns().max(1),
             need,
             alone,
             passed: 0,
@@ -648,8 +655,8 @@ impl Admission {
 
     /// Mirrors whether the head of the queue waits to run alone.
     fn sync_head(&self, st: &State) {
-        let alone = st.queue.front().is_some_and(|w| w.alone);
-        self.fast.head_alone.store(alone, SeqCst);
+        let since = st.queue.front().filter(|w| w.alone).map_or(0, |w| w.since);
+        self.fast.head_alone.store(since, SeqCst);
     }
 
     /// The ticket of a run admitted with `got` bytes promised (and counted

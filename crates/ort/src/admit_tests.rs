@@ -171,7 +171,7 @@ fn a_killed_process_share_comes_back() {
             promised: 40 * MIB as u64,
             committed: 40 * MIB as u64,
             rest: 0,
-            alone: false,
+            alone_since: None,
             alone_running: false,
         },
     );
@@ -291,7 +291,7 @@ fn a_model_whose_runs_take_nothing_runs_alone_only_once() {
 }
 
 /// A run alone of another process holds this process's runs alone back,
-/// whatever the two PIDs: the lowest PID goes first only among runs that
+/// whatever the two PIDs: the order they came in decides only among runs that
 /// wait (a model's first run is promised nothing, so two first runs of two
 /// worker processes side by side ran out of memory together).
 #[test]
@@ -306,7 +306,7 @@ fn a_run_alone_waits_for_another_process_running_alone() {
             promised: 0,
             committed: 0,
             rest: 0,
-            alone: false,
+            alone_since: None,
             alone_running: true,
         },
     );
@@ -352,7 +352,7 @@ fn a_waiting_run_the_rest_outgrew_fails_instead_of_waiting_for_ever() {
         promised: promised as u64,
         committed: 0,
         rest: rest as u64,
-        alone: false,
+        alone_since: None,
         alone_running: false,
     };
     writer.pretend(holder.id(), share(150 * MIB, 0));
@@ -393,4 +393,49 @@ fn a_waiting_run_the_rest_outgrew_fails_instead_of_waiting_for_ever() {
     assert_eq!(admission.stats().refused, 1);
     grown.kill().unwrap();
     grown.wait().unwrap();
+}
+
+/// Runs alone of two processes go in the order they came, not by PID: a
+/// run alone of this process waits for one another process has waited
+/// with since before it, though that process's PID is higher.
+#[test]
+fn runs_alone_of_two_processes_go_in_the_order_they_came() {
+    let dir = tempfile::tempdir().unwrap();
+    // Spawned after this process: its PID is higher (PIDs wrapping aside).
+    let mut other = Command::new("sleep").arg("60").spawn().unwrap();
+    Ledger::open(dir.path(), "k").unwrap().pretend(
+        other.id(),
+        Share {
+            promised: 0,
+            committed: 0,
+            rest: 0,
+            alone_since: Some(crate::ledger::monotonic_ns() - 1_000_000_000),
+            alone_running: false,
+        },
+    );
+    let admission = Admission::new(Room::Shared(Shared {
+        budget: Budget::new(64 * MIB),
+        ledger: Ledger::open(dir.path(), "k").unwrap(),
+        limit: 64 * MIB,
+        whole: false,
+        margin: 0,
+        usage: None,
+    }));
+    let waiting = {
+        let a = Arc::clone(&admission);
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            drop(a.admit(MIB, true).unwrap());
+            t0.elapsed()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        admission.stats().queued,
+        1,
+        "a run alone went before another process's that came first"
+    );
+    other.kill().unwrap();
+    other.wait().unwrap();
+    assert!(waiting.join().unwrap() >= Duration::from_millis(300));
 }

@@ -57,20 +57,46 @@ pub struct Share {
     /// Bytes the rest of the process holds (its anonymous resident memory
     /// less its arenas').
     pub rest: u64,
-    /// Whether a run of it waits at the head of its queue to run alone.
-    pub alone: bool,
+    /// Since when a run of it waits at the head of its queue to run alone
+    /// ([`monotonic_ns`]; `None`: none waits).
+    pub alone_since: Option<u64>,
     /// Whether a run of it runs alone now.
     pub alone_running: bool,
 }
 
-/// A slot's `alone` word: a run waits alone at the head of its queue.
+/// A slot's `alone` word: a run waits alone at the head of its queue
+/// (since the time in the word's upper bits).
 const WAITS_ALONE: u64 = 1;
 /// A slot's `alone` word: a run runs alone.
 const RUNS_ALONE: u64 = 2;
 
-/// The `alone` word of `share`.
+/// The `alone` word of `share`: since when its run waits alone (shifted
+/// past the two flags), and the flags.
 fn alone_word(share: &Share) -> u64 {
-    (u64::from(share.alone) * WAITS_ALONE) | (u64::from(share.alone_running) * RUNS_ALONE)
+    let waits = share
+        .alone_since
+        .map_or(0, |t| (t.min(u64::MAX >> 2) << 2) | WAITS_ALONE);
+    waits | (u64::from(share.alone_running) * RUNS_ALONE)
+}
+
+/// The system's monotonic clock in nanoseconds (`CLOCK_MONOTONIC`): one
+/// clock for every process of the machine, so that runs waiting alone in
+/// two processes go in the order they came.
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid `timespec` to write; CLOCK_MONOTONIC is
+    // always supported on Linux.
+    let ok = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) } == 0;
+    if !ok {
+        return 0;
+    }
+    u64::try_from(t.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
 }
 
 /// The other processes of the ledger, summed.
@@ -90,9 +116,10 @@ pub struct Others {
     /// Whether one of them runs a run alone now: no run alone of another
     /// process starts beside it, whatever its PID.
     pub alone_running: bool,
-    /// The lowest PID of those that wait to run a run alone (two
-    /// processes waiting so go in that order).
-    pub alone_pid: Option<u32>,
+    /// The first of those that wait to run a run alone: since when, and
+    /// its PID (two processes waiting so go in the order they came, the
+    /// lower PID first at the same instant).
+    pub alone_first: Option<(u64, u32)>,
     /// What their runs in flight were promised.
     pub promised: u64,
 }
@@ -345,7 +372,8 @@ impl Ledger {
                 out.alone_running = true;
             }
             if alone & WAITS_ALONE != 0 {
-                out.alone_pid = Some(out.alone_pid.map_or(pid, |p| p.min(pid)));
+                let me = (alone >> 2, pid);
+                out.alone_first = Some(out.alone_first.map_or(me, |f| f.min(me)));
             }
         }
         out
@@ -454,7 +482,7 @@ mod tests {
             promised: 10,
             committed: 30,
             rest: 5,
-            alone: false,
+            alone_since: None,
             alone_running: false,
         }));
         // Another process's slot, written by hand: a live one (PID 1, its
