@@ -84,8 +84,9 @@ pub struct Budget {
     /// shared with other processes follows what they hold).
     limit: AtomicUsize,
     /// How long a commit over the limit waits for busy members to give
-    /// memory back at their run boundaries (zero: not at all).
-    wait: Duration,
+    /// memory back at their run boundaries, in nanoseconds (zero: not at
+    /// all); [`Budget::set_wait`].
+    wait: AtomicU64,
     waited: AtomicU64,
     committed: AtomicUsize,
     peak: AtomicUsize,
@@ -109,7 +110,7 @@ impl std::fmt::Debug for Budget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Budget")
             .field("stats", &self.stats())
-            .field("wait", &self.wait)
+            .field("wait", &self.wait())
             .finish_non_exhaustive()
     }
 }
@@ -141,7 +142,7 @@ impl Budget {
     pub fn with_wait(limit: usize, wait: Duration) -> Arc<Self> {
         Arc::new(Self {
             limit: AtomicUsize::new(limit),
-            wait,
+            wait: AtomicU64::new(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX)),
             waited: AtomicU64::new(0),
             committed: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
@@ -234,6 +235,19 @@ impl Budget {
         self.reclaim(usize::MAX, &[true])
     }
 
+    /// How long a commit over the limit waits ([`Budget::with_wait`]).
+    pub fn wait(&self) -> Duration {
+        Duration::from_nanos(self.wait.load(Ordering::Relaxed))
+    }
+
+    /// Sets how long a commit over the limit waits for room from now on
+    /// ([`Budget::with_wait`]): for a caller whose commits may wait for a
+    /// while (a run alone, while other processes give their caches back).
+    pub fn set_wait(&self, wait: Duration) {
+        let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        self.wait.store(ns, Ordering::Relaxed);
+    }
+
     /// Sets what is called before each commit is charged: for a limit
     /// that moves with what other processes hold, a caller that brings it
     /// up to date there ([`Budget::set_limit`]) when it is stale. It runs
@@ -254,9 +268,17 @@ impl Budget {
         }
         self.reclaims.fetch_add(1, Ordering::Relaxed);
         self.pressure.fetch_add(1, Ordering::Relaxed);
-        let deadline = (!self.wait.is_zero()).then(|| std::time::Instant::now() + self.wait);
+        let wait = self.wait();
+        let deadline = (!wait.is_zero()).then(|| std::time::Instant::now() + wait);
         let mut polls = 0u64;
         loop {
+            if polls > 0 {
+                // A limit that moves with other processes may have moved
+                // while this commit waited.
+                if let Some(f) = self.refresh.load().as_ref() {
+                    f();
+                }
+            }
             let need = self
                 .committed()
                 .saturating_add(bytes)

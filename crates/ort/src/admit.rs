@@ -47,6 +47,9 @@ const POLL: Duration = Duration::from_millis(10);
 /// for the first runs of every worker process of a container to go one at
 /// a time (four processes' three models on a loaded machine passed 30 s).
 pub const ALONE_WAIT: Duration = Duration::from_secs(120);
+/// How long a commit of a run alone under a shared limit waits for room
+/// (the other processes' idle caches) before it is refused.
+const ALONE_COMMIT_WAIT: Duration = Duration::from_secs(2);
 /// The bit of [`Fast::gate`] a run alone in flight sets.
 const ALONE: usize = 1 << (usize::BITS - 1);
 
@@ -169,6 +172,8 @@ impl Fast {
 /// process's default limit.
 pub struct Admission {
     room: Room,
+    /// The budget's own commit wait, restored after a run alone.
+    base_wait: Duration,
     fast: Fast,
     /// What [`Fast::room_at`] counts from.
     epoch: Instant,
@@ -216,6 +221,9 @@ impl Drop for Ticket {
         a.fast.promised.fetch_sub(self.need, SeqCst);
         a.fast.running.fetch_sub(1, SeqCst);
         if self.alone {
+            if let Room::Shared(s) = &a.room {
+                s.budget.set_wait(a.base_wait);
+            }
             a.fast.gate.fetch_sub(ALONE, SeqCst);
         }
         a.publish();
@@ -225,8 +233,13 @@ impl Drop for Ticket {
 
 impl Admission {
     pub(crate) fn new(room: Room) -> Arc<Self> {
+        let base_wait = match &room {
+            Room::Shared(s) => s.budget.wait(),
+            _ => Duration::ZERO,
+        };
         Arc::new(Self {
             room,
+            base_wait,
             fast: Fast::default(),
             epoch: Instant::now(),
             state: Mutex::new(State::default()),
@@ -321,7 +334,7 @@ impl Admission {
                 return r;
             }
         }
-        let room = st.reading.read(s);
+        let room = st.reading.read(s, self.fast.promised.load(SeqCst));
         let f = &self.fast;
         if f.gate.load(SeqCst) & ALONE != 0 {
             // A run alone commits up to the room it was admitted by.
@@ -447,9 +460,12 @@ impl Admission {
             f.running.fetch_add(1, SeqCst);
             if let Room::Shared(s) = &self.room {
                 // Its commits may take the room it was admitted by, not
-                // only what runs beside others may (the rest at its peak).
+                // only what runs beside others may (the rest at its peak),
+                // and wait for the other processes' idle caches, which
+                // they give back on seeing it ([`Reading::read`]).
                 let room = st.reading.room.map_or(0, |r| r.0);
                 s.budget.set_limit(alone_room(s, &st.reading, room));
+                s.budget.set_wait(self.base_wait.max(ALONE_COMMIT_WAIT));
             }
             return f.promise(need, usize::MAX);
         }

@@ -439,3 +439,51 @@ fn runs_alone_of_two_processes_go_in_the_order_they_came() {
     other.wait().unwrap();
     assert!(waiting.join().unwrap() >= Duration::from_millis(300));
 }
+
+/// A run alone whose commit finds the room held by another process's idle
+/// cache waits for it to be given back (the other process relieves its
+/// idle workers on seeing the run alone's flag; here it exits) instead of
+/// failing at once: a first run, promised nothing, ran out of memory alone
+/// beside four workers' caches and its request was refused.
+#[test]
+fn a_run_alone_waits_for_other_processes_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut other = Command::new("sleep").arg("60").spawn().unwrap();
+    Ledger::open(dir.path(), "k").unwrap().pretend(
+        other.id(),
+        Share {
+            promised: 0,
+            committed: 40 * MIB as u64,
+            rest: 0,
+            alone_since: None,
+            alone_running: false,
+        },
+    );
+    let budget = Budget::new(64 * MIB);
+    let admission = Admission::new(Room::Shared(Shared {
+        budget: Arc::clone(&budget),
+        ledger: Ledger::open(dir.path(), "k").unwrap(),
+        limit: 64 * MIB,
+        whole: false,
+        margin: 0,
+        usage: None,
+    }));
+    admission.follow_commits();
+    let pool = WorkerPool::new(1, options(&budget)).unwrap();
+    let plans = Plans::default();
+    let key = RunKey::from_shapes([[30i64]]);
+    let gives_back = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        other.kill().unwrap();
+        other.wait().unwrap();
+    });
+    let mut c = pool.checkout();
+    c.worker().set_admission(Some(Arc::clone(&admission)));
+    let out = c
+        .worker()
+        .run_retrying(&plans, &key, || run_of(30 * MIB, Duration::ZERO));
+    gives_back.join().unwrap();
+    assert!(out.is_ok(), "{out:?}");
+    let info = c.worker().last_run().unwrap();
+    assert!(info.alone && info.failed_allocs == 0, "{info:?}");
+}

@@ -86,7 +86,7 @@ impl Reading {
     /// Reads the figures of `s` again: this process's rest, the other
     /// processes' shares and the group's usage. Returns the room for this
     /// process's runs together (its budget's limit is set to it).
-    pub(crate) fn read(&mut self, s: &Shared) -> usize {
+    pub(crate) fn read(&mut self, s: &Shared, promised: usize) -> usize {
         let committed = s.budget.committed();
         self.rest = crate::ledger::anon_resident()
             .and_then(|a| usize::try_from(a).ok())
@@ -109,9 +109,11 @@ impl Reading {
         // This process's commits must fit in its room too (idle workers
         // give back first; a commit that still does not fit is refused).
         s.budget.set_limit(room);
-        if committed > room {
-            // The rest of the group grew into what the arenas hold: idle
-            // workers give their cache back now, not at their next commit.
+        if committed > room || (self.others.alone && committed > promised) {
+            // The rest of the group grew into what the arenas hold, or
+            // another process waits to run (or runs) a run alone: idle
+            // workers give their cache back now, not at their next commit
+            // or their idle decay.
             s.budget.relieve();
         }
         self.room = Some((room, Instant::now()));

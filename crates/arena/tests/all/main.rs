@@ -12,6 +12,7 @@ mod footprint;
 mod give_back;
 mod gpu_traces;
 mod grown_block;
+mod heap_layer;
 mod learning;
 mod model;
 mod never_a_loss;
