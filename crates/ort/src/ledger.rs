@@ -7,7 +7,7 @@
 //! | piece | what it is |
 //! |---|---|
 //! | the file | `/dev/shm/tensor-arena-<uid>-<key>`: [`SLOTS`] slots of 64 bytes, mapped shared by every process that uses the same limit (`key`: the limit, its source and the PID namespace) |
-//! | a slot | one process: its PID and start time (which tell a dead process from a live one), the bytes its runs in flight were promised, its arenas' committed bytes, what the rest of the process holds, and whether a run waits to run alone |
+//! | a slot | one process: its PID and start time (which tell a dead process from a live one), the bytes its runs in flight were promised, its arenas' committed bytes, what the rest of the process holds, whether a run waits to run alone (and since when) or runs alone |
 //! | claiming | compare-and-swap of the PID word from 0; a slot whose process is gone is freed by whoever notices (a reader checks `/proc/<pid>/stat` at most once a second), through a sentinel so that only one freer clears it |
 //! | reading | a sum over the slots: atomic loads, no lock |
 //!
