@@ -14,6 +14,8 @@
 //! | ...except that a run that fits now may pass the head of the queue when the head does not fit, at most [`MAX_PASSES`] times per head | small runs use the room a large one leaves; the head waits for at most that many passes and the runs in flight |
 //! | a run that needs more than the limit could ever give it is refused at once | it cannot fit alone; waiting would not help ([`OrtArenaError::OutOfMemory`] names its need and the limit) |
 //! | a run alone waits for the runs in flight to end, and nothing passes it or starts beside it | a retry after running out of memory must not run out again because of its neighbours |
+//! | runs alone of several processes go in the order they came, one at a time | a process's first runs wait behind the others' as long as they came later, no longer |
+//! | a waiting run that could no longer fit even alone fails with `OutOfMemory` | the rest of the processes grew; waiting would not help |
 //!
 //! The number of workers bounds how many runs are in flight; within that,
 //! memory decides: more small runs at once than large ones. Where the
@@ -435,9 +437,10 @@ impl Admission {
             // Nothing of this process runs, nothing of the others is in
             // flight or runs alone (a first run is promised nothing: its
             // need is unknown), and no other process's run alone came
-            // first (runs alone go in the order they came). The run is queued (counted in the gate)
-            // before it reads `running`: a run admitted without the lock
-            // after this read sees the gate and queues.
+            // first (runs alone go in the order they came). The run is
+            // queued (counted in the gate) before it reads `running`: a
+            // run admitted without the lock after this read sees the gate
+            // and queues.
             let room = self.room_alone(st, fresh);
             let others = &st.reading.others;
             let mine = (st.queue.front().map_or(0, |w| w.since), std::process::id());
