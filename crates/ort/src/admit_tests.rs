@@ -13,6 +13,16 @@ use tensor_arena::Budget;
 
 const MIB: usize = 1 << 20;
 
+/// Waits (up to 10 s) until `admission` has a run queued, then a further
+/// `more`: a run that is still queued then was held back, not slow to start.
+fn queued_then(admission: &Admission, more: Duration) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while admission.stats().queued == 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(more);
+}
+
 /// A run as ONNX Runtime makes one: `bytes` allocated through the
 /// registered allocator on this thread, written, held `hold`, freed.
 fn run_of(bytes: usize, hold: Duration) -> Result<(), OrtArenaError> {
@@ -197,7 +207,7 @@ fn a_killed_process_share_comes_back() {
             t0.elapsed()
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    queued_then(&admission, Duration::from_millis(300));
     assert_eq!(admission.stats().queued, 1, "30 MiB admitted beside 40");
     other.kill().unwrap();
     let killed = Instant::now();
@@ -326,7 +336,7 @@ fn a_run_alone_waits_for_another_process_running_alone() {
             t0.elapsed()
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    queued_then(&admission, Duration::from_millis(300));
     assert_eq!(
         admission.stats().queued,
         1,
@@ -368,7 +378,7 @@ fn a_waiting_run_the_rest_outgrew_fails_instead_of_waiting_for_ever() {
         let a = Arc::clone(&admission);
         std::thread::spawn(move || a.admit(100 * MIB, false).map(drop))
     };
-    std::thread::sleep(Duration::from_millis(200));
+    queued_then(&admission, Duration::from_millis(200));
     assert_eq!(
         admission.stats().queued,
         1,
@@ -429,7 +439,7 @@ fn runs_alone_of_two_processes_go_in_the_order_they_came() {
             t0.elapsed()
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    queued_then(&admission, Duration::from_millis(300));
     assert_eq!(
         admission.stats().queued,
         1,
