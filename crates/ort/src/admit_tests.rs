@@ -6,7 +6,8 @@
 use crate::admit::{Admission, Room, Shared};
 use crate::ledger::{Ledger, Share};
 use crate::{OrtArenaError, Plans, RunKey, WorkerOptions, WorkerPool};
-use std::process::Command;
+use std::path::Path;
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tensor_arena::Budget;
@@ -22,6 +23,39 @@ fn queued_then(admission: &Admission, more: Duration) {
     }
     std::thread::sleep(more);
 }
+
+/// The admission of a limit of `limit` bytes shared through the ledger in
+/// `dir` (`whole`: the limit is the container's, less the rest of every
+/// process), on `budget`.
+fn shared(dir: &Path, budget: Arc<Budget>, limit: usize, whole: bool) -> Arc<Admission> {
+    Admission::new(Room::Shared(Shared {
+        budget,
+        ledger: Ledger::open(dir, "k").unwrap(),
+        limit,
+        whole,
+        margin: 0,
+        usage: None,
+    }))
+}
+
+/// Another process of the container (a `sleep` spawned after this one, so
+/// its PID is higher, PIDs wrapping aside) whose slot in the ledger in
+/// `dir` says `share`.
+fn other_process(dir: &Path, share: Share) -> Child {
+    let other = Command::new("sleep").arg("60").spawn().unwrap();
+    Ledger::open(dir, "k").unwrap().pretend(other.id(), share);
+    other
+}
+
+/// A share of nothing promised, committed or held beside the arenas, and
+/// no run alone.
+const NOTHING: Share = Share {
+    promised: 0,
+    committed: 0,
+    rest: 0,
+    alone_since: None,
+    alone_running: false,
+};
 
 /// A run as ONNX Runtime makes one: `bytes` allocated through the
 /// registered allocator on this thread, written, held `hold`, freed.
@@ -173,27 +207,15 @@ fn a_run_too_large_to_fit_alone_fails_with_its_need_and_the_limit() {
 fn a_killed_process_share_comes_back() {
     let dir = tempfile::tempdir().unwrap();
     // Another process of the container, with 40 MiB of the 64 held.
-    let mut other = Command::new("sleep").arg("60").spawn().unwrap();
-    let writer = Ledger::open(dir.path(), "k").unwrap();
-    writer.pretend(
-        other.id(),
+    let mut other = other_process(
+        dir.path(),
         Share {
             promised: 40 * MIB as u64,
             committed: 40 * MIB as u64,
-            rest: 0,
-            alone_since: None,
-            alone_running: false,
+            ..NOTHING
         },
     );
-    let budget = Budget::new(64 * MIB);
-    let admission = Admission::new(Room::Shared(Shared {
-        budget,
-        ledger: Ledger::open(dir.path(), "k").unwrap(),
-        limit: 64 * MIB,
-        whole: false,
-        margin: 0,
-        usage: None,
-    }));
+    let admission = shared(dir.path(), Budget::new(64 * MIB), 64 * MIB, false);
     assert!(
         admission.admit(20 * MIB, false).is_ok(),
         "20 MiB fits beside 40"
@@ -233,14 +255,7 @@ fn a_killed_process_share_comes_back() {
 #[test]
 fn a_run_alone_is_promised_its_need_not_all_the_room() {
     let dir = tempfile::tempdir().unwrap();
-    let admission = Admission::new(Room::Shared(Shared {
-        budget: Budget::new(64 * MIB),
-        ledger: Ledger::open(dir.path(), "k").unwrap(),
-        limit: 64 * MIB,
-        whole: false,
-        margin: 0,
-        usage: None,
-    }));
+    let admission = shared(dir.path(), Budget::new(64 * MIB), 64 * MIB, false);
     let first = admission.admit(0, true).unwrap();
     assert!(first.alone());
     assert_eq!(
@@ -306,28 +321,22 @@ fn a_model_whose_runs_take_nothing_runs_alone_only_once() {
 /// worker processes side by side ran out of memory together).
 #[test]
 fn a_run_alone_waits_for_another_process_running_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    // Spawned after this process: its PID is higher than ours (the rule
-    // that let a lower PID pass), PIDs wrapping aside.
-    let mut other = Command::new("sleep").arg("60").spawn().unwrap();
-    Ledger::open(dir.path(), "k").unwrap().pretend(
-        other.id(),
+    held_back_by(
         Share {
-            promised: 0,
-            committed: 0,
-            rest: 0,
-            alone_since: None,
             alone_running: true,
+            ..NOTHING
         },
+        "a run alone started beside another process's",
     );
-    let admission = Admission::new(Room::Shared(Shared {
-        budget: Budget::new(64 * MIB),
-        ledger: Ledger::open(dir.path(), "k").unwrap(),
-        limit: 64 * MIB,
-        whole: false,
-        margin: 0,
-        usage: None,
-    }));
+}
+
+/// Runs a run alone of this process beside another process whose slot
+/// says `share`: it waits while that process lives (`why` otherwise),
+/// and is admitted once it is gone.
+fn held_back_by(share: Share, why: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut other = other_process(dir.path(), share);
+    let admission = shared(dir.path(), Budget::new(64 * MIB), 64 * MIB, false);
     let waiting = {
         let a = Arc::clone(&admission);
         std::thread::spawn(move || {
@@ -337,11 +346,7 @@ fn a_run_alone_waits_for_another_process_running_alone() {
         })
     };
     queued_then(&admission, Duration::from_millis(300));
-    assert_eq!(
-        admission.stats().queued,
-        1,
-        "a run alone started beside another process's"
-    );
+    assert_eq!(admission.stats().queued, 1, "{why}");
     other.kill().unwrap();
     other.wait().unwrap();
     assert!(waiting.join().unwrap() >= Duration::from_millis(300));
@@ -356,24 +361,14 @@ fn a_waiting_run_the_rest_outgrew_fails_instead_of_waiting_for_ever() {
     let own = usize::try_from(crate::ledger::anon_resident().unwrap()).unwrap();
     // This process's rest, plus 200 MiB: another process holds 150 of them.
     let limit = own + 200 * MIB;
-    let mut holder = Command::new("sleep").arg("60").spawn().unwrap();
-    let writer = Ledger::open(dir.path(), "k").unwrap();
-    let share = |promised: usize, rest: usize| Share {
-        promised: promised as u64,
-        committed: 0,
-        rest: rest as u64,
-        alone_since: None,
-        alone_running: false,
-    };
-    writer.pretend(holder.id(), share(150 * MIB, 0));
-    let admission = Admission::new(Room::Shared(Shared {
-        budget: Budget::new(limit),
-        ledger: Ledger::open(dir.path(), "k").unwrap(),
-        limit,
-        whole: true,
-        margin: 0,
-        usage: None,
-    }));
+    let mut holder = other_process(
+        dir.path(),
+        Share {
+            promised: 150 * MIB as u64,
+            ..NOTHING
+        },
+    );
+    let admission = shared(dir.path(), Budget::new(limit), limit, true);
     let waiting = {
         let a = Arc::clone(&admission);
         std::thread::spawn(move || a.admit(100 * MIB, false).map(drop))
@@ -385,8 +380,13 @@ fn a_waiting_run_the_rest_outgrew_fails_instead_of_waiting_for_ever() {
         "100 MiB admitted beside 150 of 200"
     );
     // The holder ends; a process whose rest takes 150 MiB comes.
-    let mut grown = Command::new("sleep").arg("60").spawn().unwrap();
-    writer.pretend(grown.id(), share(0, 150 * MIB));
+    let mut grown = other_process(
+        dir.path(),
+        Share {
+            rest: 150 * MIB as u64,
+            ..NOTHING
+        },
+    );
     holder.kill().unwrap();
     holder.wait().unwrap();
     let t0 = Instant::now();
@@ -410,44 +410,13 @@ fn a_waiting_run_the_rest_outgrew_fails_instead_of_waiting_for_ever() {
 /// with since before it, though that process's PID is higher.
 #[test]
 fn runs_alone_of_two_processes_go_in_the_order_they_came() {
-    let dir = tempfile::tempdir().unwrap();
-    // Spawned after this process: its PID is higher (PIDs wrapping aside).
-    let mut other = Command::new("sleep").arg("60").spawn().unwrap();
-    Ledger::open(dir.path(), "k").unwrap().pretend(
-        other.id(),
+    held_back_by(
         Share {
-            promised: 0,
-            committed: 0,
-            rest: 0,
             alone_since: Some(crate::ledger::monotonic_ns() - 1_000_000_000),
-            alone_running: false,
+            ..NOTHING
         },
+        "a run alone went before another process's that came first",
     );
-    let admission = Admission::new(Room::Shared(Shared {
-        budget: Budget::new(64 * MIB),
-        ledger: Ledger::open(dir.path(), "k").unwrap(),
-        limit: 64 * MIB,
-        whole: false,
-        margin: 0,
-        usage: None,
-    }));
-    let waiting = {
-        let a = Arc::clone(&admission);
-        std::thread::spawn(move || {
-            let t0 = Instant::now();
-            drop(a.admit(MIB, true).unwrap());
-            t0.elapsed()
-        })
-    };
-    queued_then(&admission, Duration::from_millis(300));
-    assert_eq!(
-        admission.stats().queued,
-        1,
-        "a run alone went before another process's that came first"
-    );
-    other.kill().unwrap();
-    other.wait().unwrap();
-    assert!(waiting.join().unwrap() >= Duration::from_millis(300));
 }
 
 /// A run alone whose commit finds the room held by another process's idle
@@ -458,26 +427,15 @@ fn runs_alone_of_two_processes_go_in_the_order_they_came() {
 #[test]
 fn a_run_alone_waits_for_other_processes_caches() {
     let dir = tempfile::tempdir().unwrap();
-    let mut other = Command::new("sleep").arg("60").spawn().unwrap();
-    Ledger::open(dir.path(), "k").unwrap().pretend(
-        other.id(),
+    let mut other = other_process(
+        dir.path(),
         Share {
-            promised: 0,
             committed: 40 * MIB as u64,
-            rest: 0,
-            alone_since: None,
-            alone_running: false,
+            ..NOTHING
         },
     );
     let budget = Budget::new(64 * MIB);
-    let admission = Admission::new(Room::Shared(Shared {
-        budget: Arc::clone(&budget),
-        ledger: Ledger::open(dir.path(), "k").unwrap(),
-        limit: 64 * MIB,
-        whole: false,
-        margin: 0,
-        usage: None,
-    }));
+    let admission = shared(dir.path(), Arc::clone(&budget), 64 * MIB, false);
     admission.follow_commits();
     let pool = WorkerPool::new(1, options(&budget)).unwrap();
     let plans = Plans::default();

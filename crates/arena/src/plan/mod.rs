@@ -17,11 +17,12 @@
 //!    blocks already handed out stay where they are, and the rest of the
 //!    run is served by the dynamic pool. An allocation where the plan
 //!    frees (or has nothing left to allocate) that is at most half the
-//!    plan's next block and a sixteenth of the plan's is no deviation: it is an extra block (a small
-//!    buffer a run makes at some inputs only), served from the pool right
-//!    past the plan's block, and the run goes on following its plan (but
-//!    after a block served in a slot twice its size or more, which may
-//!    have been such a block in the slot of the plan's next).
+//!    plan's next block and a sixteenth of the plan's is no deviation: it
+//!    is an extra block (a small buffer a run makes at some inputs only),
+//!    served from the pool right past the plan's block, and the run goes
+//!    on following its plan (but after a block served in a slot twice its
+//!    size or more, which may have been such a block in the slot of the
+//!    plan's next).
 //!    Plans may come from files, so none is trusted: every recording planned
 //!    passes [`Recording::validate`], every plan built or deserialized passes
 //!    [`Plan::validate`], and serving checks each offset against the plan's
@@ -100,8 +101,8 @@ pub enum Deviation {
     /// An allocation where the plan had a free, or past the plan's end.
     /// (A block at most half the plan's next one, or any once the plan has
     /// none left, and at most a sixteenth of the plan's block, is served
-    /// beside the plan's block instead, and
-    /// the run keeps to its plan: see [`Plan`]'s serving.)
+    /// beside the plan's block instead, and the run keeps to its plan: see
+    /// [`Plan`]'s serving.)
     Extra,
     /// A free out of the plan's order.
     Order,

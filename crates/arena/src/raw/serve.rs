@@ -143,11 +143,11 @@ impl<M: Memory> RawArena<M> {
     /// has no place for, and not the plan's next block come early: the
     /// plan's next step is a free (or it has none left), and the request
     /// is at most half the plan's next block (or it has none left) and a
-    /// sixteenth of the plan's block, and no
-    /// block was served in a slot twice its size or more (an extra block
-    /// served in the slot of the plan's next, whose own block then comes
-    /// where the plan frees, is no extra one). Such a
-    /// block (a small buffer a run makes at some inputs only) is served
+    /// sixteenth of the plan's block, and no block was served in a slot
+    /// twice its size or more (an extra block served in the slot of the
+    /// plan's next, whose own block then comes where the plan frees, is no
+    /// extra one). Such a block (a small buffer a run makes at some inputs
+    /// only) is served
     /// from the pool beside the plan's block, outside the run's recording,
     /// and the run goes on following its plan: taken as a deviation, every
     /// later block would be the plan's next by index, none in its slot,
