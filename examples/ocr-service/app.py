@@ -30,11 +30,14 @@ Nothing here is sized by hand. What keeps the container's memory bounded:
   upper bound; memory decides how many run at once.
 - What is left to the application, because tensor-arena cannot see it:
   its own decoding and preprocessing. A request decodes its image inside
-  ``ta.reserve(...)``, sized from the image's header before anything is
-  decoded: the decode waits its turn under the same limit as the runs of
-  every worker process (a page too large to decode at all gets 413), and
-  it ends before the runs. The executor below bounds how many requests
-  are in flight in a process, and OCR_MAX_BODY bounds a body.
+  ``ta.reserve(..., for_run=True)``, sized from the image's header before
+  anything is decoded: the decode waits its turn under the same limit as
+  the runs of every worker process, together with the room of the
+  request's first run (a page too large to decode at all gets 413), and
+  that run takes the reservation over. So no process decodes requests
+  whose runs have no room beside them: decoded pages never pile up while
+  their runs wait. The executor below bounds how many requests are in
+  flight in a process, and OCR_MAX_BODY bounds a body.
 - ``ta.out_of_memory`` finds our ``OutOfMemory`` in the ``__cause__``
   chain: rapidocr re-raises every error of a run as its own
   ``ONNXRuntimeError``.
@@ -102,10 +105,12 @@ app = FastAPI(title="tensor-arena OCR example", lifespan=lifespan)
 def _ocr(body: bytes) -> dict:
     with Image.open(BytesIO(body)) as header:  # reads the header only
         width, height = header.size
-    with ta.reserve(width * height * DECODE_BYTES_PER_PIXEL):
+    # The decode and the request's first run (det) are admitted together:
+    # the reservation holds both, and det's run takes it over.
+    with ta.reserve(width * height * DECODE_BYTES_PER_PIXEL, for_run=True):
         image = load_image(body)
-    # The decoded image is BGR already: rapidocr takes it as it is.
-    result, elapse = engine(image)
+        # The decoded image is BGR already: rapidocr takes it as it is.
+        result, elapse = engine(image)
     lines = [
         {"text": text, "score": float(score), "box": [[float(x), float(y)] for x, y in box]}
         for box, text, score in (result or [])

@@ -16,6 +16,7 @@
 //! | a run alone waits for the runs in flight to end, and nothing passes it or starts beside it | a retry after running out of memory must not run out again because of its neighbours |
 //! | runs alone of several processes go in the order they came, one at a time | a process's first runs wait behind the others' as long as they came later, no longer |
 //! | a waiting run that could no longer fit even alone fails with `OutOfMemory` | the rest of the processes grew; waiting would not help |
+//! | a run takes over the reservation for a run its thread holds when that covers it, without waiting again | the request's buffers and its run were admitted together (`reserve.rs`) |
 //!
 //! The number of workers bounds how many runs are in flight; within that,
 //! memory decides: more small runs at once than large ones. Where the
@@ -55,40 +56,7 @@ const ALONE_COMMIT_WAIT: Duration = Duration::from_secs(2);
 /// The bit of [`Fast::gate`] a run alone in flight sets.
 const ALONE: usize = 1 << (usize::BITS - 1);
 
-/// The admission counters of a pool (or of the process's default limit).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AdmissionStats {
-    /// Bytes the runs may be promised together now (the limit less what
-    /// other processes and the rest of the process hold); `usize::MAX`
-    /// without a limit.
-    pub room: usize,
-    /// Bytes promised to the runs in flight now.
-    pub promised: usize,
-    /// The most promised at once.
-    pub promised_peak: usize,
-    /// Runs in flight.
-    pub running: usize,
-    /// The most runs in flight at once.
-    pub running_peak: usize,
-    /// Runs waiting to be admitted now.
-    pub queued: usize,
-    /// Runs admitted so far.
-    pub admitted: u64,
-    /// Of those, runs that waited.
-    pub waited: u64,
-    /// Of those, runs that passed the head of the queue.
-    pub passed: u64,
-    /// Total time runs waited.
-    pub wait_total: Duration,
-    /// The longest wait.
-    pub wait_max: Duration,
-    /// Runs that ran out of memory and were run again, alone.
-    pub retried_alone: u64,
-    /// Runs refused at once: they need more than the limit can give.
-    pub refused: u64,
-    /// Processes sharing the limit (this one included; 1 when not shared).
-    pub processes: usize,
-}
+pub use crate::admit_stats::AdmissionStats;
 
 struct Waiter {
     id: u64,
@@ -132,6 +100,9 @@ struct Fast {
     admitted: AtomicU64,
     promised_peak: AtomicUsize,
     running_peak: AtomicUsize,
+    /// The largest need of a run admitted beside others (what a
+    /// reservation for a run adds: [`Admission::reserve_for_run`]).
+    largest: AtomicUsize,
     /// A shared limit's room as last read, and when ([`Admission::epoch`]
     /// plus this many nanoseconds; 0: never, or another process waits to
     /// run alone).
@@ -214,6 +185,21 @@ impl Ticket {
     /// Whether the run was admitted alone.
     pub(crate) fn alone(&self) -> bool {
         self.alone
+    }
+}
+
+impl Ticket {
+    /// The ticket of a run of `need` bytes (at most its own) that takes
+    /// this one over: the rest of its promise goes back now.
+    pub(crate) fn keep(mut self, need: usize) -> Ticket {
+        let a = &self.admission;
+        a.fast.promised.fetch_sub(self.need - need, SeqCst);
+        a.fast.largest.fetch_max(need, Relaxed);
+        a.fast.admitted.fetch_add(1, Relaxed);
+        self.need = need;
+        a.publish();
+        a.wake_waiters();
+        self
     }
 }
 
@@ -693,9 +679,24 @@ impl Admission {
         }
     }
 
+    /// The largest need of a run admitted beside others so far.
+    pub(crate) fn largest_run(&self) -> usize {
+        self.fast.largest.load(Relaxed)
+    }
+
+    /// Notes a run admitted beside others with `need` bytes.
+    pub(crate) fn note_run(&self, need: usize) {
+        self.fast.largest.fetch_max(need, Relaxed);
+    }
+
     /// Bytes promised to the runs in flight now.
     pub(crate) fn promised_now(&self) -> usize {
         self.fast.promised.load(SeqCst)
+    }
+
+    /// Whether there is no limit.
+    pub(crate) fn is_unlimited(&self) -> bool {
+        matches!(self.room, Room::Unlimited)
     }
 
     /// Whether the limit is shared with other processes (a ledger).

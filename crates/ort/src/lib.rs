@@ -6,6 +6,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod admit;
+mod admit_stats;
 mod adopt;
 mod block;
 #[cfg(feature = "cuda")]

@@ -289,7 +289,7 @@ impl Worker {
         let ticket = match &self.admission {
             Some(a) => {
                 let (need, alone) = need_of(plans, &lookup);
-                a.admit(need, alone).ok()
+                a.admit_run(need, alone).ok()
             }
             None => None,
         };
@@ -316,7 +316,7 @@ impl Worker {
         let lookup = self.lookup(plans, key);
         let (need, alone) = need_of(plans, &lookup);
         let ticket = match &self.admission {
-            Some(a) => Some(a.admit(need, alone)?),
+            Some(a) => Some(a.admit_run(need, alone)?),
             None => None,
         };
         let out = self.run_once(plans, key, lookup, ticket, &mut f);
@@ -346,7 +346,7 @@ impl Worker {
         admission.count_retry();
         let lookup = self.lookup(plans, key);
         let again = need_of(plans, &lookup).0.max(demand);
-        let ticket = admission.admit(again, true)?;
+        let ticket = admission.admit_run(again, true)?;
         self.run_once(plans, key, lookup, Some(ticket), f)
     }
 

@@ -72,6 +72,8 @@ def configure_ta(mode):
             kw["huge_pages"] = True
         elif part in ("nospin", "fss", "nofss") or part.startswith("sd") or part.startswith("bo"):
             pass  # a session option (`session_kw`)
+        elif part in ("follow", "window", "never"):
+            kw["shrink"] = part
         elif part.startswith("w"):
             kw["workers"] = int(part[1:])
     if kw:

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `memory_limit()` | the limit every worker without a `Budget` of its own commits under: `{"bytes": n, "source": ..., "file": ...}`, or `None` for no limit |
 //! | `set_memory_limit(limit)` | sets it (bytes, text such as `"1G"`, or `None`: no limit), before the first session, `configure()` and the first run |
-//! | `reserve(nbytes)` | waits until `nbytes` fit beside the runs in flight under the limit, and holds them until the reservation ends (`with ta.reserve(n): decode()`) |
+//! | `reserve(nbytes, for_run=False)` | waits until `nbytes` fit beside the runs in flight under the limit, and holds them until the reservation ends (`with ta.reserve(n): decode()`); `for_run=True`: with the room of the thread's next run, which takes it over |
 //!
 //! Where it comes from, first that applies: `set_memory_limit`, then
 //! `TENSOR_ARENA_MEMORY_LIMIT` (`512M`, `4GiB`, bytes, or `off`), then the
@@ -117,16 +117,18 @@ pub struct Reservation {
 
 #[pymethods]
 impl Reservation {
-    /// The bytes reserved.
+    /// The bytes reserved (for a reservation for a run: the application's
+    /// and the run's).
     #[getter]
     fn nbytes(&self) -> usize {
         self.bytes
     }
 
-    /// Whether it still holds its bytes.
+    /// Whether it still holds its bytes (a reservation for a run no longer
+    /// does once the thread's run took them over).
     #[getter]
     fn held(&self) -> bool {
-        self.held.lock().is_some()
+        self.held.lock().as_ref().is_some_and(|r| r.held())
     }
 
     /// Gives the bytes back (again: nothing).
@@ -154,17 +156,26 @@ impl Reservation {
 /// reservations, then holds them for the caller: for work that allocates
 /// outside the arenas, such as decoding a request's image (`with
 /// ta.reserve(h * w * 10): img = decode(body)`). The wait is first come,
-/// first served with the runs and releases the GIL. End it before the
-/// request's own runs: a reservation held while a run of the same thread
-/// waits for room can wait on itself under a tight limit. Without a limit
-/// it returns at once.
+/// first served with the runs and releases the GIL. Without a limit it
+/// returns at once.
+///
+/// `for_run=False`: end it before the request's own runs (a plain
+/// reservation held while a run of the same thread waits for room can wait
+/// on itself under a tight limit). `for_run=True`: it holds `nbytes` and
+/// the room of the largest run admitted so far, and the thread's next run
+/// takes it over (what that run does not need goes back, and it does not
+/// wait again; a run it does not cover gives it back and waits its turn):
+/// hold it around the whole request (`with ta.reserve(h * w * 10,
+/// for_run=True): img = decode(body); result = engine(img)`), so that a
+/// server decodes no more requests than their runs have room for.
 ///
 /// # Errors
 /// `OutOfMemory` at once when `nbytes` is more than the limit could ever
 /// give (the limit less what the rest of the processes holds);
 /// `InvalidArgument` for a negative or non-integer size.
 #[pyfunction]
-fn reserve(py: Python<'_>, nbytes: Bound<'_, PyAny>) -> PyResult<Reservation> {
+#[pyo3(signature = (nbytes, *, for_run = false))]
+fn reserve(py: Python<'_>, nbytes: Bound<'_, PyAny>, for_run: bool) -> PyResult<Reservation> {
     if nbytes.is_instance_of::<pyo3::types::PyBool>() {
         return Err(InvalidArgument::new_err(
             "nbytes is a number of bytes, not a bool",
@@ -181,11 +192,17 @@ fn reserve(py: Python<'_>, nbytes: Bound<'_, PyAny>) -> PyResult<Reservation> {
     let (pool, _) = crate::pool::pool()?;
     let admission = std::sync::Arc::clone(pool.admission());
     let held = py
-        .detach(|| admission.reserve(bytes))
+        .detach(|| {
+            if for_run {
+                admission.reserve_for_run(bytes)
+            } else {
+                admission.reserve(bytes)
+            }
+        })
         .map_err(crate::errors::from_arena)?;
     Ok(Reservation {
+        bytes: held.bytes(),
         held: Mutex::new(Some(held)),
-        bytes,
     })
 }
 

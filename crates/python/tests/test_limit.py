@@ -73,6 +73,37 @@ def test_set_memory_limit_before_the_first_run_and_not_after(assets):
     ], out
 
 
+def test_a_reservation_for_a_run_is_taken_over_by_the_threads_run(assets):
+    out = child(f"""
+        import threading
+        import numpy as np
+        import tensor_arena.onnxruntime as ta
+        s = ta.InferenceSession({str(assets / "ppocr_cls.onnx")!r})
+        x = {{"x": np.zeros((1, 3, 48, 192), np.float32)}}
+        s.run(None, x)   # the first run of the model (alone)
+        s.run(None, x)   # a run beside others: its need is the largest
+        with ta.reserve(1 << 20, for_run=True) as r:
+            print("holds the run's room too:", r.nbytes > 1 << 20, r.held)
+            other = []
+            t = threading.Thread(target=lambda: other.append(s.run(None, x)))
+            t.start(); t.join()
+            print("another thread's run left it:", r.held)
+            s.run(None, x)
+            print("this thread's run took it:", r.held, ta.stats()["admitted_current"])
+        with ta.reserve(1 << 20) as plain:
+            s.run(None, x)
+            print("a plain one is kept:", plain.held, plain.nbytes == 1 << 20)
+        print("after:", ta.stats()["admitted_current"])
+        """, TENSOR_ARENA_MEMORY_LIMIT="256M", TENSOR_ARENA_LEDGER_DIR="off")
+    assert out.splitlines() == [
+        "holds the run's room too: True True",
+        "another thread's run left it: True",
+        "this thread's run took it: False 0",
+        "a plain one is kept: True True",
+        "after: 0",
+    ], out
+
+
 class Wrapped(Exception):
     pass
 
