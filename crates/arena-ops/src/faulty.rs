@@ -258,6 +258,10 @@ impl<M: Memory<Ptr = NonNull<u8>>> Memory for Faulty<M> {
         self.inner.lazily_given_back()
     }
 
+    fn slow_huge_commits(&self) -> u64 {
+        self.inner.slow_huge_commits()
+    }
+
     fn give_back_now(&mut self) -> usize {
         // Decommitted granules stay decommitted (the ledger has them so).
         self.inner.give_back_now()

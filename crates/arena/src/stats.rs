@@ -68,6 +68,11 @@ pub struct Stats {
     /// [`Arena::give_back_now`](crate::Arena::give_back_now) is called.
     /// 0 on a layer that gives back at once.
     pub lazily_given_back: usize,
+    /// Commits that took base pages where they would have taken huge
+    /// pages, because the first huge pages of a commit were slow to
+    /// populate (a guest whose free memory went back to its host), or came
+    /// within a second of one that was ([`HugePages::Auto`](crate::memory::HugePages::Auto)).
+    pub slow_huge_commits: u64,
 }
 
 impl Stats {

@@ -232,10 +232,11 @@ impl Budget {
 /// (crates/ort's default: the largest need of the last second),
 /// `"follow"` (the last run's need), `"keep_largest"` or `"never"`;
 /// `outputs`: `"copy"` (default) or `"view"`; `huge_pages`: `"auto"`
-/// (default, crates/ort's: where the system's THP `defrag` setting could
-/// compact memory on the run's thread, fresh memory is touched in 4 KiB
-/// pages and memory given back and committed again, reused across runs,
-/// in huge pages; where it could not, huge pages throughout), `True`
+/// (default, crates/ort's: huge pages where the kernel has them free
+/// without compacting on the run's thread, base pages for the rest, and
+/// base pages for the rest of a large commit whose first huge pages come
+/// slowly, as in a virtual machine whose free memory went back to its
+/// host), `True`
 /// (huge pages wherever THP is on: a first run may wait for the kernel to
 /// compact memory), or `False` (4 KiB pages); `plans`: a directory of plan
 /// stores for the sessions opened after the call (`False`: none; default

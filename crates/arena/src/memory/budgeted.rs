@@ -132,6 +132,10 @@ impl<M: Memory> Memory for Budgeted<M> {
         self.inner.lazily_given_back()
     }
 
+    fn slow_huge_commits(&self) -> u64 {
+        self.inner.slow_huge_commits()
+    }
+
     fn give_back_now(&mut self) -> usize {
         // Charged nothing: the budget was credited at the decommit.
         self.inner.give_back_now()

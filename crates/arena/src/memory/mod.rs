@@ -186,6 +186,13 @@ pub trait Memory {
         0
     }
 
+    /// Commits that took base pages because huge pages were slow to
+    /// populate ([`Stats::slow_huge_commits`](crate::Stats::slow_huge_commits));
+    /// 0 (the default) for a layer without huge pages.
+    fn slow_huge_commits(&self) -> u64 {
+        0
+    }
+
     /// Gives the memory of every range given back lazily back at once, as
     /// a decommit with [`GiveBack::Now`] would have; returns the bytes. The
     /// default has none. A range the system refuses this for stays given
@@ -250,7 +257,11 @@ pub enum HugePages {
     /// (`/proc/buddyinfo`: at most half of them past a margin) are
     /// advised, and the rest is populated in base pages (`MADV_NOHUGEPAGE`
     /// while it is populated) and advised after, so that khugepaged, the
-    /// kernel's own thread, may collapse it later.
+    /// kernel's own thread, may collapse it later. There, a commit of 16
+    /// huge pages or more is populated 8 at a time and timed: after a step
+    /// slower than 1 ms a huge page (free memory the host of a virtual
+    /// machine must back again, say), the rest of the commit takes base
+    /// pages the same way ([`Stats::slow_huge_commits`](crate::Stats::slow_huge_commits)).
     #[default]
     Auto,
     /// Where the system offers them, every commit is advised, whatever

@@ -10,6 +10,20 @@ use core::ffi::c_void;
 use core::ptr::NonNull;
 use rustix::io::Errno;
 use rustix::mm::{self, Advice, MapFlags, MprotectFlags, ProtFlags};
+use std::time::{Duration, Instant};
+
+/// Huge pages a commit populates at a time, and times, when it asks for
+/// at least [`PROBE_MIN`] of them ([`Pages::probe_huge`]).
+const PROBE: usize = 8;
+/// The fewest huge pages of a commit that is probed (32 MiB of 2 MiB
+/// pages): a smaller commit costs little either way.
+const PROBE_MIN: usize = 16;
+/// A huge page that takes longer than this to populate was not free memory
+/// the kernel could hand over: zeroing 2 MiB takes 0.1-0.3 ms; a guest whose
+/// free huge blocks went back to its host (free page reporting, a balloon)
+/// waits 2-3 ms for each while the host backs it, where base pages,
+/// which come from smaller free blocks the host still backs, do not.
+const SLOW_HUGE: Duration = Duration::from_millis(1);
 
 /// Virtual memory from the kernel: one `mmap` reservation per arena,
 /// `PROT_NONE` (address space only, no memory, not charged), made usable
@@ -78,6 +92,11 @@ pub struct Pages {
     /// Address ranges `[start, end)` given back with `MADV_FREE` and not
     /// committed since (disjoint, in no order; [`GiveBack::Lazily`] only).
     lazy: Vec<(usize, usize)>,
+    /// A huge page slower than this to populate makes the rest of its
+    /// commit take base pages ([`SLOW_HUGE`]; the tests set their own).
+    slow_huge: Duration,
+    /// Commits whose huge pages were found slow (for stats and tests).
+    slow_commits: u64,
 }
 
 impl Pages {
@@ -102,7 +121,59 @@ impl Pages {
             populate: true,
             free_huge: thp::free_huge_pages,
             lazy: Vec::new(),
+            slow_huge: SLOW_HUGE,
+            slow_commits: 0,
         }
+    }
+
+    /// Where a commit of `len` bytes at `at` asks for many huge pages
+    /// (`WhereFree`), populates them [`PROBE`] at a time and times each
+    /// step: once a step took longer than [`SLOW_HUGE`] a huge page, the
+    /// rest of the range (up to `kept_from`, where base pages start
+    /// anyway) is kept from huge pages while it is populated, and advised
+    /// after, for khugepaged. Returns the offset from which the range is
+    /// kept from huge pages.
+    fn probe_huge(
+        &mut self,
+        at: *mut c_void,
+        len: usize,
+        kept_from: Option<usize>,
+    ) -> Result<Option<usize>, MemoryError> {
+        let (first, huge) = (at as usize, self.huge);
+        if self.policy != Policy::WhereFree || !self.populate || huge == 0 {
+            return Ok(kept_from);
+        }
+        let start = first.next_multiple_of(huge);
+        let split = kept_from.map_or(first + len, |k| first + k);
+        if split < start + PROBE_MIN * huge {
+            return Ok(kept_from);
+        }
+        let mut from = first;
+        while from < split {
+            let to = (from.next_multiple_of(huge) + PROBE * huge).min(split);
+            let t = Instant::now();
+            if !self.populate(at.wrapping_byte_add(from - first), to - from)? {
+                return Ok(kept_from);
+            }
+            let pages = ((to - from) / huge).max(1) as u32;
+            if t.elapsed() / pages > self.slow_huge && to < split {
+                self.slow_commits += 1;
+                // SAFETY: `to..split` lies inside the range being
+                // committed (inside a reservation of this layer), derived
+                // from `at`; advice changes how its pages are backed,
+                // never its contents.
+                let _ = unsafe {
+                    mm::madvise(
+                        at.wrapping_byte_add(to - first),
+                        split - to,
+                        Advice::LinuxNoHugepage,
+                    )
+                };
+                return Ok(Some(to - first));
+            }
+            from = to;
+        }
+        Ok(kept_from)
     }
 
     /// Asks for huge pages for the range of `len` bytes at `at`, just made
@@ -398,8 +469,9 @@ impl Memory for Pages {
         if !self.lazy.is_empty() {
             self.settle(at.cast::<u8>(), len);
         }
-        match self.populate(at, len) {
-            Ok(populated) => {
+        let probed = self.probe_huge(at, len, kept_from_huge);
+        match probed.and_then(|kept| Ok((kept, self.populate(at, len)?))) {
+            Ok((kept_from_huge, populated)) => {
                 if let Some(off) = kept_from_huge.filter(|_| populated) {
                     // Every page is present, so no fault in the range can
                     // compact now; advised, khugepaged (the kernel's own
@@ -454,6 +526,10 @@ impl Memory for Pages {
 
     fn lazily_given_back(&self) -> usize {
         self.lazy.iter().map(|&(s, e)| e - s).sum()
+    }
+
+    fn slow_huge_commits(&self) -> u64 {
+        self.slow_commits
     }
 
     fn give_back_now(&mut self) -> usize {
@@ -633,5 +709,58 @@ mod policy_tests {
                 "{policy:?}: {flags:?}"
             );
         }
+    }
+
+    /// A commit of 64 MiB of a fresh reservation; returns its faults.
+    fn commit_large(p: &mut Pages) -> u64 {
+        const BIG: usize = 64 << 20;
+        let base = p.reserve(2 * BIG, HUGE).unwrap();
+        let before = thread_faults();
+        p.commit(base, 0, BIG).unwrap();
+        let faults = thread_faults() - before;
+        p.release(base, 2 * BIG, HUGE);
+        faults
+    }
+
+    /// Where the first huge pages of a large commit are slow to populate
+    /// (here: any time is slow), the rest of it takes base pages; where
+    /// they are not, the probe changes nothing. Fails if the probe is
+    /// removed (no slow commit counted, huge pages throughout where the
+    /// system has them).
+    #[test]
+    fn a_commit_whose_first_huge_pages_are_slow_takes_base_pages_for_the_rest() {
+        let mut p = pages(Policy::WhereFree, |_, _| Some(1 << 20));
+        if !p.populate {
+            return; // before Linux 5.14 nothing is populated, nor probed
+        }
+        p.slow_huge = Duration::ZERO;
+        let base_pages = ((64 << 20) / 4096) as u64;
+        let probed = (PROBE * HUGE / 4096) as u64;
+        let faults = commit_large(&mut p);
+        assert_eq!(p.slow_huge_commits(), 1);
+        assert!(
+            faults >= base_pages - probed,
+            "{faults} faults: the rest was not in base pages"
+        );
+        // Each commit is timed afresh.
+        let faults = commit_large(&mut p);
+        assert_eq!(p.slow_huge_commits(), 2);
+        assert!(faults >= base_pages - probed, "{faults} faults");
+
+        // Never slow: no commit counted, huge pages where the system has them.
+        let mut p = pages(Policy::WhereFree, |_, _| Some(1 << 20));
+        p.slow_huge = Duration::MAX;
+        let faults = commit_large(&mut p);
+        assert_eq!(p.slow_huge_commits(), 0);
+        let offered = thp::Settings::read().is_some_and(|s| s.enabled != thp::Enabled::Never);
+        let free = thp::free_huge_pages(HUGE, 4096).unwrap_or(0);
+        if offered && free >= 4 * 32 + 64 {
+            assert!(faults <= 32 + 32, "{faults} faults for 32 huge pages");
+        }
+        // Other policies never probe.
+        let mut p = pages(Policy::Advise, |_, _| Some(0));
+        p.slow_huge = Duration::ZERO;
+        commit_large(&mut p);
+        assert_eq!(p.slow_huge_commits(), 0);
     }
 }

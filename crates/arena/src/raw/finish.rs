@@ -271,6 +271,7 @@ impl<M: Memory> RawArena<M> {
             planned_runs: self.planned_runs,
             deviations: self.deviations,
             lazily_given_back: self.pool.memory().lazily_given_back(),
+            slow_huge_commits: self.pool.memory().slow_huge_commits(),
         }
     }
 
