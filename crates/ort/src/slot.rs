@@ -420,6 +420,8 @@ pub(crate) fn add_stats(a: &mut Stats, b: &Stats) {
     a.planned_allocs += b.planned_allocs;
     a.planned_runs += b.planned_runs;
     a.deviations += b.deviations;
+    a.lazily_given_back += b.lazily_given_back;
+    a.slow_huge_commits += b.slow_huge_commits;
 }
 
 impl Core {

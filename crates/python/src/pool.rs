@@ -394,7 +394,9 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// `wait_seconds_max`, `retried_alone` (runs that ran out of memory beside
 /// others and ran again alone), `refused` (runs that could not fit alone)
 /// and `processes_sharing_limit` (the container's processes under one
-/// limit).
+/// limit); and `slow_huge_commits`: commits of the arenas alive that took
+/// base pages because their huge pages came slowly (a virtual machine
+/// whose free memory went back to its host).
 #[pyfunction]
 fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let (n, s) = tensor_arena_ort::arenas();
@@ -425,6 +427,7 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("waits", pool.map_or(0, |p| p.waits))?;
     d.set_item("runs", s.runs)?;
     d.set_item("planned_runs", s.planned_runs)?;
+    d.set_item("slow_huge_commits", s.slow_huge_commits)?;
     // Admission by predicted need (shared by every pool under the
     // default limit).
     let a = pool.map(|p| p.admission).unwrap_or_default();
