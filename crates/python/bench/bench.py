@@ -72,6 +72,8 @@ def configure_ta(mode):
             kw["huge_pages"] = True
         elif part in ("nospin", "fss", "nofss") or part.startswith("sd") or part.startswith("bo"):
             pass  # a session option (`session_kw`)
+        elif part == "heap":
+            ta.system_heap(mmap_threshold=131072, arena_max=2)
         elif part in ("follow", "window", "never"):
             kw["shrink"] = part
         elif part.startswith("w"):

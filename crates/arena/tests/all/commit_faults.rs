@@ -274,8 +274,10 @@ fn a_repeated_replay_makes_no_faults_and_a_commit_one_per_huge_page() {
     for pass in 0..2 {
         for (i, sizes) in [&small, &large, &small, &large].into_iter().enumerate() {
             let f = run(&arena, sizes);
+            // Under AddressSanitizer, its allocator's own fresh pages (freed
+            // chunks wait in its quarantine) fault in too: `shadow(0)`.
             assert!(
-                f <= SLACK,
+                f <= SLACK + shadow(0),
                 "pass {pass} run {i}: {f} faults in cached memory"
             );
         }
