@@ -261,14 +261,13 @@ fn a_repeated_replay_makes_no_faults_and_a_commit_one_per_huge_page() {
             }
     };
     let huge = huge_for(sum);
-    let fresh_bound = |arena: &Arena, committed: usize| bound(&huge, arena, committed);
 
     // Kept: the first large run commits, nothing after it faults.
     let arena = Arena::new(ArenaConfig::default());
     let first = run(&arena, &large);
     let committed = arena.stats().reserved;
     assert!(
-        first <= fresh_bound(&arena, committed),
+        first <= bound(&huge, &arena, committed),
         "first run: {first} faults committing {committed} bytes ({huge:?})"
     );
     for pass in 0..2 {
