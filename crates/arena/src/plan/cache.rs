@@ -99,6 +99,9 @@ struct Solve<K> {
     /// The run was served dynamically (its plan must not need more).
     dynamic: bool,
     high_water: usize,
+    /// The run followed a plan that left its workspaces apart for a while:
+    /// its recording lacks those, and so does its plan.
+    apart: bool,
 }
 
 /// The plan to serve a run with, from [`PlanCache::lookup`].
@@ -473,6 +476,9 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             }
         }
         let mut hint = None;
+        // A run on a plan that left its workspaces apart recorded none of
+        // those it served so: its own plan leaves them apart too.
+        let apart = lookup.plan.as_ref().is_some_and(|p| p.workspaces_apart());
         // A prediction the run kept to (its blocks within their slots) and
         // that was tight: its plan is kept as the key's, with no search,
         // and the fit explains this shape already, so the shape joins the
@@ -515,6 +521,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
                     recording: recording.clone(),
                     dynamic: matches!(source, PlanSource::Dynamic(_)),
                     high_water: report.high_water,
+                    apart,
                 });
                 self.owes.store(true, Ordering::Release);
                 let learning = Learning {
@@ -534,14 +541,21 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             }
             // Searched from where the structure's last search ended, if
             // the family knows the structure (solved outside the lock).
-            (_, false) => match self.shape(id, &recording.events) {
-                Some(shape) => Arc::new(shape.plan(recording)?),
-                None => {
-                    let (plan, next) = Plan::from_recording_hinted(recording, None).ok()?;
-                    hint = next;
-                    Arc::new(plan)
-                }
-            },
+            (_, false) => {
+                let plan = match self.shape(id, &recording.events) {
+                    Some(shape) => shape.plan(recording)?,
+                    None => {
+                        let (plan, next) = Plan::from_recording_hinted(recording, None).ok()?;
+                        hint = next;
+                        plan
+                    }
+                };
+                Arc::new(if apart {
+                    plan.with_workspaces_apart()
+                } else {
+                    plan
+                })
+            }
             _ => return None,
         };
         let mut dims = Vec::new();
@@ -609,11 +623,13 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             recording,
             dynamic,
             high_water,
+            apart,
         } = solve;
         let plan = match self.shape(family, &recording.events) {
             Some(shape) => shape.plan(&recording),
             None => Plan::from_recording(&recording).ok(),
         };
+        let plan = plan.map(|p| if apart { p.with_workspaces_apart() } else { p });
         if let Some(plan) = plan {
             self.keep(key, Arc::new(plan), dynamic, high_water);
         }

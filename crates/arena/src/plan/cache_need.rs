@@ -82,6 +82,13 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             Some(shape) => shape.plan(recording),
             None => Plan::from_recording(recording).ok(),
         };
+        let own = own.map(|p| {
+            if plan.workspaces_apart() {
+                p.with_workspaces_apart()
+            } else {
+                p
+            }
+        });
         let Some(own) = own.filter(|p| p.size() < plan.size()) else {
             return Some(None);
         };

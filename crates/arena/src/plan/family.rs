@@ -219,6 +219,73 @@ struct Structure {
     /// Bumped by every shape observed: a refit made from an older set of
     /// shapes is not installed ([`Families::install`]).
     generation: u64,
+    /// Whether its runs differ by workspaces: its events and sizes are
+    /// their core ([`Recording::core`]), and its plans serve workspaces
+    /// apart ([`Plan::workspaces_apart`]).
+    apart: bool,
+}
+
+impl Structure {
+    /// Whether `events` (a run's core) are this structure's core.
+    fn core_is(&self, events: &[PlanEvent]) -> bool {
+        if self.apart {
+            return self.shape.events == events;
+        }
+        let own = self.recording();
+        match own.core() {
+            Some(core) => core.events == events,
+            None => own.events == events,
+        }
+    }
+
+    /// The structure's events with its alignments (sizes 0).
+    fn recording(&self) -> Recording {
+        Recording {
+            blocks: self.shape.aligns.iter().map(|&a| (0, a)).collect(),
+            events: self.shape.events.clone(),
+        }
+    }
+
+    /// Makes the structure its runs' core: its workspaces out of its
+    /// events and shapes, its fit made afresh from what is left.
+    fn go_apart(&mut self) {
+        if self.apart {
+            return;
+        }
+        self.apart = true;
+        let Some(map) = self.recording().core_indices() else {
+            return;
+        };
+        let kept = |v: &[usize]| {
+            v.iter()
+                .zip(&map)
+                .filter(|(_, &j)| j != u32::MAX)
+                .map(|(&x, _)| x)
+                .collect::<Vec<_>>()
+        };
+        let core = self.recording().core().expect("has workspaces");
+        self.shape = Arc::new(Shape {
+            events: core.events,
+            aligns: kept(&self.shape.aligns),
+            hint: Mutex::new(None),
+        });
+        for o in &mut self.obs {
+            o.sizes = kept(&o.sizes);
+            o.lower_bound = Recording {
+                blocks: o
+                    .sizes
+                    .iter()
+                    .copied()
+                    .zip(self.shape.aligns.iter().copied())
+                    .collect(),
+                events: self.shape.events.clone(),
+            }
+            .peak_live();
+        }
+        self.fit = None;
+        self.owed = None;
+        self.generation += 1;
+    }
 }
 
 /// How [`Families::observe`] learns a shape: `refit` when its prediction
@@ -287,6 +354,8 @@ struct Family {
 pub(crate) struct Prediction {
     pub(crate) fit: Arc<Fit>,
     pub(crate) shape: Arc<Shape>,
+    /// Whether the structure is its runs' core ([`Plan::workspaces_apart`]).
+    pub(crate) apart: bool,
 }
 
 impl Prediction {
@@ -302,7 +371,12 @@ impl Prediction {
         if rec.peak_live() > bound {
             return Err(DynamicReason::Unbounded);
         }
-        self.shape.plan(&rec).ok_or(DynamicReason::Unpredictable)
+        let plan = self.shape.plan(&rec).ok_or(DynamicReason::Unpredictable)?;
+        Ok(if self.apart {
+            plan.with_workspaces_apart()
+        } else {
+            plan
+        })
     }
 
     /// The recording a run at `dims` is predicted to make.
@@ -382,6 +456,7 @@ impl Families {
             Some(fit) => Ok(Prediction {
                 fit: Arc::clone(fit),
                 shape: Arc::clone(&s.shape),
+                apart: s.apart,
             }),
         }
     }
@@ -454,10 +529,32 @@ impl Families {
         let now = self.tick();
         self.counts(id, name);
         let family = self.map.get_mut(&id).expect("made by counts");
+        let fits_dims = |s: &Structure| s.obs.front().is_none_or(|o| o.dims.len() == dims.len());
+        let mut pos = family
+            .structures
+            .iter()
+            .position(|s| s.shape.events == rec.events && fits_dims(s));
+        // A run that differs from a structure by its workspaces only
+        // (blocks freed right after their allocation, which cuDNN and
+        // cuBLAS pick per shape) joins it: the structure is its runs' core
+        // from then on, and its plans leave workspaces to the run.
+        let mut core = None;
+        if pos.is_none() {
+            let own = rec.core();
+            let events = &own.as_ref().unwrap_or(rec).events;
+            pos = family
+                .structures
+                .iter()
+                .position(|s| fits_dims(s) && s.core_is(events));
+            if let Some(p) = pos {
+                family.structures[p].go_apart();
+                core = own;
+            }
+        }
+        // A hint is a placement of the run's own blocks: a core has others.
+        let hint = hint.filter(|_| core.is_none());
+        let rec = core.as_ref().unwrap_or(rec);
         let aligns = || rec.blocks.iter().map(|b| b.1).collect::<Vec<_>>();
-        let pos = family.structures.iter().position(|s| {
-            s.shape.events == rec.events && s.obs.front().is_none_or(|o| o.dims.len() == dims.len())
-        });
         let s = match pos {
             Some(p) => &mut family.structures[p],
             None => {
@@ -479,6 +576,7 @@ impl Families {
                     last_used: now,
                     owed: None,
                     generation: 0,
+                    apart: false,
                 });
                 family.structures.last_mut().expect("just pushed")
             }
@@ -517,6 +615,9 @@ impl Families {
         // A shape gone (replaced or evicted) may rule monomials in again:
         // the fit is then made afresh, else from the current one.
         let only_added = s.obs.len() == before;
+        // Of the structure's own blocks (a core's, where it is one): the
+        // fit's bound and its test of keys that explain nothing compare
+        // shapes by it.
         let lower_bound = rec.peak_live();
         s.obs.push_back(Observation {
             dims,

@@ -135,6 +135,11 @@ pub struct Plan {
     lower_bound: usize,
     /// What following the whole tape adds up to (derived from the tape).
     whole: TapeTotals,
+    /// Whether the plan is a run's core, predicted for runs whose
+    /// workspaces differ by shape: a run on it serves the workspaces it
+    /// lacks beside its blocks (not kept in a plan store: a loaded plan
+    /// leaves at a workspace instead).
+    workspaces_apart: bool,
 }
 
 #[cfg(feature = "serde")]
@@ -185,6 +190,22 @@ impl Step {
 }
 
 impl Plan {
+    /// The plan, marked as a core whose runs serve their workspaces
+    /// beside it ([`Plan::workspaces_apart`]): what a family predicts for
+    /// runs that differ by workspaces, or a caller's own plan of a run's
+    /// [`Recording::core`].
+    pub fn with_workspaces_apart(mut self) -> Self {
+        self.workspaces_apart = true;
+        self
+    }
+
+    /// Whether runs on this plan serve the workspaces it lacks (blocks
+    /// freed right after their allocation) without leaving it: a plan
+    /// predicted from the core of runs whose workspaces differ by shape.
+    pub fn workspaces_apart(&self) -> bool {
+        self.workspaces_apart
+    }
+
     /// Plans a recording with [`solver::plan`].
     ///
     /// # Errors

@@ -78,6 +78,65 @@ impl Recording {
         peak
     }
 
+    /// The run without its workspaces: every block freed by the event
+    /// right after its allocation (a buffer a kernel takes and gives back
+    /// with nothing between, such as cuDNN's or cuBLAS's scratch, whose
+    /// presence and size vary with the shape) taken out, the rest renumbered
+    /// in order. `None` when there is none, or nothing else (the recording is
+    /// its own core).
+    ///
+    /// Runs of one model at different shapes share their core where their
+    /// workspaces differ, so a family predicts across them from the core
+    /// alone; a run served on such a plan serves its workspaces beside it.
+    pub fn core(&self) -> Option<Recording> {
+        let map = self.core_indices()?;
+        let mut core = Recording::new();
+        let kept = |i: u32| map.get(i as usize).copied().filter(|&j| j != u32::MAX);
+        for &ev in &self.events {
+            match ev {
+                PlanEvent::Alloc(i) => {
+                    if let (Some(_), Some(&(size, align))) = (kept(i), self.blocks.get(i as usize))
+                    {
+                        core.alloc(size, align);
+                    }
+                }
+                PlanEvent::Free(i) => {
+                    if let Some(j) = kept(i) {
+                        core.free(j);
+                    }
+                }
+            }
+        }
+        Some(core)
+    }
+
+    /// Each block's index in [`Recording::core`] (`u32::MAX` for a
+    /// workspace), for a valid recording; `None` as there.
+    pub(crate) fn core_indices(&self) -> Option<Vec<u32>> {
+        let transient = |at: usize| match (self.events[at], self.events.get(at + 1)) {
+            (PlanEvent::Alloc(i), Some(&PlanEvent::Free(j))) => i == j,
+            _ => false,
+        };
+        let mut out = vec![u32::MAX; self.blocks.len()];
+        let (mut at, mut next, mut any) = (0, 0u32, false);
+        while at < self.events.len() {
+            if transient(at) {
+                any = true;
+                at += 2;
+                continue;
+            }
+            if let PlanEvent::Alloc(i) = self.events[at] {
+                if let Some(slot) = out.get_mut(i as usize) {
+                    *slot = next;
+                    next += 1;
+                }
+            }
+            at += 1;
+        }
+        // A run of workspaces only is its own core.
+        (any && next > 0).then_some(out)
+    }
+
     /// Number of blocks.
     pub fn len(&self) -> usize {
         self.blocks.len()

@@ -192,6 +192,7 @@ impl Plan {
             align: src.align,
             lower_bound: src.lower_bound,
             whole: TapeTotals::default(),
+            workspaces_apart: false,
         };
         plan.whole = plan.totals();
         Ok(plan)

@@ -61,6 +61,8 @@ impl<M: Memory> RawArena<M> {
     /// on).
     fn finish(&mut self, want_recording: bool) -> (RunReport, Recording) {
         self.check();
+        // A workspace still pending outlives its run: a block of the run.
+        self.settle_workspace();
         let Some(mut run) = self.run.take() else {
             return (RunReport::default(), Recording::new());
         };

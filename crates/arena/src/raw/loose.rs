@@ -82,6 +82,18 @@ impl Loose {
         self.offsets.get(index).copied()
     }
 
+    /// Block `index` (the run's latest) lies at `off`, `bytes` long: moved
+    /// off its slot (or past the plan's blocks) before the run left.
+    pub(super) fn moved_to(&mut self, index: u32, off: usize, bytes: usize) {
+        let k = index as usize;
+        if self.offsets.len() <= k {
+            self.offsets.resize(k + 1, 0);
+        }
+        self.offsets[k] = off;
+        self.irregular.push((index, off, bytes));
+        self.moved += 1;
+    }
+
     /// Block `index` was freed.
     pub(super) fn freed(&mut self, index: u32) {
         if let Some(i) = self.irregular.iter().position(|e| e.0 == index) {
@@ -315,7 +327,7 @@ impl<M: Memory> RawArena<M> {
                     index: k as u32,
                 },
                 arena: self.id,
-                generation: pb.generation,
+                generation: pb.generation_of(k as u32),
             },
         })
     }

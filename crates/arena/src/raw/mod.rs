@@ -17,6 +17,7 @@ mod finish;
 mod loose;
 mod repair;
 mod serve;
+mod workspace;
 
 /// The arena's core: blocks, runs, watermark, plans and stats over a
 /// [`Memory`] layer, in offsets and the layer's addresses. It never reads
@@ -166,6 +167,11 @@ struct Serve {
     /// Whether a block was served beside the plan's block (not where a
     /// dynamic arena would have it, [`RawArena::alloc_past_plan`]).
     beside: bool,
+    /// A block served past the plan that is a workspace if freed next
+    /// ([`workspace`]).
+    pending: Option<workspace::Pending>,
+    /// The flags before the latest block served smaller than its slot.
+    undo: Option<workspace::Undo>,
 }
 
 /// A block drawn from the pool to serve a planned run.
@@ -188,6 +194,20 @@ struct PlanBlock<P> {
     /// The pool span of each planned block still live, by block index,
     /// once dissolved (empty before).
     spans: Vec<SpanId>,
+    /// How many times each block index was handed out and taken back as a
+    /// workspace ([`workspace`]), by index (empty for none): its handles
+    /// carry it, so a workspace's handle does not free the block after it.
+    reissued: Vec<u32>,
+}
+
+impl<P> PlanBlock<P> {
+    /// The generation the handles of block `index` carry now.
+    #[inline]
+    fn generation_of(&self, index: u32) -> u32 {
+        let times = self.reissued.get(index as usize).copied().unwrap_or(0);
+        self.generation
+            .wrapping_add(times.wrapping_mul(0x9E37_79B9))
+    }
 }
 
 /// A block handed out by a [`RawArena`]: its address and the handle that
@@ -371,11 +391,11 @@ impl<M: Memory> RawArena<M> {
         }
         let current = match handle.kind {
             HandleKind::Pool { span } => self.span_gens.get(span as usize).copied(),
-            HandleKind::Planned { slot, .. } => self
+            HandleKind::Planned { slot, index } => self
                 .plan_blocks
                 .get(slot as usize)
                 .and_then(Option::as_ref)
-                .map(|pb| pb.generation),
+                .map(|pb| pb.generation_of(index)),
         };
         // Handles cannot be forged: one of this arena that names no current
         // block names a block freed already (its plan block may be gone).
@@ -616,6 +636,10 @@ impl<M: Memory> RawArena<M> {
         if let Some(served) = self.alloc_planned(len, align) {
             return Ok(served);
         }
+        self.before_event(None);
+        if let Some(served) = self.serve_workspace(len, align) {
+            return Ok(served);
+        }
         let beside = self.beside_plan(len);
         let in_block = !beside
             && self
@@ -629,14 +653,7 @@ impl<M: Memory> RawArena<M> {
             self.pool.span_size(len, align)?;
             if let Some(run) = &mut self.run {
                 if let Some(serve) = run.serve.as_mut().filter(|s| !s.deviated) {
-                    serve.why = Some(match serve.plan.step(serve.pos) {
-                        Some(step) if !step.is_free() => Deviation::Larger,
-                        _ => Deviation::Extra,
-                    });
-                    Self::materialize(serve, &mut run.rec, run.blocks);
-                    serve.deviated = true;
-                    serve.loose = Some(loose::Loose::new(&serve.plan, serve.pos));
-                    serve.straight = Self::straight(&serve.plan, run.blocks);
+                    Self::leave(serve, run.blocks, &mut run.rec);
                     self.deviations += 1;
                 }
             }
@@ -761,6 +778,7 @@ impl<M: Memory> RawArena<M> {
     #[inline]
     pub(crate) fn free_span(&mut self, span: SpanId) -> Result<(), crate::freemap::FreeError> {
         self.check();
+        self.before_event(None);
         let (size, tag) = self.pool.free(span)?;
         if let Some(g) = self.span_gens.get_mut(span as usize) {
             *g = g.wrapping_add(1);

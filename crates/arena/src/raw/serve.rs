@@ -39,6 +39,7 @@ impl<M: Memory> RawArena<M> {
             open: true,
             dissolved: false,
             spans: Vec::new(),
+            reissued: Vec::new(),
         };
         let slot = match self.plan_blocks.iter().position(Option::is_none) {
             Some(i) => {
@@ -65,6 +66,8 @@ impl<M: Memory> RawArena<M> {
             resized: false,
             halved: false,
             beside: false,
+            pending: None,
+            undo: None,
         })
     }
 
@@ -76,7 +79,7 @@ impl<M: Memory> RawArena<M> {
     pub(super) fn alloc_planned(&mut self, len: usize, align: usize) -> Option<RawAlloc<M::Ptr>> {
         let run = self.run.as_mut()?;
         let serve = run.serve.as_mut()?;
-        if serve.deviated {
+        if serve.deviated || serve.pending.is_some() {
             return None;
         }
         let step = *serve.plan.step(serve.pos)?;
@@ -104,7 +107,14 @@ impl<M: Memory> RawArena<M> {
         );
         if size != step.size || align != step.align as usize {
             // Served, but smaller than recorded: this run's own recording
-            // differs from the plan's from here on.
+            // differs from the plan's from here on (unless the block is a
+            // workspace, taken back at its free).
+            serve.undo = Some(super::workspace::Undo {
+                index,
+                resized: serve.resized,
+                halved: serve.halved,
+                recording: serve.recording,
+            });
             serve.resized = true;
             serve.halved |= size.saturating_mul(2) <= step.size;
             Self::materialize(serve, &mut run.rec, run.blocks);
@@ -128,7 +138,7 @@ impl<M: Memory> RawArena<M> {
         let in_use = self.pool.in_use() - (self.plan_reserved - self.planned_live);
         self.peak_in_use = self.peak_in_use.max(in_use);
         run.peak = run.peak.max(in_use);
-        let generation = pb.generation;
+        let generation = pb.generation_of(index);
         Some(RawAlloc {
             ptr,
             handle: Handle {
@@ -457,11 +467,12 @@ impl<M: Memory> RawArena<M> {
         self.check();
         // Handles cannot be forged: one of this arena whose plan block is
         // gone, or of another generation, names a block freed already.
+        self.before_event(Some((slot, index)));
         let Some(pb) = self
             .plan_blocks
             .get_mut(slot as usize)
             .and_then(Option::as_mut)
-            .filter(|pb| pb.generation == generation)
+            .filter(|pb| pb.generation_of(index) == generation)
         else {
             return Err(FreeError::AlreadyFree);
         };
@@ -482,7 +493,19 @@ impl<M: Memory> RawArena<M> {
         let orphan_done = !pb.open && pb.live == 0;
         if let Some(r) = &mut self.run {
             if r.serve.as_ref().is_some_and(|s| s.slot == slot) {
-                Self::record_free(r, index, &mut self.deviations);
+                let rewinds = Self::rewinds(r, index, self.trace.is_some());
+                if rewinds || Self::pending_freed(r, index) {
+                    // A workspace: its handle is stale from now on.
+                    if pb.reissued.len() <= index as usize {
+                        pb.reissued.resize(index as usize + 1, 0);
+                    }
+                    pb.reissued[index as usize] = pb.reissued[index as usize].wrapping_add(1);
+                    if rewinds {
+                        Self::rewind(r, index);
+                    }
+                } else {
+                    Self::record_free(r, index, &mut self.deviations);
+                }
             }
         }
         if orphan_done {

@@ -92,11 +92,19 @@ fn learning_on_another_thread_while_runs_go_on() {
                     std::thread::yield_now();
                 }
             });
+            // Set however the runs end: a failed run stops the learner too
+            // (the test fails instead of hanging).
+            struct Done<'a>(&'a AtomicBool);
+            impl Drop for Done<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::Release);
+                }
+            }
+            let _done = Done(&done);
             let arena = arena();
             for &(b, w) in &keys {
                 run(&arena, &cache, &model, [b, w], Twist::None);
             }
-            done.store(true, Ordering::Release);
         });
         cache.learn();
         assert!(!cache.owes());

@@ -28,3 +28,4 @@ mod scoped_dynamic;
 mod shared;
 mod soundness;
 mod trace;
+mod workspaces;
