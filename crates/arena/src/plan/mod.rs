@@ -77,6 +77,7 @@
 mod cache;
 mod dims;
 mod family;
+mod family_counts;
 mod fit;
 mod overlap;
 mod recording;

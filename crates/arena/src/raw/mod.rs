@@ -200,16 +200,6 @@ struct PlanBlock<P> {
     reissued: Vec<u32>,
 }
 
-impl<P> PlanBlock<P> {
-    /// The generation the handles of block `index` carry now.
-    #[inline]
-    fn generation_of(&self, index: u32) -> u32 {
-        let times = self.reissued.get(index as usize).copied().unwrap_or(0);
-        self.generation
-            .wrapping_add(times.wrapping_mul(0x9E37_79B9))
-    }
-}
-
 /// A block handed out by a [`RawArena`]: its address and the handle that
 /// gives it back ([`RawArena::free`]).
 #[derive(Clone, Copy, Debug)]

@@ -57,6 +57,17 @@ pub(super) struct Undo {
     pub(super) recording: bool,
 }
 
+impl<P> super::PlanBlock<P> {
+    /// The generation the handles of block `index` carry now (bumped each
+    /// time the index was taken back as a workspace).
+    #[inline]
+    pub(super) fn generation_of(&self, index: u32) -> u32 {
+        let times = self.reissued.get(index as usize).copied().unwrap_or(0);
+        self.generation
+            .wrapping_add(times.wrapping_mul(0x9E37_79B9))
+    }
+}
+
 impl<M: Memory> RawArena<M> {
     /// Whether the free of planned block `index` of the open run (on its
     /// plan's block) is a workspace's: the run's latest block, freed by the

@@ -256,3 +256,124 @@ fn gpu_traces_ascending_are_predicted_after_the_familys_second_shape() {
         }
     }
 }
+
+/// One step of a run on a core plan: the recording's next event, or a
+/// block it never recorded, freed at once (a workspace) or after a few
+/// events (no workspace: the run leaves its plan there).
+#[derive(Clone, Debug)]
+enum Step {
+    Next,
+    Extra { bytes: usize, keep: u8 },
+}
+
+fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
+    use proptest::prelude::*;
+    prop::collection::vec(
+        prop_oneof![
+            4 => Just(Step::Next),
+            2 => (1usize..4 * MIB, Just(0u8)).prop_map(|(bytes, keep)| Step::Extra { bytes, keep }),
+            1 => (1usize..MIB, 1u8..4).prop_map(|(bytes, keep)| Step::Extra { bytes, keep }),
+        ],
+        1..120,
+    )
+}
+
+fn core_recording() -> impl proptest::strategy::Strategy<Value = Recording> {
+    use proptest::prelude::*;
+    prop::collection::vec((any::<bool>(), 1usize..2 * MIB, any::<u16>()), 2..40).prop_map(|ops| {
+        let mut rec = Recording::new();
+        let mut live = Vec::new();
+        for (alloc, bytes, pick) in ops {
+            if alloc || live.is_empty() {
+                live.push(rec.alloc(bytes.next_multiple_of(64), 64));
+            } else {
+                let i = live.swap_remove(usize::from(pick) % live.len());
+                rec.free(i);
+            }
+        }
+        rec
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, .. Default::default() })]
+
+    /// On a core plan, workspaces and blocks it never recorded, freed at
+    /// once or later, in any mix: live blocks never overlap, every byte
+    /// survives, and what is freed is every byte there was.
+    #[test]
+    fn workspaces_served_beside_a_plan_never_overlap(rec in core_recording(), steps in steps()) {
+        let plan = Arc::new(Plan::from_recording(&rec).unwrap().with_workspaces_apart());
+        let arena = arena();
+        let run = arena.begin_planned_run(plan).unwrap();
+        let mut live: Vec<(usize, tensor_arena::Block<'_, Heap<Global>>, u8)> = Vec::new();
+        let mut by_index = std::collections::HashMap::new();
+        let mut events = rec.events.iter();
+        let mut fill = 0u8;
+        let mut check = |live: &Vec<(usize, tensor_arena::Block<'_, Heap<Global>>, u8)>| {
+            let mut spans: Vec<(usize, usize)> =
+                live.iter().map(|(_, b, _)| (b.as_ptr() as usize, b.len())).collect();
+            spans.sort_unstable();
+            assert!(spans.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "overlap");
+            for (_, b, f) in live {
+                assert!(b.iter().all(|x| x == f), "a block overwritten");
+            }
+        };
+        // Blocks kept for `keep` more events: (events left, block, fill).
+        let mut kept: Vec<(u8, tensor_arena::Block<'_, Heap<Global>>, u8)> = Vec::new();
+        for step in steps.iter().chain(std::iter::repeat(&Step::Next).take(rec.events.len())) {
+            fill = fill.wrapping_add(1).max(1);
+            match step {
+                Step::Next => {
+                    let Some(ev) = events.next() else { break };
+                    match *ev {
+                        tensor_arena::plan::PlanEvent::Alloc(i) => {
+                            let mut b = run.try_alloc(rec.blocks[i as usize].0).unwrap();
+                            b.fill(fill);
+                            by_index.insert(i, live.len());
+                            live.push((i as usize, b, fill));
+                        }
+                        tensor_arena::plan::PlanEvent::Free(i) => {
+                            let at = live.iter().position(|(j, _, _)| *j == i as usize).unwrap();
+                            let (_, b, f) = live.swap_remove(at);
+                            assert!(b.iter().all(|&x| x == f), "a block overwritten");
+                        }
+                    }
+                    for k in &mut kept {
+                        k.0 = k.0.saturating_sub(1);
+                    }
+                    kept.retain(|(left, b, f)| {
+                        assert!(b.iter().all(|x| x == f), "a kept block overwritten");
+                        *left > 0
+                    });
+                }
+                Step::Extra { bytes, keep } => {
+                    let mut b = run.try_alloc(*bytes).unwrap();
+                    b.fill(fill);
+                    if *keep == 0 {
+                        check(&live);
+                        assert!(b.iter().all(|&x| x == fill));
+                        drop(b);
+                    } else {
+                        kept.push((*keep, b, fill));
+                    }
+                }
+            }
+            check(&live);
+            let mut all: Vec<(usize, usize)> = live
+                .iter()
+                .map(|(_, b, _)| (b.as_ptr() as usize, b.len()))
+                .chain(kept.iter().map(|(_, b, _)| (b.as_ptr() as usize, b.len())))
+                .collect();
+            all.sort_unstable();
+            proptest::prop_assert!(all.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "overlap with a kept block");
+        }
+        drop(kept);
+        drop(live);
+        let _ = by_index;
+        let report = run.finish();
+        proptest::prop_assert_eq!(report.leaked_blocks, 0);
+        arena.check_invariants();
+        proptest::prop_assert_eq!(arena.stats().in_use, 0);
+    }
+}
