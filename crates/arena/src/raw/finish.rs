@@ -62,7 +62,7 @@ impl<M: Memory> RawArena<M> {
     fn finish(&mut self, want_recording: bool) -> (RunReport, Recording) {
         self.check();
         // A workspace still pending outlives its run: a block of the run.
-        self.settle_workspace();
+        self.settle_pending();
         let Some(mut run) = self.run.take() else {
             return (RunReport::default(), Recording::new());
         };

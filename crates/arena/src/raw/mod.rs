@@ -626,8 +626,7 @@ impl<M: Memory> RawArena<M> {
         if let Some(served) = self.alloc_planned(len, align) {
             return Ok(served);
         }
-        self.before_event(None);
-        if let Some(served) = self.serve_workspace(len, align) {
+        if let Some(served) = self.alloc_apart(len, align) {
             return Ok(served);
         }
         let beside = self.beside_plan(len);
@@ -768,7 +767,6 @@ impl<M: Memory> RawArena<M> {
     #[inline]
     pub(crate) fn free_span(&mut self, span: SpanId) -> Result<(), crate::freemap::FreeError> {
         self.check();
-        self.before_event(None);
         let (size, tag) = self.pool.free(span)?;
         if let Some(g) = self.span_gens.get_mut(span as usize) {
             *g = g.wrapping_add(1);
@@ -781,6 +779,10 @@ impl<M: Memory> RawArena<M> {
                 }
                 r.live_blocks -= 1;
                 r.live_bytes -= size;
+                if r.serve.as_ref().is_some_and(|s| s.pending.is_some()) {
+                    // Another event before a pending workspace's free.
+                    Self::settle_workspace(r, &mut self.deviations);
+                }
                 // A dynamic run's frees are in `ops` already.
                 if tag.rec != NOT_PLANNED && r.serve.is_some() {
                     Self::record_free(r, tag.rec, &mut self.deviations);

@@ -109,12 +109,14 @@ impl<M: Memory> RawArena<M> {
             // Served, but smaller than recorded: this run's own recording
             // differs from the plan's from here on (unless the block is a
             // workspace, taken back at its free).
-            serve.undo = Some(super::workspace::Undo {
-                index,
-                resized: serve.resized,
-                halved: serve.halved,
-                recording: serve.recording,
-            });
+            if serve.plan.workspaces_apart() {
+                serve.undo = Some(super::workspace::Undo {
+                    index,
+                    resized: serve.resized,
+                    halved: serve.halved,
+                    recording: serve.recording,
+                });
+            }
             serve.resized = true;
             serve.halved |= size.saturating_mul(2) <= step.size;
             Self::materialize(serve, &mut run.rec, run.blocks);
@@ -467,7 +469,6 @@ impl<M: Memory> RawArena<M> {
         self.check();
         // Handles cannot be forged: one of this arena whose plan block is
         // gone, or of another generation, names a block freed already.
-        self.before_event(Some((slot, index)));
         let Some(pb) = self
             .plan_blocks
             .get_mut(slot as usize)
@@ -492,20 +493,17 @@ impl<M: Memory> RawArena<M> {
         pb.live_bytes -= size;
         let orphan_done = !pb.open && pb.live == 0;
         if let Some(r) = &mut self.run {
-            if r.serve.as_ref().is_some_and(|s| s.slot == slot) {
-                let rewinds = Self::rewinds(r, index, self.trace.is_some());
-                if rewinds || Self::pending_freed(r, index) {
-                    // A workspace: its handle is stale from now on.
-                    if pb.reissued.len() <= index as usize {
-                        pb.reissued.resize(index as usize + 1, 0);
-                    }
-                    pb.reissued[index as usize] = pb.reissued[index as usize].wrapping_add(1);
-                    if rewinds {
-                        Self::rewind(r, index);
-                    }
-                } else {
-                    Self::record_free(r, index, &mut self.deviations);
+            match r.serve.as_ref() {
+                Some(s) if s.slot == slot && s.plan.workspaces_apart() => {
+                    let tracing = self.trace.is_some();
+                    Self::free_apart(r, pb, index, tracing, &mut self.deviations);
                 }
+                Some(s) if s.slot == slot => Self::record_free(r, index, &mut self.deviations),
+                // Another slot's block: any pending workspace is settled.
+                Some(s) if s.pending.is_some() => {
+                    Self::settle_workspace(r, &mut self.deviations);
+                }
+                _ => {}
             }
         }
         if orphan_done {

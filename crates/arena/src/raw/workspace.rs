@@ -10,7 +10,7 @@
 //!
 //! - one that fits the plan's next slot is served there (the slot is free
 //!   now: its block has not come yet); freed at once, the plan steps back
-//!   ([`RawArena::rewinds`]) and the slot waits for its own block. Its
+//!   ([`RawArena::free_apart`]) and the slot waits for its own block. Its
 //!   handle is stale from then on: the block index's handles carry how
 //!   many times it was taken back;
 //! - one larger than that slot (or where the plan frees) is served in the
@@ -62,6 +62,9 @@ impl<P> super::PlanBlock<P> {
     /// time the index was taken back as a workspace).
     #[inline]
     pub(super) fn generation_of(&self, index: u32) -> u32 {
+        if self.reissued.is_empty() {
+            return self.generation;
+        }
         let times = self.reissued.get(index as usize).copied().unwrap_or(0);
         self.generation
             .wrapping_add(times.wrapping_mul(0x9E37_79B9))
@@ -69,17 +72,28 @@ impl<P> super::PlanBlock<P> {
 }
 
 impl<M: Memory> RawArena<M> {
-    /// Whether the free of planned block `index` of the open run (on its
-    /// plan's block) is a workspace's: the run's latest block, freed by the
-    /// event right after its allocation, where the plan frees something
-    /// else or allocates. Not for a run recorded as a trace.
-    #[inline]
-    pub(super) fn rewinds(run: &OpenRun, index: u32, tracing: bool) -> bool {
-        let Some(serve) = run.serve.as_ref() else {
-            return false;
+    /// The free of planned block `index` of the open run, on a plan that
+    /// leaves workspaces apart (the caller updated the block's table):
+    /// its pending workspace's, or a workspace the plan's next slot held
+    /// (the run's latest block, freed by the event right after its
+    /// allocation, where the plan does not free it now), each taken back
+    /// with its handle stale; else any pending workspace is settled and the
+    /// free is followed in the plan. Not while a trace is recorded (its
+    /// runs keep every block).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn free_apart(
+        run: &mut OpenRun,
+        pb: &mut super::PlanBlock<M::Ptr>,
+        index: u32,
+        tracing: bool,
+        deviations: &mut u64,
+    ) {
+        let Some(serve) = run.serve.as_mut() else {
+            return;
         };
-        !tracing
-            && serve.plan.workspaces_apart()
+        let pending = serve.pending.is_some_and(|p| p.index == index);
+        let rewinds = !tracing
             && !serve.deviated
             && serve.pending.is_none()
             && index.checked_add(1) == Some(run.blocks)
@@ -91,12 +105,27 @@ impl<M: Memory> RawArena<M> {
             && !serve
                 .plan
                 .step(serve.pos)
-                .is_some_and(|s| s.is_free() && s.index == index)
+                .is_some_and(|s| s.is_free() && s.index == index);
+        if pending || rewinds {
+            // A workspace: its handle is stale from now on.
+            if pb.reissued.len() <= index as usize {
+                pb.reissued.resize(index as usize + 1, 0);
+            }
+            pb.reissued[index as usize] = pb.reissued[index as usize].wrapping_add(1);
+            if pending {
+                serve.pending = None;
+            } else {
+                Self::rewind(run, index);
+            }
+            return;
+        }
+        Self::settle_workspace(run, deviations);
+        Self::record_free(run, index, deviations);
     }
 
     /// Takes workspace `index` (freed already) back out of the open run:
     /// the plan steps back to the allocation it took, and the run's
-    /// recording and flags are as before it ([`RawArena::rewinds`]).
+    /// recording and flags are as before it ([`RawArena::free_apart`]).
     #[cold]
     pub(super) fn rewind(run: &mut OpenRun, index: u32) {
         let Some(serve) = run.serve.as_mut() else {
@@ -212,45 +241,14 @@ impl<M: Memory> RawArena<M> {
         })
     }
 
-    /// Before an event of the open run other than the free of its pending
-    /// workspace (`freed`: the planned block freed, if that is the event):
-    /// the pending block is settled ([`RawArena::settle_workspace`]).
-    #[inline]
-    pub(super) fn before_event(&mut self, freed: Option<(u32, u32)>) {
-        let pending = self
-            .run
-            .as_ref()
-            .and_then(|r| r.serve.as_ref())
-            .and_then(|s| s.pending.map(|p| (s.slot, p.index)));
-        if pending.is_some() && pending != freed {
-            self.settle_workspace();
-        }
-    }
-
-    /// Whether the free of planned block `index` of the open run's plan
-    /// block is its pending workspace's; it then was one, and the run goes
-    /// on on its plan.
-    #[inline]
-    pub(super) fn pending_freed(run: &mut OpenRun, index: u32) -> bool {
-        match run.serve.as_mut() {
-            Some(serve) if serve.pending.is_some_and(|p| p.index == index) => {
-                serve.pending = None;
-                true
-            }
-            _ => false,
-        }
-    }
-
     /// A pending workspace that another event came before is a block of
     /// the run, larger than the plan's next (or one where it frees): it
     /// enters the run's recording as its next block, and the run leaves
     /// its plan there, that block moved to its hole (checked against every
     /// later slot, as a block the run moved itself would be).
     #[cold]
-    pub(super) fn settle_workspace(&mut self) {
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
+    #[inline(never)]
+    pub(super) fn settle_workspace(run: &mut OpenRun, deviations: &mut u64) {
         let Some(serve) = run.serve.as_mut() else {
             return;
         };
@@ -263,7 +261,32 @@ impl<M: Memory> RawArena<M> {
         }
         run.rec.alloc(p.size, p.align);
         run.blocks += 1;
-        self.deviations += 1;
+        *deviations += 1;
+    }
+
+    /// On a plan that leaves workspaces apart, an allocation its next step
+    /// does not take: any pending workspace settled first, then this one
+    /// served as a workspace if it can be ([`RawArena::serve_workspace`]).
+    #[inline]
+    pub(super) fn alloc_apart(&mut self, len: usize, align: usize) -> Option<RawAlloc<M::Ptr>> {
+        // Only a plan that leaves workspaces apart has any pending.
+        let serve = self.run.as_ref().and_then(|r| r.serve.as_ref());
+        if !serve.is_some_and(|s| s.plan.workspaces_apart()) {
+            return None;
+        }
+        self.settle_pending();
+        self.serve_workspace(len, align)
+    }
+
+    /// Settles the open run's pending workspace, if any, before an event
+    /// that is not its free ([`RawArena::settle_workspace`]).
+    #[inline]
+    pub(super) fn settle_pending(&mut self) {
+        if let Some(run) = self.run.as_mut() {
+            if run.serve.as_ref().is_some_and(|s| s.pending.is_some()) {
+                Self::settle_workspace(run, &mut self.deviations);
+            }
+        }
     }
 
     /// The open run leaves its plan before its block `blocks` (a larger
