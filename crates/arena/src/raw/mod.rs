@@ -167,8 +167,8 @@ struct Serve {
     /// Whether a block was served beside the plan's block (not where a
     /// dynamic arena would have it, [`RawArena::alloc_past_plan`]).
     beside: bool,
-    /// A block served past the plan that is a workspace if freed next
-    /// ([`workspace`]).
+    /// A block served in a hole of the plan's block that is a workspace
+    /// if freed next ([`workspace`]).
     pending: Option<workspace::Pending>,
     /// The flags before the latest block served smaller than its slot.
     undo: Option<workspace::Undo>,
