@@ -271,8 +271,8 @@ fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
     prop::collection::vec(
         prop_oneof![
             4 => Just(Step::Next),
-            2 => (1usize..4 * MIB, Just(0u8)).prop_map(|(bytes, keep)| Step::Extra { bytes, keep }),
-            1 => (1usize..MIB, 1u8..4).prop_map(|(bytes, keep)| Step::Extra { bytes, keep }),
+            2 => (1usize..256 * KIB, Just(0u8)).prop_map(|(bytes, keep)| Step::Extra { bytes, keep }),
+            1 => (1usize..64 * KIB, 1u8..4).prop_map(|(bytes, keep)| Step::Extra { bytes, keep }),
         ],
         1..120,
     )
@@ -280,7 +280,9 @@ fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
 
 fn core_recording() -> impl proptest::strategy::Strategy<Value = Recording> {
     use proptest::prelude::*;
-    prop::collection::vec((any::<bool>(), 1usize..2 * MIB, any::<u16>()), 2..40).prop_map(|ops| {
+    // Sizes of a few KiB to 128 KiB (the test writes and reads every byte,
+    // also under AddressSanitizer).
+    prop::collection::vec((any::<bool>(), 1usize..128 * KIB, any::<u16>()), 2..40).prop_map(|ops| {
         let mut rec = Recording::new();
         let mut live = Vec::new();
         for (alloc, bytes, pick) in ops {
