@@ -95,7 +95,8 @@ impl Structure {
             return;
         }
         self.apart = true;
-        let Some(map) = self.recording().core_indices() else {
+        let own = self.recording();
+        let (Some(map), Some(core)) = (own.core_indices(), own.core()) else {
             return;
         };
         let kept = |v: &[usize]| {
@@ -105,7 +106,6 @@ impl Structure {
                 .map(|(&x, _)| x)
                 .collect::<Vec<_>>()
         };
-        let core = self.recording().core().expect("has workspaces");
         self.shape = Arc::new(Shape {
             events: core.events,
             aligns: kept(&self.shape.aligns),
