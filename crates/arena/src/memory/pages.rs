@@ -13,17 +13,26 @@ use rustix::mm::{self, Advice, MapFlags, MprotectFlags, ProtFlags};
 use std::time::{Duration, Instant};
 
 /// Huge pages a commit populates at a time, and times, when it asks for
-/// at least [`PROBE_MIN`] of them ([`Pages::probe_huge`]).
+/// at least [`PROBE_MIN`] of them ([`Pages::probe_huge`]), after a first
+/// step of [`PROBE_FIRST`].
 const PROBE: usize = 8;
-/// The fewest huge pages of a commit that is probed (32 MiB of 2 MiB
-/// pages): a smaller commit costs little either way.
-const PROBE_MIN: usize = 16;
+/// Huge pages of a probed commit's first step: where huge pages are slow
+/// (2-5 ms each), the rest goes to base pages after few of them.
+const PROBE_FIRST: usize = 2;
+/// The fewest huge pages of a commit that is probed; smaller commits are
+/// timed whole and judged together, every this many huge pages.
+const PROBE_MIN: usize = 4;
 /// A huge page that takes longer than this to populate was not free memory
 /// the kernel could hand over: zeroing 2 MiB takes 0.1-0.3 ms; a guest whose
 /// free huge blocks went back to its host (free page reporting, a balloon)
 /// waits 2-3 ms for each while the host backs it, where base pages,
 /// which come from smaller free blocks the host still backs, do not.
 const SLOW_HUGE: Duration = Duration::from_millis(1);
+/// How long after huge pages were found slow a commit takes base pages at
+/// once, without asking for huge ones: slow blocks come in runs (a guest's
+/// reported memory is all of its free huge blocks), and an arena that grows
+/// by small commits, each below [`PROBE_MIN`], would meet them one by one.
+const SLOW_FOR: Duration = Duration::from_secs(5);
 
 /// Virtual memory from the kernel: one `mmap` reservation per arena,
 /// `PROT_NONE` (address space only, no memory, not charged), made usable
@@ -95,8 +104,14 @@ pub struct Pages {
     /// A huge page slower than this to populate makes the rest of its
     /// commit take base pages ([`SLOW_HUGE`]; the tests set their own).
     slow_huge: Duration,
-    /// Commits whose huge pages were found slow (for stats and tests).
+    /// Commits whose huge pages were found slow, or that took base pages
+    /// because they had been (for stats and tests).
     slow_commits: u64,
+    /// When huge pages were last found slow ([`SLOW_FOR`]).
+    slow_at: Option<Instant>,
+    /// Huge pages populated by commits too small to probe, and the time
+    /// they took, since the last verdict: judged every [`PROBE_MIN`] pages.
+    tally: (usize, Duration),
 }
 
 impl Pages {
@@ -123,11 +138,14 @@ impl Pages {
             lazy: Vec::new(),
             slow_huge: SLOW_HUGE,
             slow_commits: 0,
+            slow_at: None,
+            tally: (0, Duration::ZERO),
         }
     }
 
     /// Where a commit of `len` bytes at `at` asks for many huge pages
-    /// (`WhereFree`), populates them [`PROBE`] at a time and times each
+    /// (`WhereFree`), populates them [`PROBE`] at a time (the first step
+    /// [`PROBE_FIRST`]) and times each
     /// step: once a step took longer than [`SLOW_HUGE`] a huge page, the
     /// rest of the range (up to `kept_from`, where base pages start
     /// anyway) is kept from huge pages while it is populated, and advised
@@ -146,11 +164,30 @@ impl Pages {
         let start = first.next_multiple_of(huge);
         let split = kept_from.map_or(first + len, |k| first + k);
         if split < start + PROBE_MIN * huge {
+            // Too small to probe: timed whole, and judged with the commits
+            // before it.
+            let pages = split.saturating_sub(start) / huge;
+            if pages > 0 {
+                let t = Instant::now();
+                if !self.populate(at, split - first)? {
+                    return Ok(kept_from);
+                }
+                self.tally.0 += pages;
+                self.tally.1 += t.elapsed();
+                if self.tally.0 >= PROBE_MIN {
+                    let (n, spent) = core::mem::take(&mut self.tally);
+                    if spent / n as u32 > self.slow_huge {
+                        self.slow_commits += 1;
+                        self.slow_at = Some(Instant::now());
+                    }
+                }
+            }
             return Ok(kept_from);
         }
         let mut from = first;
         while from < split {
-            let to = (from.next_multiple_of(huge) + PROBE * huge).min(split);
+            let step = if from == first { PROBE_FIRST } else { PROBE };
+            let to = (from.next_multiple_of(huge) + step * huge).min(split);
             let t = Instant::now();
             if !self.populate(at.wrapping_byte_add(from - first), to - from)? {
                 return Ok(kept_from);
@@ -158,6 +195,7 @@ impl Pages {
             let pages = ((to - from) / huge).max(1) as u32;
             if t.elapsed() / pages > self.slow_huge && to < split {
                 self.slow_commits += 1;
+                self.slow_at = Some(Instant::now());
                 // SAFETY: `to..split` lies inside the range being
                 // committed (inside a reservation of this layer), derived
                 // from `at`; advice changes how its pages are backed,
@@ -174,6 +212,25 @@ impl Pages {
             from = to;
         }
         Ok(kept_from)
+    }
+
+    /// Whether huge pages were found slow moments ago ([`SLOW_FOR`]) and
+    /// the range of `len` bytes at `at` (just made writable) holds a whole
+    /// one: the range is then kept from huge pages while it is populated
+    /// (advised after, for khugepaged), counted as a slow commit.
+    fn huge_pages_slow(&mut self, at: *mut c_void, len: usize) -> bool {
+        let recent = self.slow_at.is_some_and(|t| t.elapsed() < SLOW_FOR);
+        let huge = self.huge;
+        let whole = huge > 0 && (at as usize).next_multiple_of(huge) + huge <= at as usize + len;
+        if !recent || !whole || self.policy != Policy::WhereFree || !self.populate {
+            return false;
+        }
+        self.slow_commits += 1;
+        // SAFETY: the range lies inside a reservation of this layer and was
+        // just made writable; advice changes how its pages are backed, never
+        // its contents.
+        let _ = unsafe { mm::madvise(at, len, Advice::LinuxNoHugepage) };
+        true
     }
 
     /// Asks for huge pages for the range of `len` bytes at `at`, just made
@@ -465,11 +522,20 @@ impl Memory for Pages {
         // readable and writable affects no other mapping.
         unsafe { mm::mprotect(at, len, MprotectFlags::READ | MprotectFlags::WRITE) }
             .map_err(|e| os_error(MemoryOp::Commit, len, e))?;
-        let kept_from_huge = self.advise_commit(at, len);
+        let slow = self.huge_pages_slow(at, len);
+        let kept_from_huge = if slow {
+            Some(0)
+        } else {
+            self.advise_commit(at, len)
+        };
         if !self.lazy.is_empty() {
             self.settle(at.cast::<u8>(), len);
         }
-        let probed = self.probe_huge(at, len, kept_from_huge);
+        let probed = if slow {
+            Ok(kept_from_huge)
+        } else {
+            self.probe_huge(at, len, kept_from_huge)
+        };
         match probed.and_then(|kept| Ok((kept, self.populate(at, len)?))) {
             Ok((kept_from_huge, populated)) => {
                 if let Some(off) = kept_from_huge.filter(|_| populated) {
@@ -575,192 +641,5 @@ impl Memory for Pages {
 unsafe impl HostMemory for Pages {}
 
 #[cfg(test)]
-mod policy_tests {
-    use super::*;
-
-    const HUGE: usize = 2 << 20;
-    const LEN: usize = 8 << 20;
-
-    /// A layer with `policy` whatever the system's settings, and `free`
-    /// free huge pages whenever it asks.
-    fn pages(policy: Policy, free: fn(usize, usize) -> Option<usize>) -> Pages {
-        let mut p = Pages::new(PagesConfig {
-            reservation: 4 * LEN,
-            huge_pages: HugePages::Never,
-            give_back: GiveBack::Now,
-        });
-        p.huge = HUGE;
-        p.policy = policy;
-        p.free_huge = free;
-        p
-    }
-
-    /// Minor faults of this thread so far.
-    fn thread_faults() -> u64 {
-        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-        let rest = &stat[stat.rfind(')').unwrap() + 1..];
-        rest.split_whitespace().nth(7).unwrap().parse().unwrap()
-    }
-
-    /// `VmFlags` of the mapping holding `addr` (`/proc/self/smaps`).
-    fn vm_flags(addr: usize) -> Vec<String> {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut inside = false;
-        for line in smaps.lines() {
-            let head = line.split_whitespace().next().unwrap_or("");
-            if let Some((lo, hi)) = head.split_once('-').filter(|_| !head.ends_with(':')) {
-                if let (Ok(lo), Ok(hi)) =
-                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-                {
-                    inside = (lo..hi).contains(&addr);
-                    continue;
-                }
-            }
-            if inside {
-                if let Some(flags) = line.strip_prefix("VmFlags:") {
-                    return flags.split_whitespace().map(str::to_string).collect();
-                }
-            }
-        }
-        panic!("no mapping holds {addr:#x}");
-    }
-
-    /// Commits `LEN` bytes of a fresh reservation; returns the faults and
-    /// the committed range's `VmFlags`.
-    fn commit(p: &mut Pages) -> (u64, Vec<String>) {
-        let base = p.reserve(4 * LEN, HUGE).unwrap();
-        let before = thread_faults();
-        p.commit(base, 0, LEN).unwrap();
-        let faults = thread_faults() - before;
-        let flags = vm_flags(base.as_ptr() as usize);
-        p.release(base, 4 * LEN, HUGE);
-        (faults, flags)
-    }
-
-    /// Where a fault would compact and the kernel has no free huge page,
-    /// the commit is populated in base pages (one fault each, never a
-    /// huge page, so no compaction) and advised only after, for
-    /// khugepaged. Fails if `WhereFree` advises before populating.
-    #[test]
-    fn without_free_huge_pages_a_commit_takes_base_pages_then_advises() {
-        let mut p = pages(Policy::WhereFree, |_, _| Some(0));
-        let (faults, flags) = commit(&mut p);
-        let base = (LEN / 4096) as u64;
-        assert!(
-            (base..base + 32).contains(&faults),
-            "{faults} faults for {base} base pages"
-        );
-        if p.populate {
-            assert!(flags.iter().any(|f| f == "hg"), "advised after: {flags:?}");
-        } else {
-            // No populate (before Linux 5.14): pages fault in later, so
-            // the range stays kept from huge pages.
-            assert!(flags.iter().any(|f| f == "nh"), "{flags:?}");
-        }
-        // Unknown (no /proc/buddyinfo) is taken as none free.
-        let mut p = pages(Policy::WhereFree, |_, _| None);
-        assert!(commit(&mut p).0 >= base);
-    }
-
-    /// With free huge pages for part of the range, that part is advised
-    /// before it is populated, and the rest populated in base pages and
-    /// advised after.
-    #[test]
-    fn with_free_huge_pages_for_part_of_a_commit_that_part_takes_them() {
-        // 16 kept as a margin, half of the other 4: 2 of the 4 huge pages.
-        let mut p = pages(Policy::WhereFree, |_, _| Some(20));
-        let (faults, flags) = commit(&mut p);
-        let half = (LEN / 2 / 4096) as u64;
-        let offered = thp::Settings::read().is_some_and(|s| s.enabled != thp::Enabled::Never);
-        let free = thp::free_huge_pages(HUGE, 4096).unwrap_or(0);
-        // The base-page half: one fault per page, whatever the system has.
-        assert!(
-            faults >= half,
-            "{faults} faults: fewer than the base-page half's {half}"
-        );
-        if offered && free >= 64 && p.populate {
-            assert!(faults <= half + 2 + 32, "{faults} faults");
-        }
-        assert!(faults <= 2 * half + 32, "{faults} faults");
-        if p.populate {
-            assert!(flags.iter().any(|f| f == "hg"), "advised: {flags:?}");
-        }
-    }
-
-    /// With free huge pages, the range is advised before it is populated:
-    /// one fault per huge page where the system offers them.
-    #[test]
-    fn with_free_huge_pages_a_commit_is_advised_first() {
-        let mut p = pages(Policy::WhereFree, |_, _| Some(1 << 20));
-        let (faults, flags) = commit(&mut p);
-        assert!(flags.iter().any(|f| f == "hg"), "{flags:?}");
-        let offered = thp::Settings::read().is_some_and(|s| s.enabled != thp::Enabled::Never);
-        let free = thp::free_huge_pages(HUGE, 4096).unwrap_or(0);
-        if offered && free >= 64 && p.populate {
-            assert!(faults <= (LEN / HUGE) as u64 + 32, "{faults} faults");
-        } else {
-            assert!(faults <= (LEN / 4096) as u64 + 32, "{faults} faults");
-        }
-        // `Off` and `Unadvised` ask nothing.
-        for policy in [Policy::Off, Policy::Unadvised] {
-            let (_, flags) = commit(&mut pages(policy, |_, _| Some(0)));
-            assert!(
-                !flags.iter().any(|f| f == "hg" || f == "nh"),
-                "{policy:?}: {flags:?}"
-            );
-        }
-    }
-
-    /// A commit of 64 MiB of a fresh reservation; returns its faults.
-    fn commit_large(p: &mut Pages) -> u64 {
-        const BIG: usize = 64 << 20;
-        let base = p.reserve(2 * BIG, HUGE).unwrap();
-        let before = thread_faults();
-        p.commit(base, 0, BIG).unwrap();
-        let faults = thread_faults() - before;
-        p.release(base, 2 * BIG, HUGE);
-        faults
-    }
-
-    /// Where the first huge pages of a large commit are slow to populate
-    /// (here: any time is slow), the rest of it takes base pages; where
-    /// they are not, the probe changes nothing. Fails if the probe is
-    /// removed (no slow commit counted, huge pages throughout where the
-    /// system has them).
-    #[test]
-    fn a_commit_whose_first_huge_pages_are_slow_takes_base_pages_for_the_rest() {
-        let mut p = pages(Policy::WhereFree, |_, _| Some(1 << 20));
-        if !p.populate {
-            return; // before Linux 5.14 nothing is populated, nor probed
-        }
-        p.slow_huge = Duration::ZERO;
-        let base_pages = ((64 << 20) / 4096) as u64;
-        let probed = (PROBE * HUGE / 4096) as u64;
-        let faults = commit_large(&mut p);
-        assert_eq!(p.slow_huge_commits(), 1);
-        assert!(
-            faults >= base_pages - probed,
-            "{faults} faults: the rest was not in base pages"
-        );
-        // Each commit is timed afresh.
-        let faults = commit_large(&mut p);
-        assert_eq!(p.slow_huge_commits(), 2);
-        assert!(faults >= base_pages - probed, "{faults} faults");
-
-        // Never slow: no commit counted, huge pages where the system has them.
-        let mut p = pages(Policy::WhereFree, |_, _| Some(1 << 20));
-        p.slow_huge = Duration::MAX;
-        let faults = commit_large(&mut p);
-        assert_eq!(p.slow_huge_commits(), 0);
-        let offered = thp::Settings::read().is_some_and(|s| s.enabled != thp::Enabled::Never);
-        let free = thp::free_huge_pages(HUGE, 4096).unwrap_or(0);
-        if offered && free >= 4 * 32 + 64 {
-            assert!(faults <= 32 + 32, "{faults} faults for 32 huge pages");
-        }
-        // Other policies never probe.
-        let mut p = pages(Policy::Advise, |_, _| Some(0));
-        p.slow_huge = Duration::ZERO;
-        commit_large(&mut p);
-        assert_eq!(p.slow_huge_commits(), 0);
-    }
-}
+#[path = "pages_tests.rs"]
+mod policy_tests;
