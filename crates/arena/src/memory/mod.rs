@@ -257,11 +257,13 @@ pub enum HugePages {
     /// (`/proc/buddyinfo`: at most half of them past a margin) are
     /// advised, and the rest is populated in base pages (`MADV_NOHUGEPAGE`
     /// while it is populated) and advised after, so that khugepaged, the
-    /// kernel's own thread, may collapse it later. There, a commit of 16
-    /// huge pages or more is populated 8 at a time and timed: after a step
-    /// slower than 1 ms a huge page (free memory the host of a virtual
-    /// machine must back again, say), the rest of the commit takes base
-    /// pages the same way ([`Stats::slow_huge_commits`](crate::Stats::slow_huge_commits)).
+    /// kernel's own thread, may collapse it later. There, the huge pages
+    /// of every commit are timed (one of 4 or more populated 2, then 8 at
+    /// a time; smaller ones whole, judged every 4 huge pages): after a
+    /// step slower than 1 ms a huge page (free memory the host of a
+    /// virtual machine must back again, say), the rest of the commit, and
+    /// every commit of the next 5 seconds, takes base pages the same way
+    /// ([`Stats::slow_huge_commits`](crate::Stats::slow_huge_commits)).
     #[default]
     Auto,
     /// Where the system offers them, every commit is advised, whatever
