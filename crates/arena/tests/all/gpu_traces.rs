@@ -7,9 +7,9 @@
 //! second run at 8x512 in the order recorded is served on the plan its
 //! first made, and that first run of the process held cuBLAS's one-time
 //! workspace. The plan's block is sized for it; the second run, without
-//! it, leaves the plan and reaches the block's 185.6 MB against the
-//! dynamic run's 176.2 MB (1.053x; the same on main before the run was
-//! repaired in place). It is held to that, and every other run to the
+//! it, leaves the plan and reaches 177.2 MB against the dynamic run's
+//! 176.2 MB (1.006x; 185.6 MB, 1.053x, before the structure's first
+//! search went deep). It is held to 1% over, and every other run to the
 //! granule.
 
 use crate::common::{read_trace, TraceRun};
@@ -86,7 +86,7 @@ fn gpu_traces_planned_never_above_no_plan() {
                 let (dynamic, _) = replay(&arena_fresh(), None, run);
                 let known = model == "bert" && order == "recorded" && report.deviated;
                 let bound = if known {
-                    dynamic.high_water + dynamic.high_water / 18
+                    dynamic.high_water + dynamic.high_water / 100
                 } else {
                     dynamic.high_water + granule
                 };
@@ -109,4 +109,34 @@ fn gpu_traces_planned_never_above_no_plan() {
 
 fn arena_fresh() -> HeapArena {
     arena()
+}
+
+/// BERT-base's run at 8x512 (its second in the order recorded: no one-time
+/// blocks), learned from its recording, is planned at its lower bound: the
+/// structure's first search goes deep. Its layers' feed-forward pairs of
+/// 48 MiB sit between 12 MiB blocks that span two layers; with the search
+/// budget of the structure's later shapes it packed at 1.091x (151.0 MB
+/// against 138.4). Fails when the first search is no deeper than the rest.
+#[test]
+fn bert_at_512_is_planned_at_its_lower_bound() {
+    let runs = read_trace("gpu/bert-mixed.trace");
+    let run = runs
+        .iter()
+        .rev()
+        .find(|r| r.label == "8x512")
+        .expect("a run at 8x512");
+    let a = arena();
+    let (_, recording) = replay(&a, None, run);
+    let plan = Plan::from_recording(&recording).unwrap();
+    let granule = ArenaConfig::default().alignment;
+    assert!(
+        plan.size() <= plan.lower_bound() + granule,
+        "{} against a lower bound of {}",
+        plan.size(),
+        plan.lower_bound()
+    );
+    // And a run on it stays there.
+    let (report, _) = replay(&a, Some(Arc::new(plan.clone())), run);
+    assert!(!report.deviated);
+    assert!(report.high_water <= plan.size().next_multiple_of(granule));
 }
