@@ -41,6 +41,16 @@ pub(crate) struct Outcome {
     pub(crate) after: Stats,
 }
 
+/// `stats` without what depends on the machine's timing, not on the
+/// run: commits found slow to take huge pages (one arena may meet a slow
+/// patch of memory, or a busy moment, where the other did not).
+pub(crate) fn comparable(stats: Stats) -> Stats {
+    Stats {
+        slow_huge_commits: 0,
+        ..stats
+    }
+}
+
 /// Where block `b` lies relative to `anchor`, which the first block sets
 /// if the plan's run had none (a zero-size block's address is only
 /// aligned).
@@ -151,7 +161,7 @@ pub(crate) fn run_outcome<M: HostMemory>(
         seen,
         report,
         recording,
-        after: arena.stats(),
+        after: comparable(arena.stats()),
     }
 }
 
@@ -207,7 +217,7 @@ pub(crate) fn through_scope(
         seen,
         report,
         recording,
-        after: arena.stats(),
+        after: comparable(arena.stats()),
     };
     (outcome, on_tape)
 }

@@ -5,8 +5,8 @@
 
 use crate::common::Counting;
 use crate::scoped::{
-    base_script, ev, learned, run_outcome, scope_outcome, through_run, through_scope, Ev, Outcome,
-    Seen,
+    base_script, comparable, ev, learned, run_outcome, scope_outcome, through_run, through_scope,
+    Ev, Outcome, Seen,
 };
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -49,7 +49,7 @@ fn through_dynamic_scope<M: HostMemory>(
         seen,
         report,
         recording,
-        after: arena.stats(),
+        after: comparable(arena.stats()),
     }
 }
 
