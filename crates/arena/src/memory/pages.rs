@@ -27,12 +27,25 @@ const PROBE_MIN: usize = 4;
 /// free huge blocks went back to its host (free page reporting, a balloon)
 /// waits 2-3 ms for each while the host backs it, where base pages,
 /// which come from smaller free blocks the host still backs, do not.
+/// Timed in the thread's CPU time ([`thread_cpu`]).
 const SLOW_HUGE: Duration = Duration::from_millis(1);
 /// How long after huge pages were found slow a commit takes base pages at
 /// once, without asking for huge ones: slow blocks come in runs (a guest's
 /// reported memory is all of its free huge blocks), and an arena that grows
 /// by small commits, each below [`PROBE_MIN`], would meet them one by one.
 const SLOW_FOR: Duration = Duration::from_secs(5);
+
+/// The calling thread's CPU time. A populate's is what it cost the thread:
+/// a host backing the guest's pages stalls the thread inside it (counted),
+/// where another thread of a busy machine running meanwhile is not (a
+/// test run's other threads made wall-clock steps look slow).
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
 
 /// Virtual memory from the kernel: one `mmap` reservation per arena,
 /// `PROT_NONE` (address space only, no memory, not charged), made usable
@@ -168,12 +181,12 @@ impl Pages {
             // before it.
             let pages = split.saturating_sub(start) / huge;
             if pages > 0 {
-                let t = Instant::now();
+                let t = thread_cpu();
                 if !self.populate(at, split - first)? {
                     return Ok(kept_from);
                 }
                 self.tally.0 += pages;
-                self.tally.1 += t.elapsed();
+                self.tally.1 += thread_cpu().saturating_sub(t);
                 if self.tally.0 >= PROBE_MIN {
                     let (n, spent) = core::mem::take(&mut self.tally);
                     if spent / n as u32 > self.slow_huge {
@@ -188,12 +201,12 @@ impl Pages {
         while from < split {
             let step = if from == first { PROBE_FIRST } else { PROBE };
             let to = (from.next_multiple_of(huge) + step * huge).min(split);
-            let t = Instant::now();
+            let t = thread_cpu();
             if !self.populate(at.wrapping_byte_add(from - first), to - from)? {
                 return Ok(kept_from);
             }
             let pages = ((to - from) / huge).max(1) as u32;
-            if t.elapsed() / pages > self.slow_huge && to < split {
+            if thread_cpu().saturating_sub(t) / pages > self.slow_huge && to < split {
                 self.slow_commits += 1;
                 self.slow_at = Some(Instant::now());
                 // SAFETY: `to..split` lies inside the range being
