@@ -258,7 +258,7 @@ pub enum HugePages {
     /// advised, and the rest is populated in base pages (`MADV_NOHUGEPAGE`
     /// while it is populated) and advised after, so that khugepaged, the
     /// kernel's own thread, may collapse it later. There, the huge pages
-    /// of every commit are timed (one of 4 or more populated 2, then 8 at
+    /// of every commit are timed in the thread's CPU time (one of 4 or more populated 2, then 8 at
     /// a time; smaller ones whole, judged every 4 huge pages): after a
     /// step slower than 1 ms a huge page (free memory the host of a
     /// virtual machine must back again, say), the rest of the commit, and
