@@ -32,8 +32,11 @@ pub fn greedy_by_size(requests: &[Request]) -> Solution {
 /// and then a random one) earlier, re-places the buffers after it, and keeps
 /// the change unless the footprint grows. It stops at the lower bound, or
 /// when its work budget is spent: about 16 greedy placements, at most about
-/// 200 conflict checks per buffer. In a release build, 1,000 buffers plan in
-/// under 5 ms and 10,000 in well under a second.
+/// 200 conflict checks per buffer, and at least 4,000,000 units of work (a
+/// conflict checked or a buffer placed) for a search of its own, as this
+/// one is (about 5-10 ms where the bound is not met). In a release build,
+/// 1,000 buffers plan in under 5 ms where they meet the bound and 10,000 in
+/// well under a second.
 pub fn plan(requests: &[Request]) -> Solution {
     plan_hinted(requests, None).0
 }
@@ -73,10 +76,7 @@ pub(crate) fn plan_hinted(requests: &[Request], hint: Option<&Hint>) -> (Solutio
         None => (None, 0),
     };
     let mut search = Search::new(&problem);
-    // A structure's first search (no hint of these requests: nothing
-    // searched it before) is a deep one.
-    let deep = start.is_none();
-    let hinted = search.run(&problem, start, round, deep);
+    let hinted = search.run(&problem, start, round);
     // The run's own order where it is as low; else as long a start of it
     // as keeps the footprint; else outputs low.
     let order = problem.run_order();
@@ -485,14 +485,14 @@ const SEARCH_ROUNDS: u64 = 16;
 const MIN_WORK: u64 = 50_000;
 /// ...and at most this much per buffer (a few milliseconds per 1,000).
 const MAX_WORK_PER_ITEM: u64 = 200;
-/// A structure's first search (no hint of its requests: nothing searched
-/// it before) goes
-/// on to at least this much work where it has not met the lower bound
-/// (about 5-10 ms, once per structure): the searches of its later shapes
-/// start where it ended, with the budget above. A transformer's layers
-/// (BERT-base on a GPU, 205 buffers: feed-forward pairs of 48 MiB between
-/// 12 MiB blocks that span two layers) packed at 1.091x the bound with
-/// 50,000, at the bound with 2,000,000 to 4,000,000.
+/// A search of its own (no hint of its requests: a structure's first, as
+/// nothing searched it before) goes on to at least this much work where it
+/// has not met the lower bound (about 5-10 ms, once per structure): the
+/// searches of its later shapes start where it ended, with the budget
+/// above. A transformer's layers (BERT-base on a GPU, 205 buffers:
+/// feed-forward pairs of 48 MiB between 12 MiB blocks that span two layers)
+/// packed at 1.091x the bound with 50,000, at the bound with 2,000,000 to
+/// 4,000,000.
 const FIRST_WORK: u64 = 4_000_000;
 
 /// Seed of the local search's random moves (fixed: plans are
@@ -542,13 +542,9 @@ impl Search {
     /// on it, and a fresh walk often leaves it.
     ///
     /// Whether the start alone placed it (at the lower bound: no search).
-    fn run(
-        &mut self,
-        problem: &Problem,
-        start: Option<(Vec<u32>, Fit)>,
-        round: u64,
-        deep: bool,
-    ) -> bool {
+    fn run(&mut self, problem: &Problem, start: Option<(Vec<u32>, Fit)>, round: u64) -> bool {
+        // A search of its own (no start) is a structure's first: a deep one.
+        let deep = start.is_none();
         // Where an earlier search of the structure ended places this shape
         // at its lower bound (a structure's shapes mostly pack alike): no
         // other order can do better, so nothing else is tried. One
