@@ -49,15 +49,15 @@ fn vm_flags(addr: usize) -> Vec<String> {
     panic!("no mapping holds {addr:#x}");
 }
 
-/// Commits `LEN` bytes of a fresh reservation; returns the faults and
+/// Commits `len` bytes of a fresh reservation; returns the faults and
 /// the committed range's `VmFlags`.
-fn commit(p: &mut Pages) -> (u64, Vec<String>) {
-    let base = p.reserve(4 * LEN, HUGE).unwrap();
+fn commit(p: &mut Pages, len: usize) -> (u64, Vec<String>) {
+    let base = p.reserve(4 * len, HUGE).unwrap();
     let before = thread_faults();
-    p.commit(base, 0, LEN).unwrap();
+    p.commit(base, 0, len).unwrap();
     let faults = thread_faults() - before;
     let flags = vm_flags(base.as_ptr() as usize);
-    p.release(base, 4 * LEN, HUGE);
+    p.release(base, 4 * len, HUGE);
     (faults, flags)
 }
 
@@ -68,7 +68,7 @@ fn commit(p: &mut Pages) -> (u64, Vec<String>) {
 #[test]
 fn without_free_huge_pages_a_commit_takes_base_pages_then_advises() {
     let mut p = pages(Policy::WhereFree, |_, _| Some(0));
-    let (faults, flags) = commit(&mut p);
+    let (faults, flags) = commit(&mut p, LEN);
     let base = (LEN / 4096) as u64;
     assert!(
         (base..base + 32).contains(&faults),
@@ -83,7 +83,7 @@ fn without_free_huge_pages_a_commit_takes_base_pages_then_advises() {
     }
     // Unknown (no /proc/buddyinfo) is taken as none free.
     let mut p = pages(Policy::WhereFree, |_, _| None);
-    assert!(commit(&mut p).0 >= base);
+    assert!(commit(&mut p, LEN).0 >= base);
 }
 
 /// With free huge pages for part of the range, that part is advised
@@ -93,7 +93,7 @@ fn without_free_huge_pages_a_commit_takes_base_pages_then_advises() {
 fn with_free_huge_pages_for_part_of_a_commit_that_part_takes_them() {
     // 16 kept as a margin, half of the other 4: 2 of the 4 huge pages.
     let mut p = pages(Policy::WhereFree, |_, _| Some(20));
-    let (faults, flags) = commit(&mut p);
+    let (faults, flags) = commit(&mut p, LEN);
     let half = (LEN / 2 / 4096) as u64;
     let offered = thp::Settings::read().is_some_and(|s| s.enabled != thp::Enabled::Never);
     let free = thp::free_huge_pages(HUGE, 4096).unwrap_or(0);
@@ -116,7 +116,7 @@ fn with_free_huge_pages_for_part_of_a_commit_that_part_takes_them() {
 #[test]
 fn with_free_huge_pages_a_commit_is_advised_first() {
     let mut p = pages(Policy::WhereFree, |_, _| Some(1 << 20));
-    let (faults, flags) = commit(&mut p);
+    let (faults, flags) = commit(&mut p, LEN);
     assert!(flags.iter().any(|f| f == "hg"), "{flags:?}");
     let offered = thp::Settings::read().is_some_and(|s| s.enabled != thp::Enabled::Never);
     let free = thp::free_huge_pages(HUGE, 4096).unwrap_or(0);
@@ -127,7 +127,7 @@ fn with_free_huge_pages_a_commit_is_advised_first() {
     }
     // `Off` and `Unadvised` ask nothing.
     for policy in [Policy::Off, Policy::Unadvised] {
-        let (_, flags) = commit(&mut pages(policy, |_, _| Some(0)));
+        let (_, flags) = commit(&mut pages(policy, |_, _| Some(0)), LEN);
         assert!(
             !flags.iter().any(|f| f == "hg" || f == "nh"),
             "{policy:?}: {flags:?}"
@@ -188,18 +188,6 @@ fn a_commit_whose_first_huge_pages_are_slow_takes_base_pages_for_the_rest() {
     assert_eq!(p.slow_huge_commits(), 0);
 }
 
-/// A commit of `len` bytes of a fresh reservation; returns its faults and
-/// the range's `VmFlags`.
-fn commit_len(p: &mut Pages, len: usize) -> (u64, Vec<String>) {
-    let base = p.reserve(4 * len, HUGE).unwrap();
-    let before = thread_faults();
-    p.commit(base, 0, len).unwrap();
-    let faults = thread_faults() - before;
-    let flags = vm_flags(base.as_ptr() as usize);
-    p.release(base, 4 * len, HUGE);
-    (faults, flags)
-}
-
 /// Commits too small to probe are timed together, judged every
 /// [`PROBE_MIN`] huge pages; once huge pages were found slow, every commit
 /// in the next [`SLOW_FOR`] takes base pages at once (advised after, for
@@ -217,7 +205,7 @@ fn huge_pages_found_slow_are_not_asked_for_again_for_a_while() {
     let huge_free = offered && free >= 64;
     p.slow_huge = Duration::ZERO;
     for i in 1..=PROBE_MIN {
-        let (faults, _) = commit_len(&mut p, HUGE);
+        let (faults, _) = commit(&mut p, HUGE);
         let judged = i == PROBE_MIN;
         assert_eq!(p.slow_huge_commits(), u64::from(judged), "commit {i}");
         if huge_free {
@@ -229,14 +217,14 @@ fn huge_pages_found_slow_are_not_asked_for_again_for_a_while() {
     }
     // Found slow: the next commit, one huge page, takes base pages.
     let base_pages = (HUGE / 4096) as u64;
-    let (faults, flags) = commit_len(&mut p, HUGE);
+    let (faults, flags) = commit(&mut p, HUGE);
     assert_eq!(p.slow_huge_commits(), 2);
     assert!(faults >= base_pages, "{faults} faults: not in base pages");
     assert!(flags.iter().any(|f| f == "hg"), "advised after: {flags:?}");
     // Long after: huge pages again (and they are fast now).
     p.slow_huge = Duration::MAX;
     p.slow_at = Instant::now().checked_sub(SLOW_FOR + Duration::from_secs(1));
-    let (faults, _) = commit_len(&mut p, HUGE);
+    let (faults, _) = commit(&mut p, HUGE);
     assert_eq!(p.slow_huge_commits(), 2);
     if huge_free {
         assert!(faults <= 1 + 32, "{faults} faults for a huge page");
