@@ -35,6 +35,17 @@ impl<T> ForkMutex<T> {
     pub fn lock(&self) -> MutexGuard<'_, T> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Locks it if nobody holds it, without waiting: `None` if held. A
+    /// thread that must not wait (one holding Python's GIL, say) tries
+    /// this first and waits only after letting its own lock go.
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        match self.0.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
 }
 
 /// A readers-writer lock safe to hold across `fork()` (see the module's
@@ -92,7 +103,7 @@ mod tests {
         hold(B.write());
         std::thread::scope(|s| {
             s.spawn(|| {
-                assert!(A.0.try_lock().is_err());
+                assert!(A.try_lock().is_none());
                 assert!(B.0.try_read().is_err());
             });
         });
@@ -100,5 +111,17 @@ mod tests {
         *A.lock() += 1;
         assert_eq!(*B.read(), 0);
         assert_eq!(*A.lock(), 1);
+        assert_eq!(A.try_lock().map(|g| *g), Some(1));
+    }
+
+    #[test]
+    fn try_lock_takes_a_poisoned_lock() {
+        static P: ForkMutex<u32> = ForkMutex::new(7);
+        let _ = std::thread::spawn(|| {
+            let _g = P.lock();
+            panic!("poisons it");
+        })
+        .join();
+        assert_eq!(P.try_lock().map(|g| *g), Some(7));
     }
 }

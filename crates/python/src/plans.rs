@@ -12,8 +12,13 @@
 //!
 //! Locks and the GIL: a fork's `before` hook takes `SAVING` and `STATE`
 //! without the GIL, then waits for the GIL while it holds them. So a
-//! thread that holds the GIL never waits for either: every path here
-//! that takes them from Python lets the GIL go first (`py.detach`).
+//! thread that holds the GIL never waits for either. A call from Python
+//! takes `STATE` at once if it is free ([`with_state`]), and otherwise
+//! lets the GIL go (`py.detach`) before it waits. Letting the GIL go on
+//! every call instead starved the process: a thread calling `configure`
+//! or `config()` in a loop took it back before any waiting thread woke,
+//! for seconds at a time (the fork test's main thread, on a 2-core
+//! machine).
 //!
 //! A relative directory (`configure(plans="plans")` or
 //! `TENSOR_ARENA_PLANS=plans`) is made absolute once, when it is
@@ -74,18 +79,27 @@ pub(crate) fn child_after_fork() {
     }
 }
 
+/// Runs `f` on `STATE` from a thread that holds the GIL: at once if
+/// `STATE` is free, else after letting the GIL go to wait for it (see
+/// the module's docs).
+fn with_state<T: Send>(py: Python<'_>, f: impl FnOnce(&mut State) -> T + Send) -> T {
+    if let Some(mut st) = STATE.try_lock() {
+        return f(&mut st);
+    }
+    py.detach(|| f(&mut STATE.lock()))
+}
+
 /// Sets the directory of the stores of sessions opened from now on (made
 /// absolute now: [`absolute`]).
 pub(crate) fn set_dir(py: Python<'_>, dir: Option<PathBuf>) {
     let dir = dir.map(|d| absolute(&d));
-    py.detach(|| STATE.lock().dir = Some(dir));
+    with_state(py, |st| st.dir = Some(dir));
 }
 
 /// The directory configured, else `TENSOR_ARENA_PLANS` (read and made
 /// absolute once, then kept), if any.
 pub(crate) fn dir(py: Python<'_>) -> Option<PathBuf> {
-    py.detach(|| {
-        let mut st = STATE.lock();
+    with_state(py, |st| {
         st.dir
             .get_or_insert_with(|| {
                 std::env::var_os("TENSOR_ARENA_PLANS")
@@ -133,10 +147,10 @@ pub(crate) fn for_model(
     let bytes = model().map_err(|e| crate::errors::NoSuchFile::new_err(e.to_string()))?;
     let store = PlanStore::new(dir, model_key(&bytes, runtime_version, options));
     let plans = Arc::new(py.detach(|| Plans::with_store(CAPACITY, store)));
-    // Without the GIL (see the module's docs), and the saver started under
-    // the same lock, so that two sessions made at once start one.
-    let started = py.detach(|| {
-        let mut st = STATE.lock();
+    // Never waiting with the GIL (see the module's docs), and the saver
+    // started under the same lock, so that two sessions made at once start
+    // one.
+    let started = with_state(py, |st| {
         st.live.retain(|w| w.strong_count() > 0);
         st.live.push(Arc::downgrade(&plans));
         if st.saver.is_some() {

@@ -142,7 +142,9 @@ def plans(models: str, n: int, store: str) -> int:
     and ask for the plans' locks: config(), configure(plans=...), new
     sessions (each loads its store) and saves. A fork or a child that does
     not finish within PER_FORK seconds is the first hang: reported, and the
-    process exits at once (faulthandler prints where every thread was)."""
+    process exits at once. A fork, or this thread waiting for the GIL,
+    that takes twice that exits too (faulthandler prints where every
+    thread was)."""
     import faulthandler
     per_fork = float(os.environ.get("PER_FORK", "20"))
     ta.configure(workers=2, plans=store)
@@ -180,13 +182,14 @@ def plans(models: str, n: int, store: str) -> int:
     t0 = time.monotonic()
     forks = 0
     for i in range(n):
-        # A fork that never returns (a deadlock in the parent) ends the
-        # process here, with every thread's stack.
-        faulthandler.dump_traceback_later(per_fork, exit=True)
+        # A fork that never returns (a deadlock in the parent), or this
+        # thread kept from the GIL (other threads taking it back first),
+        # ends the process here, with every thread's stack: the watchdog
+        # is a C thread, needing no GIL.
+        faulthandler.dump_traceback_later(2 * per_fork, exit=True)
         pid = os.fork()
         if pid == 0:
             plans_child()
-        faulthandler.cancel_dump_traceback_later()
         deadline = time.monotonic() + per_fork
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -199,6 +202,7 @@ def plans(models: str, n: int, store: str) -> int:
                 print(json.dumps({"forks": forks, "hung_child": i, **calls}))
                 os._exit(1)
             time.sleep(0.001)
+        faulthandler.cancel_dump_traceback_later()
         if os.waitstatus_to_exitcode(status) != 0:
             stop.set()
             print(json.dumps({"forks": forks, "failed_child": i, "status": status, **calls}))

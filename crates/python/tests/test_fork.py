@@ -40,10 +40,13 @@ def test_100_forks_while_three_threads_run_never_hang(assets):
 
 
 def test_forks_while_threads_configure_read_config_open_sessions_and_save_never_hang(assets, tmp_path):
-    # 300 forks here (the goal is 1,000; 300 run in about half a minute on
-    # a busy 2-core machine), each child given 20 s: the first hung fork
-    # or child fails the run. Before the plans' locks kept to the GIL rule,
-    # the second fork hung every time.
-    r = scenario("plans", assets, 300, tmp_path, timeout=600)
-    assert r["forks"] == 300, r
+    # 1,000 forks (about 30 s on a 2-core machine), each child given 20 s
+    # and each fork 40 s: the first hung fork or child fails the run, with
+    # every thread's stack. Before the plans' locks kept to the GIL rule,
+    # the second fork hung every time. Before configure() and config()
+    # took the plans' lock without letting the GIL go, the configuring
+    # thread kept the GIL for seconds at a time, and 300 forks took over
+    # 10 minutes.
+    r = scenario("plans", assets, 1000, tmp_path, timeout=600)
+    assert r["forks"] == 1000, r
     assert min(r["config"], r["configure"], r["session"], r["save"]) > 0, r
