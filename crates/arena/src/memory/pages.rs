@@ -117,6 +117,9 @@ pub struct Pages {
     /// A huge page slower than this to populate makes the rest of its
     /// commit take base pages ([`SLOW_HUGE`]; the tests set their own).
     slow_huge: Duration,
+    /// The clock that times a populate ([`thread_cpu`]; the tests script
+    /// their own).
+    clock: fn() -> Duration,
     /// Commits whose huge pages were found slow, or that took base pages
     /// because they had been (for stats and tests).
     slow_commits: u64,
@@ -150,6 +153,7 @@ impl Pages {
             free_huge: thp::free_huge_pages,
             lazy: Vec::new(),
             slow_huge: SLOW_HUGE,
+            clock: thread_cpu,
             slow_commits: 0,
             slow_at: None,
             tally: (0, Duration::ZERO),
@@ -181,12 +185,12 @@ impl Pages {
             // before it.
             let pages = split.saturating_sub(start) / huge;
             if pages > 0 {
-                let t = thread_cpu();
+                let t = (self.clock)();
                 if !self.populate(at, split - first)? {
                     return Ok(kept_from);
                 }
                 self.tally.0 += pages;
-                self.tally.1 += thread_cpu().saturating_sub(t);
+                self.tally.1 += (self.clock)().saturating_sub(t);
                 if self.tally.0 >= PROBE_MIN {
                     let (n, spent) = core::mem::take(&mut self.tally);
                     if spent / n as u32 > self.slow_huge {
@@ -201,14 +205,19 @@ impl Pages {
         while from < split {
             let step = if from == first { PROBE_FIRST } else { PROBE };
             let to = (from.next_multiple_of(huge) + step * huge).min(split);
-            let t = thread_cpu();
+            let t = (self.clock)();
             if !self.populate(at.wrapping_byte_add(from - first), to - from)? {
                 return Ok(kept_from);
             }
             let pages = ((to - from) / huge).max(1) as u32;
-            if thread_cpu().saturating_sub(t) / pages > self.slow_huge && to < split {
+            if (self.clock)().saturating_sub(t) / pages > self.slow_huge {
+                // Slow, even in the commit's last step: the next commits
+                // take base pages for a while ([`SLOW_FOR`]).
                 self.slow_commits += 1;
                 self.slow_at = Some(Instant::now());
+                if to == split {
+                    break;
+                }
                 // SAFETY: `to..split` lies inside the range being
                 // committed (inside a reservation of this layer), derived
                 // from `at`; advice changes how its pages are backed,
