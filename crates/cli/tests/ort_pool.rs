@@ -94,6 +94,12 @@ fn every_configuration_serves_the_stream_with_identical_outputs() {
             c["peak_reserved_bytes"].is_u64(),
             name.starts_with("arena") || name == "budget"
         );
+        // The live peak, counted at every alloc and free: something live,
+        // and inside what was committed.
+        if let Some(reserved) = c["peak_reserved_bytes"].as_u64() {
+            let live = c["peak_live_bytes"].as_u64().unwrap();
+            assert!(0 < live && live <= reserved, "{name}: {c}");
+        }
         // glibc's malloc, sampled: it held something with the workers made,
         // and never less while serving.
         if cfg!(all(target_os = "linux", target_env = "gnu")) {

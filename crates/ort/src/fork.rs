@@ -75,6 +75,7 @@ pub fn parent() {
 pub unsafe fn child() {
     crate::forklock::release();
     limit::child_after_fork();
+    slot::child_after_fork();
     decay::child_after_fork();
     decay::wake_if_due();
 }

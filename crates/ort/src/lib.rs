@@ -143,5 +143,20 @@ pub fn arenas() -> (usize, tensor_arena::Stats) {
     (n, stats)
 }
 
+/// Bytes live in the workers' arenas together, counted at every alloc and
+/// free (ONNX Runtime's blocks with their headers): `(now, peak)`. Unlike
+/// the sum of [`arenas`]' stats, published after each run, the peak
+/// includes the moments when runs in flight overlap: the figure to set
+/// against what the arenas reserve. The peak counts since the start, the
+/// last [`reset_live_peak`], or a fork (in a child).
+pub fn live_together() -> (usize, usize) {
+    slot::live_together()
+}
+
+/// [`live_together`]'s peak starts again from the bytes live now.
+pub fn reset_live_peak() {
+    slot::reset_live_peak()
+}
+
 #[cfg(test)]
 mod admit_tests;

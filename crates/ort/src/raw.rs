@@ -567,6 +567,35 @@ mod tests {
         assert_eq!(core.arena_stats().in_use, 0);
     }
 
+    /// Two workers' runs overlap: each holds 1 MiB while the other
+    /// allocates its own. Their live peak together counts both (the sum of
+    /// the arenas' published stats, read after each run, saw one at a
+    /// time). Other tests' blocks only add to the count.
+    #[test]
+    fn the_live_peak_counts_runs_that_overlap() {
+        const MIB: usize = 1 << 20;
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    let (alloc, free, this) = fns();
+                    let slot = Slot::new(ArenaConfig::default(), Default::default(), None).unwrap();
+                    let mut core = slot.lock();
+                    let _in = slot::enter(&slot, &mut core);
+                    // SAFETY: as ONNX Runtime would call it.
+                    let p = unsafe { alloc(this, MIB) };
+                    assert!(!p.is_null());
+                    barrier.wait();
+                    assert!(crate::live_together().0 >= 2 * MIB);
+                    barrier.wait();
+                    // SAFETY: `p` came from `alloc` and is freed once.
+                    unsafe { free(this, p) };
+                });
+            }
+        });
+        assert!(crate::live_together().1 >= 2 * MIB);
+    }
+
     #[test]
     fn a_block_freed_on_another_thread_finds_its_arena() {
         let (alloc, free, this) = fns();

@@ -16,7 +16,7 @@ use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tensor_arena::memory::{default_memory, Budgeted, ErrorCode, PagesConfig};
 use tensor_arena::{
@@ -120,6 +120,7 @@ impl Core {
         .to_bytes();
         block[..header.len()].copy_from_slice(&header);
         let user = block.as_mut_ptr().wrapping_add(HEADER);
+        note_alloc(block.len());
         self.blocks.insert(user as usize, block);
         match NonNull::new(user) {
             Some(p) => Served::Arena(p),
@@ -130,6 +131,9 @@ impl Core {
     fn free(&mut self, user: usize) {
         let block = self.blocks.remove(&user);
         debug_assert!(block.is_some(), "free of {user:#x}: not a live block");
+        if let Some(b) = &block {
+            note_free(b.len());
+        }
         drop(block);
     }
 
@@ -141,12 +145,63 @@ impl Core {
 impl Drop for Core {
     fn drop(&mut self) {
         self.run = None;
+        for b in self.blocks.values() {
+            note_free(b.len());
+        }
         self.blocks.clear();
         // SAFETY: the pointer came from `Box::leak` in `new` and is freed
         // only here; nothing borrows the arena any more (run and blocks were
         // dropped just above).
         drop(unsafe { Box::from_raw(self.arena.as_ptr()) });
     }
+}
+
+/// Bytes live in every worker's arena together (ONNX Runtime's blocks, with
+/// their headers), counted at each alloc and free.
+static LIVE: AtomicI64 = AtomicI64::new(0);
+/// The most [`LIVE`] reached since the start or the last
+/// [`reset_live_peak`]: the live peak of the runs in flight together, which
+/// the arenas' own stats cannot give (each publishes after its run, so the
+/// sum of their in-use bytes misses the moments when runs overlap).
+static LIVE_PEAK: AtomicU64 = AtomicU64::new(0);
+
+fn note_alloc(bytes: usize) {
+    let now = LIVE.fetch_add(bytes as i64, Ordering::Relaxed) + bytes as i64;
+    let now = u64::try_from(now).unwrap_or(0);
+    // Read first: the peak's cache line is written only when it grows.
+    if now > LIVE_PEAK.load(Ordering::Relaxed) {
+        LIVE_PEAK.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+fn note_free(bytes: usize) {
+    LIVE.fetch_sub(bytes as i64, Ordering::Relaxed);
+}
+
+/// Bytes live in the workers' arenas together now, and the most they
+/// reached (since the start, the last [`reset_live_peak`], or a fork).
+pub(crate) fn live_together() -> (usize, usize) {
+    let now = usize::try_from(LIVE.load(Ordering::Relaxed)).unwrap_or(0);
+    let peak = usize::try_from(LIVE_PEAK.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
+    (now, peak.max(now))
+}
+
+/// The live peak starts again from the bytes live now.
+pub(crate) fn reset_live_peak() {
+    let now = u64::try_from(LIVE.load(Ordering::Relaxed)).unwrap_or(0);
+    LIVE_PEAK.store(now, Ordering::Relaxed);
+}
+
+/// In a forked child: the live count starts again from what the arenas
+/// published (the blocks of runs the child does not have are never freed
+/// there, and stay counted as the arenas count them).
+pub(crate) fn child_after_fork() {
+    let (sum, _) = all_stats();
+    LIVE.store(
+        i64::try_from(sum.in_use).unwrap_or(i64::MAX),
+        Ordering::Relaxed,
+    );
+    LIVE_PEAK.store(sum.in_use as u64, Ordering::Relaxed);
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);

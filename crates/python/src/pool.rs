@@ -34,10 +34,10 @@ struct Config {
 struct State {
     config: Config,
     pool: Option<WorkerPool>,
-    /// Most bytes live in all arenas at once, as seen by runs (a run's own
-    /// peak plus what the other arenas held), since the last reset.
-    allocated_peak: usize,
-    /// Most bytes committed by all arenas at once, likewise.
+    /// Most bytes committed by all arenas at once, as seen by runs (a
+    /// run's own reservation plus what the other arenas held), since the
+    /// last reset. (The live peak is counted at each alloc and free:
+    /// [`tensor_arena_ort::live_together`].)
     reserved_peak: usize,
     /// Runs refused memory.
     ooms: u64,
@@ -115,7 +115,6 @@ fn with_state<T>(f: impl FnOnce(&mut State) -> T) -> T {
             outputs: OutputMode::Copy,
         },
         pool: None,
-        allocated_peak: 0,
         reserved_peak: 0,
         ooms: 0,
     });
@@ -139,14 +138,9 @@ pub(crate) fn pool() -> PyResult<(WorkerPool, OutputMode)> {
 pub(crate) fn after_run(worker: &Worker, info: &RunInfo) {
     let (_, total) = tensor_arena_ort::arenas();
     let own = worker.stats();
-    let others_in_use = total.in_use.saturating_sub(own.in_use);
     let others_reserved = total.reserved.saturating_sub(own.reserved);
     let run_reserved = info.report.reserved + info.report.released;
     with_state(|st| {
-        st.allocated_peak = st
-            .allocated_peak
-            .max(others_in_use + info.report.peak_in_use)
-            .max(total.in_use);
         st.reserved_peak = st
             .reserved_peak
             .max(others_reserved + run_reserved)
@@ -381,7 +375,9 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// The arenas' counters, named as crates/cuda's `TorchStats` (PyTorch's
 /// `memory_stats()`) names them: `allocated_current`, `allocated_peak`,
 /// `reserved_current`, `reserved_peak`, `allocations_current`,
-/// `allocations`, `frees`, `ooms`, `free_bytes`, `largest_free_block`;
+/// `allocations`, `frees`, `ooms`, `free_bytes`, `largest_free_block`
+/// (`allocated_*` counted at every alloc and free, so the peak includes
+/// the moments when runs in flight overlap);
 /// and the pool's: `arenas` (alive), `workers` (the pool's size),
 /// `checkouts`, `waits`, `runs`, `planned_runs`, `system_allocs` (tensors
 /// ONNX Runtime allocated outside a run: session creation); and its
@@ -400,9 +396,9 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pyfunction]
 fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let (n, s) = tensor_arena_ort::arenas();
-    let (apeak, rpeak, ooms, pool, workers) = with_state(|st| {
+    let (live, live_peak) = tensor_arena_ort::live_together();
+    let (rpeak, ooms, pool, workers) = with_state(|st| {
         (
-            st.allocated_peak,
             st.reserved_peak,
             st.ooms,
             st.pool.as_ref().map(WorkerPool::stats),
@@ -411,8 +407,8 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     });
     let counters = tensor_arena_ort::allocator_counters();
     let d = PyDict::new(py);
-    d.set_item("allocated_current", s.in_use)?;
-    d.set_item("allocated_peak", apeak.max(s.in_use))?;
+    d.set_item("allocated_current", live)?;
+    d.set_item("allocated_peak", live_peak)?;
     d.set_item("reserved_current", s.reserved)?;
     d.set_item("reserved_peak", rpeak.max(s.reserved))?;
     d.set_item("allocations_current", s.live_blocks)?;
@@ -454,10 +450,8 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pyfunction]
 fn reset_peak_stats() {
     let (_, s) = tensor_arena_ort::arenas();
-    with_state(|st| {
-        st.allocated_peak = s.in_use;
-        st.reserved_peak = s.reserved;
-    });
+    tensor_arena_ort::reset_live_peak();
+    with_state(|st| st.reserved_peak = s.reserved);
 }
 
 /// Idle workers give cached memory back: down to what their models' recent

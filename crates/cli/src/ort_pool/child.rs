@@ -229,6 +229,7 @@ fn serve(
         if let Err(e) = rss::reset_peak() {
             peak_note = Some(e);
         }
+        tensor_arena_ort::reset_live_peak();
         eprintln!(
             "[{name}] sessions open ({:.1} MiB RSS); {} request(s) on {} worker(s)",
             baseline as f64 / (1024.0 * 1024.0),
@@ -339,6 +340,7 @@ fn serve(
         end_rss_bytes: end.0,
         peak_reserved_bytes: budget.map(|b| b.stats().peak_committed as u64),
         end_reserved_bytes: end_reserved,
+        peak_live_bytes: budget.map(|_| tensor_arena_ort::live_together().1 as u64),
         baseline_malloc_bytes: baseline_malloc,
         peak_malloc_bytes: peak_malloc,
         budget: budget.filter(|_| config == PoolConfig::Budget).map(|b| {

@@ -106,6 +106,11 @@ pub struct ConfigReport {
     pub peak_reserved_bytes: Option<u64>,
     /// tensor-arena: what they had committed after the last request.
     pub end_reserved_bytes: Option<u64>,
+    /// tensor-arena: the most bytes live in the workers' arenas at once,
+    /// counted at each alloc and free (`tensor_arena_ort::live_together`):
+    /// what the reserved peak is set against.
+    #[serde(default)]
+    pub peak_live_bytes: Option<u64>,
     /// glibc's malloc: what it held from the system with the workers made
     /// (`None` off glibc).
     pub baseline_malloc_bytes: Option<u64>,
@@ -193,7 +198,7 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
     );
     let _ = writeln!(
         s,
-        "{:<17} {:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9}",
+        "{:<17} {:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>10} {:>9}",
         "config",
         "requests",
         "failed",
@@ -204,6 +209,7 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
         "peak MiB",
         "end MiB",
         "reserved",
+        "live",
         "malloc",
         "reclaimed",
         "refusals"
@@ -215,7 +221,7 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
         };
         let _ = writeln!(
             s,
-            "{:<17} {:>8} {:>7} {:>8.2} {:>8.1} {:>8.1} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10} {:>9}",
+            "{:<17} {:>8} {:>7} {:>8.2} {:>8.1} {:>8.1} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>10} {:>9}",
             r.config,
             r.requests,
             r.failed,
@@ -226,6 +232,7 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
             mib(r.peak_rss_bytes),
             mib(r.end_rss_bytes),
             r.peak_reserved_bytes.map_or("-".into(), mib),
+            r.peak_live_bytes.map_or("-".into(), mib),
             r.peak_malloc_bytes.map_or("-".into(), mib),
             reclaimed,
             refusals
@@ -281,7 +288,7 @@ pub fn table(args: &PoolArgs, reports: &[ConfigReport], identical: Option<bool>)
     }
     let _ = writeln!(
         s,
-        "reserved: the arenas' largest committed total (MiB); peak: RSS high-water while serving; malloc: the most glibc's malloc held while serving (sampled)"
+        "reserved: the arenas' largest committed total (MiB); live: the most bytes live in them at once (MiB); peak: RSS high-water while serving; malloc: the most glibc's malloc held while serving (sampled)"
     );
     let _ = writeln!(
         s,
