@@ -239,7 +239,7 @@ def ocr_threads(args):
         import tensor_arena.onnxruntime as ta
         st = ta.stats()
         arenas = {k: round(st[k] / 2**20, 1) for k in ("allocated_peak", "reserved_peak")}
-        arenas.update({k: st.get(k) for k in ("runs_in_flight_peak", "admission_waits", "retried_alone")})
+        arenas.update({k: st.get(k) for k in ("runs_in_flight_peak", "admission_waits", "retried_alone", "admitted_peak")})
     if patch:
         patch.undo()
     return dict(images=len(imgs), threads=args.threads, time_s=round(total, 3), peak_mib=round(peak_mib(), 1),
