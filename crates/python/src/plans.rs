@@ -13,7 +13,7 @@
 //! Locks and the GIL: a fork's `before` hook takes `SAVING` and `STATE`
 //! without the GIL, then waits for the GIL while it holds them. So a
 //! thread that holds the GIL never waits for either. A call from Python
-//! takes `STATE` at once if it is free ([`with_state`]), and otherwise
+//! takes `STATE` at once if it is free (`with_state`), and otherwise
 //! lets the GIL go (`py.detach`) before it waits. Letting the GIL go on
 //! every call instead starved the process: a thread calling `configure`
 //! or `config()` in a loop took it back before any waiting thread woke,
