@@ -119,3 +119,51 @@ def ta_library():
     # The library a session of this interpreter loads.
     from tensor_arena import _library
     return os.path.realpath(_library.find())
+
+
+STARVE = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    from tensor_arena import onnxruntime as ta
+    store = sys.argv[1]
+    ta.configure(plans=store)
+    stop = threading.Event()
+    def loop(call):
+        while not stop.is_set():
+            call()
+    threads = [threading.Thread(target=loop, args=(lambda: ta.configure(plans=store),)),
+               threading.Thread(target=loop, args=(ta.config,))]
+    for t in threads:
+        t.start()
+    # 200 short sleeps: each gives the GIL up and needs it back.
+    t0 = time.monotonic()
+    worst = 0.0
+    for _ in range(200):
+        t = time.monotonic()
+        time.sleep(0.001)
+        worst = max(worst, time.monotonic() - t)
+    total = time.monotonic() - t0
+    stop.set()
+    for t in threads:
+        t.join()
+    print(json.dumps({"seconds": total, "worst": worst}))
+    """
+)
+
+
+def test_threads_calling_configure_and_config_in_a_loop_starve_no_other_thread(tmp_path):
+    # Before configure() and config() took the plans' lock with the GIL
+    # held when it was free (letting the GIL go only to wait for it), a
+    # thread calling them in a loop took the GIL back before any waiting
+    # thread woke: the main thread here waited seconds for each sleep
+    # (over 60 s for the 200). Now about the sleeps' own 0.2 s and the
+    # switch interval's share; the bound is for a busy machine.
+    try:
+        r = subprocess.run([sys.executable, "-c", STARVE, str(tmp_path)],
+                           capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("200 sleeps beside configure()/config() loops took over 60 s") from None
+    assert r.returncode == 0, r.stderr
+    import json
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["seconds"] < 20, got
