@@ -194,8 +194,7 @@ impl Pages {
                 if self.tally.0 >= PROBE_MIN {
                     let (n, spent) = core::mem::take(&mut self.tally);
                     if spent / n as u32 > self.slow_huge {
-                        self.slow_commits += 1;
-                        self.slow_at = Some(Instant::now());
+                        self.found_slow();
                     }
                 }
             }
@@ -213,8 +212,7 @@ impl Pages {
             if (self.clock)().saturating_sub(t) / pages > self.slow_huge {
                 // Slow, even in the commit's last step: the next commits
                 // take base pages for a while ([`SLOW_FOR`]).
-                self.slow_commits += 1;
-                self.slow_at = Some(Instant::now());
+                self.found_slow();
                 if to == split {
                     break;
                 }
@@ -234,6 +232,13 @@ impl Pages {
             from = to;
         }
         Ok(kept_from)
+    }
+
+    /// Huge pages were found slow now: this commit counts, and the commits
+    /// of the next [`SLOW_FOR`] take base pages ([`Pages::huge_pages_slow`]).
+    fn found_slow(&mut self) {
+        self.slow_commits += 1;
+        self.slow_at = Some(Instant::now());
     }
 
     /// Whether huge pages were found slow moments ago ([`SLOW_FOR`]) and
@@ -553,11 +558,8 @@ impl Memory for Pages {
         if !self.lazy.is_empty() {
             self.settle(at.cast::<u8>(), len);
         }
-        let probed = if slow {
-            Ok(kept_from_huge)
-        } else {
-            self.probe_huge(at, len, kept_from_huge)
-        };
+        // Kept from huge pages from its start (`slow`): nothing is probed.
+        let probed = self.probe_huge(at, len, kept_from_huge);
         match probed.and_then(|kept| Ok((kept, self.populate(at, len)?))) {
             Ok((kept_from_huge, populated)) => {
                 if let Some(off) = kept_from_huge.filter(|_| populated) {
