@@ -185,6 +185,12 @@ impl Budget {
         self.committed.load(Ordering::Relaxed)
     }
 
+    /// Starts [`BudgetStats::peak_committed`] again from what is committed
+    /// now (a tool's window, Python's `reset_peak_stats`).
+    pub fn reset_peak(&self) {
+        self.peak.store(self.committed(), Ordering::Relaxed);
+    }
+
     /// Registers `member` as one that can give memory back when another
     /// member's commit needs room. Held weakly: a dropped member leaves.
     pub fn register(&self, member: Weak<dyn Reclaim>) {

@@ -102,7 +102,7 @@ fn default_workers() -> usize {
         .filter(|&n: &usize| n > 0)
         // Two per CPU: a pool of one per CPU left a core idle while Python
         // threads made inputs and copied outputs between runs (16 threads
-        // on 2 CPUs: BENCHMARKS.md, "Python: tensor_arena.onnxruntime").
+        // on 2 CPUs: docs/decisions.md, "Two pool workers per CPU").
         .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
@@ -376,8 +376,9 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// `memory_stats()`) names them: `allocated_current`, `allocated_peak`,
 /// `reserved_current`, `reserved_peak`, `allocations_current`,
 /// `allocations`, `frees`, `ooms`, `free_bytes`, `largest_free_block`
-/// (`allocated_*` counted at every alloc and free, so the peak includes
-/// the moments when runs in flight overlap);
+/// (`allocated_*` counted at every alloc and free, and `reserved_peak` at
+/// every commit and give-back under the workers' budget, so the peaks
+/// include the moments when runs in flight overlap);
 /// and the pool's: `arenas` (alive), `workers` (the pool's size),
 /// `checkouts`, `waits`, `runs`, `planned_runs`, `system_allocs` (tensors
 /// ONNX Runtime allocated outside a run: session creation); and its
@@ -397,14 +398,19 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let (n, s) = tensor_arena_ort::arenas();
     let (live, live_peak) = tensor_arena_ort::live_together();
-    let (rpeak, ooms, pool, workers) = with_state(|st| {
+    let (rpeak, ooms, pool, workers, budget) = with_state(|st| {
         (
             st.reserved_peak,
             st.ooms,
             st.pool.as_ref().map(WorkerPool::stats),
             st.config.workers,
+            st.pool.is_some().then(|| st.config.options.budget.clone()),
         )
     });
+    // The workers' budget counts every commit and give-back: its peak is
+    // the arenas' reserved peak, exact where runs in flight overlap.
+    let committed_peak = workers_budget(budget).map(|b| b.stats().peak_committed);
+    let rpeak = committed_peak.unwrap_or(rpeak);
     let counters = tensor_arena_ort::allocator_counters();
     let d = PyDict::new(py);
     d.set_item("allocated_current", live)?;
@@ -451,7 +457,24 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 fn reset_peak_stats() {
     let (_, s) = tensor_arena_ort::arenas();
     tensor_arena_ort::reset_live_peak();
-    with_state(|st| st.reserved_peak = s.reserved);
+    let budget = with_state(|st| {
+        st.reserved_peak = s.reserved;
+        st.pool.is_some().then(|| st.config.options.budget.clone())
+    });
+    if let Some(b) = workers_budget(budget) {
+        b.reset_peak();
+    }
+}
+
+/// The budget the pool's workers commit under, once the pool exists
+/// (`pool_budget`: `Some` of the configured one then): the configured one,
+/// else the default limit's, which the pool made. Read outside the
+/// state's lock (the default limit has its own).
+fn workers_budget(pool_budget: Option<Option<Arc<ArenaBudget>>>) -> Option<Arc<ArenaBudget>> {
+    match pool_budget? {
+        Some(b) => Some(b),
+        None => tensor_arena_ort::default_budget().ok().flatten(),
+    }
 }
 
 /// Idle workers give cached memory back: down to what their models' recent

@@ -45,6 +45,7 @@ def test_sixteen_threads_one_session(assets, model, workers):
             except BaseException as e:  # reported below, in the test's thread
                 errors.append(e)
 
+        ta.reset_peak_stats()
         threads = [threading.Thread(target=client, args=(t,)) for t in range(16)]
         for th in threads:
             th.start()
@@ -59,5 +60,8 @@ def test_sixteen_threads_one_session(assets, model, workers):
         assert max(seen_arenas) <= workers, (max(seen_arenas), workers)
         assert st["arenas"] <= workers
         assert st["checkouts"] >= 16 * ROUNDS
+        # Both peaks counted as they happen: what the arenas committed
+        # together covered what they held live together at every moment.
+        assert st["reserved_peak"] >= st["allocated_peak"] > 0, st
     finally:
         ta.configure(workers=before["workers"])

@@ -291,3 +291,25 @@ proptest! {
         prop_assert_eq!(budget.committed(), 0);
     }
 }
+
+/// The committed peak counts what two arenas held at once, and starts again
+/// from what is committed at a reset.
+#[test]
+fn the_committed_peak_counts_arenas_together_and_resets_to_now() {
+    let budget = Budget::new(256 * MIB);
+    let a = SharedArena::with_budget(ArenaConfig::default(), &budget).unwrap();
+    let b = SharedArena::with_budget(ArenaConfig::default(), &budget).unwrap();
+    let x = a.try_alloc(8 * MIB).unwrap();
+    let y = b.try_alloc(8 * MIB).unwrap();
+    let together = budget.committed();
+    assert!(together >= 16 * MIB, "{together}");
+    assert!(budget.stats().peak_committed >= together);
+    drop((x, y));
+    a.shrink();
+    b.shrink();
+    let now = budget.committed();
+    assert!(now < together, "{now} {together}");
+    assert!(budget.stats().peak_committed >= together);
+    budget.reset_peak();
+    assert_eq!(budget.stats().peak_committed, now);
+}
