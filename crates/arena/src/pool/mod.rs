@@ -157,6 +157,11 @@ impl<M: Memory> Pool<M> {
     pub(crate) fn live_count(&self) -> usize {
         self.map.used_count()
     }
+    /// Whether a block allocated in a run (not outside any) is live: a
+    /// walk over the spans.
+    pub(crate) fn blocks_of_runs_live(&self) -> bool {
+        self.map.used_spans().any(|(_, _, _, tag)| tag.run != 0)
+    }
     pub(crate) fn largest_free(&self) -> usize {
         self.map.largest_free()
     }
@@ -247,7 +252,11 @@ impl<M: Memory> Pool<M> {
         align: usize,
         tag: Tag,
     ) -> Result<RawBlock<M::Ptr>, ArenaError> {
-        let holes = self.in_place() && self.regions.iter().flatten().any(|r| !r.holes.is_empty());
+        if !self.in_place() {
+            self.make_room_for_plan_block(size);
+            return self.alloc(size, align, tag);
+        }
+        let holes = self.regions.iter().flatten().any(|r| !r.holes.is_empty());
         if !holes {
             return self.alloc(size, align, tag);
         }
@@ -257,6 +266,23 @@ impl<M: Memory> Pool<M> {
         };
         self.cache_hits += 1;
         self.cover_holes(rid, off, span, size, tag, None)
+    }
+
+    /// By regions, before a plan's block of `size` bytes that no free span
+    /// holds, with no block live: the block is one span, so regions too
+    /// small for it would stay beside the region grown for it (a growing
+    /// decoder's plans held twice what its dynamic runs did). The memory
+    /// is laid out again first, as one region of what growing would add
+    /// (room past the block, as there was, for a run that leaves its
+    /// plan). A failure leaves the pool empty, and the block's allocation
+    /// then grows as usual or reports the error. (With blocks of earlier
+    /// runs live, the run does not draw its plan's block: `RawArena::begin_run`.)
+    fn make_room_for_plan_block(&mut self, size: usize) {
+        self.map.flush_front();
+        if self.map.largest_free() < size && self.map.used_count() == 0 {
+            let grown = self.region_size_for(size).max(size);
+            self.relayout(grown);
+        }
     }
 
     /// Takes the `size` bytes at offset `off` of region `rid` (a place the

@@ -429,7 +429,23 @@ impl<M: Memory> RawArena<M> {
             Some((rid, _)) if self.pool.in_use() == 0 => Some(rid),
             _ => None,
         };
+        // By regions (memory that cannot grow in place), with blocks of
+        // earlier runs live (outputs held into this run), the run is
+        // dynamic, and recorded so that its key learns from it: a plan's
+        // block is one span, which the regions those blocks pin could hold
+        // only by chance, and a region grown for it stays beside them (a
+        // plan's runs with their outputs held into the next took up to 2x
+        // the dynamic runs' memory on the shared traces, 4x on a growing
+        // decoder), where a dynamic run fills the space around them.
+        let pinned = || {
+            !self.pool.in_place() && self.pool.live_count() > 0 && self.pool.blocks_of_runs_live()
+        };
+        let mut record = record;
         let serve = match plan {
+            Some(plan) if plan.size() > 0 && pinned() => {
+                record = true;
+                None
+            }
             Some(plan) if plan.size() > 0 => Some(self.draw_plan_block(plan)?),
             _ => None,
         };
