@@ -101,7 +101,7 @@ fn peak_reserved_outputs_held(runs: &[TraceRun], planned: bool) -> (usize, u64) 
             if alloc {
                 live.insert(id, run.try_alloc(bytes).unwrap());
                 // The previous output goes once this run has started.
-                held = None;
+                drop(held.take());
             } else if Some(id) == output {
                 out = live.remove(&id);
             } else {
