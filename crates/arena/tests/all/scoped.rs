@@ -133,7 +133,7 @@ pub(crate) fn play<B: DerefMut<Target = [u8]>>(
                 seen.push(Seen::Freed);
             }
             Ev::Free(_) => {}
-            Ev::Stats => seen.push(Seen::Stats(stats())),
+            Ev::Stats => seen.push(Seen::Stats(comparable(stats()))),
         }
     }
     for (b, seed) in live.drain(..) {
