@@ -396,6 +396,14 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
     }
 
     fn begin_run(&mut self, at: &At<'_>, plan: Option<Arc<Plan>>, recorded: bool) {
+        // On `Heap` (regions), a planned run that starts while blocks of
+        // earlier runs are live (not blocks allocated outside any run) is
+        // dynamic, and recorded.
+        let pinned = plan.is_some()
+            && self
+                .live
+                .iter()
+                .any(|l| l.run.is_some() && !l.block.is_empty());
         let open = |plan: Option<Arc<Plan>>| match plan {
             Some(p) => self.arena.begin_planned_run(p),
             None if recorded => self.arena.try_begin_recorded_run(),
@@ -407,7 +415,8 @@ impl<'a, 'c, 's> Model<'a, 'c, 's> {
             return;
         }
         let begin = self.arena.stats();
-        let planned = plan.is_some();
+        let planned = plan.is_some() && !pinned;
+        let recorded = recorded || pinned;
         let run = match open(plan) {
             Ok(run) => run,
             Err(e) => {
