@@ -40,53 +40,15 @@ fn peak_reserved(runs: &[TraceRun], planned: bool) -> usize {
     peak
 }
 
-#[test]
-fn plans_on_the_heap_layer_hold_no_more_than_no_plan() {
-    let page = PAGE;
-    for name in [
-        "ort/ppocr-det-sizes.trace",
-        "ort/ppocr-rec-widths.trace",
-        "ort/densenet121-batches.trace",
-        "densenet121-mixed.trace",
-        "ppocr-cls-mixed.trace",
-        "silero-vad-mixed.trace",
-    ] {
-        let runs = read_trace(name);
-        let mut ascending = runs.clone();
-        ascending.sort_by_key(TraceRun::lower_bound);
-        let mut descending = ascending.clone();
-        descending.reverse();
-        for (order, runs) in [
-            ("recorded", &runs),
-            ("ascending", &ascending),
-            ("descending", &descending),
-        ] {
-            // Each shape twice: the second time planned.
-            let twice: Vec<TraceRun> = runs.iter().chain(runs.iter()).cloned().collect();
-            let dynamic = peak_reserved(&twice, false);
-            let planned = peak_reserved(&twice, true);
-            println!(
-                "{name} {order}: reserved peak planned {planned}, dynamic {dynamic} ({:.3}x)",
-                planned as f64 / dynamic as f64
-            );
-            assert!(
-                planned <= dynamic + page,
-                "{name} {order}: planned runs reserved {planned} on the heap layer, against \
-                 {dynamic} with no plan"
-            );
-        }
-    }
-}
-
 /// The most the arena reserved (at a run's end) over `runs`, served by
 /// plans learned by label (`planned`) or dynamically, each run's last
 /// block allocated (its output) held until the next run's first
 /// allocation, as a server that sends a response while the next request
 /// runs.
-fn peak_reserved_outputs_held(runs: &[TraceRun], planned: bool) -> (usize, u64) {
+fn peak_reserved_outputs_held(runs: &[TraceRun], planned: bool) -> usize {
     let arena = arena();
     let cache: PlanCache<String> = PlanCache::new(64);
-    let (mut peak, mut planned_runs) = (0, 0);
+    let mut peak = 0;
     let mut held = None;
     for t in runs {
         let lookup = cache.lookup(t.label.as_str());
@@ -111,7 +73,6 @@ fn peak_reserved_outputs_held(runs: &[TraceRun], planned: bool) -> (usize, u64) 
         out = out.or_else(|| output.and_then(|id| live.remove(&id)));
         drop(live);
         let (report, rec) = run.finish_with_recording();
-        planned_runs += u64::from(report.planned);
         if planned {
             cache.after_run(t.label.as_str(), &lookup, &report, &rec, true);
         }
@@ -120,7 +81,71 @@ fn peak_reserved_outputs_held(runs: &[TraceRun], planned: bool) -> (usize, u64) 
         peak = peak.max(arena.stats().reserved);
     }
     drop(held);
-    (peak, planned_runs)
+    peak
+}
+
+/// `planned` (the most reserved under plans) at most `dynamic` (with no
+/// plan) and a page.
+fn no_more_than_no_plan(what: &str, planned: usize, dynamic: usize) {
+    println!(
+        "{what}: reserved peak planned {planned}, dynamic {dynamic} ({:.3}x)",
+        planned as f64 / dynamic as f64
+    );
+    assert!(
+        planned <= dynamic + PAGE,
+        "{what}: planned runs reserved {planned} on the heap layer, against {dynamic} with no plan"
+    );
+}
+
+/// The shared traces in the order recorded, ascending and descending,
+/// each shape twice (the second time planned), named.
+fn traces_in_three_orders() -> Vec<(String, Vec<TraceRun>)> {
+    let mut out = Vec::new();
+    for name in [
+        "ort/ppocr-det-sizes.trace",
+        "ort/ppocr-rec-widths.trace",
+        "ort/densenet121-batches.trace",
+        "densenet121-mixed.trace",
+        "ppocr-cls-mixed.trace",
+        "silero-vad-mixed.trace",
+    ] {
+        let runs = read_trace(name);
+        let mut ascending = runs.clone();
+        ascending.sort_by_key(TraceRun::lower_bound);
+        let mut descending = ascending.clone();
+        descending.reverse();
+        for (order, runs) in [
+            ("recorded", runs),
+            ("ascending", ascending),
+            ("descending", descending),
+        ] {
+            let twice = runs.iter().chain(runs.iter()).cloned().collect();
+            out.push((format!("{name} {order}"), twice));
+        }
+    }
+    out
+}
+
+#[test]
+fn plans_on_the_heap_layer_hold_no_more_than_no_plan() {
+    for (name, runs) in traces_in_three_orders() {
+        no_more_than_no_plan(
+            &name,
+            peak_reserved(&runs, true),
+            peak_reserved(&runs, false),
+        );
+    }
+}
+
+#[test]
+fn outputs_held_into_the_next_run_leave_plans_holding_no_more_than_no_plan() {
+    for (name, runs) in traces_in_three_orders() {
+        no_more_than_no_plan(
+            &format!("{name}, outputs held"),
+            peak_reserved_outputs_held(&runs, true),
+            peak_reserved_outputs_held(&runs, false),
+        );
+    }
 }
 
 /// One decoder-like run at length `l`: K/V growing with `l`, live the whole
@@ -173,52 +198,16 @@ fn decoder_orders() -> Vec<(&'static str, Vec<usize>)> {
 fn a_decoders_plans_on_the_heap_layer_hold_no_more_than_no_plan() {
     for (order, lengths) in decoder_orders() {
         let runs: Vec<TraceRun> = lengths.iter().map(|&l| decoder_run(l)).collect();
-        let dynamic = peak_reserved(&runs, false);
-        let planned = peak_reserved(&runs, true);
-        println!("decoder {order}: planned {planned}, dynamic {dynamic}");
-        assert!(
-            planned <= dynamic + PAGE,
-            "decoder {order}: planned {planned} against {dynamic} with no plan"
+        no_more_than_no_plan(
+            &format!("decoder {order}"),
+            peak_reserved(&runs, true),
+            peak_reserved(&runs, false),
         );
-        let (dynamic, _) = peak_reserved_outputs_held(&runs, false);
-        let (planned, _) = peak_reserved_outputs_held(&runs, true);
-        println!("decoder {order}, outputs held: planned {planned}, dynamic {dynamic}");
-        assert!(
-            planned <= dynamic + PAGE,
-            "decoder {order}, outputs held: planned {planned} against {dynamic} with no plan"
+        no_more_than_no_plan(
+            &format!("decoder {order}, outputs held"),
+            peak_reserved_outputs_held(&runs, true),
+            peak_reserved_outputs_held(&runs, false),
         );
-    }
-}
-
-#[test]
-fn outputs_held_into_the_next_run_leave_plans_holding_no_more_than_no_plan() {
-    for name in [
-        "ort/ppocr-det-sizes.trace",
-        "ort/ppocr-rec-widths.trace",
-        "ort/densenet121-batches.trace",
-        "densenet121-mixed.trace",
-        "ppocr-cls-mixed.trace",
-        "silero-vad-mixed.trace",
-    ] {
-        let runs = read_trace(name);
-        let mut ascending = runs.clone();
-        ascending.sort_by_key(TraceRun::lower_bound);
-        let mut descending = ascending.clone();
-        descending.reverse();
-        for (order, runs) in [
-            ("recorded", &runs),
-            ("ascending", &ascending),
-            ("descending", &descending),
-        ] {
-            let twice: Vec<TraceRun> = runs.iter().chain(runs.iter()).cloned().collect();
-            let (dynamic, _) = peak_reserved_outputs_held(&twice, false);
-            let (planned, _) = peak_reserved_outputs_held(&twice, true);
-            println!("{name} {order}, outputs held: planned {planned}, dynamic {dynamic}");
-            assert!(
-                planned <= dynamic + PAGE,
-                "{name} {order}, outputs held: planned {planned} against {dynamic} with no plan"
-            );
-        }
     }
 }
 
