@@ -339,7 +339,11 @@ impl<M: HostMemory> Arena<M> {
     /// handed out at the plan's offsets while the run does what the plan
     /// recorded. A run that deviates continues on the dynamic pool and
     /// records from there on, so that [`Run::finish_with_recording`] gives
-    /// what a new plan needs; see [`crate::plan`].
+    /// what a new plan needs; see [`crate::plan`]. On memory that grows by
+    /// regions ([`Heap`]), a run opened while blocks of earlier runs are
+    /// live (outputs held into it) runs dynamically instead, recorded, and
+    /// reports `planned: false`: the plan's block would need a region of
+    /// its own beside the ones those blocks pin.
     ///
     /// # Errors
     /// [`ArenaError::RunAlreadyOpen`], or the errors of drawing the plan's
