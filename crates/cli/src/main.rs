@@ -42,7 +42,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::model::{ModelSpec, MODELS};
 use crate::replay::{Progress, ShrinkMode, StrategyResult, Touch};
 use crate::report::{Report, WorkloadInfo};
-use crate::strategies::{run_strategy, Settings, Strategy};
+use crate::strategies::{run_strategy, MemoryLayer, Settings, Strategy};
 use crate::workload::Workload;
 use tensor_arena::memory::HugePages;
 
@@ -145,6 +145,12 @@ struct ReplayArgs {
     /// (faults may compact), `never` for base pages only.
     #[arg(long, value_enum, default_value_t = HugePagesArg::Auto)]
     huge_pages: HugePagesArg,
+
+    /// The arena strategies' memory layer: `default` (`Pages` on Linux,
+    /// `Heap` elsewhere, as `Arena::new`), or `heap` (regions from the
+    /// global allocator, to measure on Linux what other systems run).
+    #[arg(long, value_enum, default_value_t = MemoryArg::Default)]
+    memory: MemoryArg,
 
     /// Print one JSON document instead of the table.
     #[arg(long)]
@@ -254,6 +260,9 @@ fn child_args(args: &ReplayArgs) -> Vec<OsString> {
         HugePagesArg::Advise => flag("huge-pages", "advise".into()),
         HugePagesArg::Never => flag("huge-pages", "never".into()),
     }
+    if args.memory == MemoryArg::Heap {
+        flag("memory", "heap".into());
+    }
     if let Some(svg) = &args.svg {
         flag("svg", svg.clone().into_os_string());
     }
@@ -274,6 +283,15 @@ enum HugePagesArg {
     Advise,
     /// Base pages only.
     Never,
+}
+
+/// `--memory`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum MemoryArg {
+    /// `Arena::new`'s: `Pages` on Linux, `Heap` elsewhere.
+    Default,
+    /// `Heap`: regions from the global allocator.
+    Heap,
 }
 
 /// Parses a byte count: an integer with an optional binary suffix (K, KiB,
@@ -358,6 +376,10 @@ fn replay_command(args: &ReplayArgs) -> Result<ExitCode, String> {
             HugePagesArg::Auto => HugePages::Auto,
             HugePagesArg::Advise => HugePages::Advise,
             HugePagesArg::Never => HugePages::Never,
+        },
+        memory: match args.memory {
+            MemoryArg::Default => MemoryLayer::Default,
+            MemoryArg::Heap => MemoryLayer::Heap,
         },
     };
     let store = match &args.plans {

@@ -1,9 +1,10 @@
 //! The strategies `replay` compares, and how each is set up.
 
-use tensor_arena::memory::{default_memory, HugePages, PagesConfig};
+use tensor_arena::allocator_api2::alloc::Global;
+use tensor_arena::memory::{default_memory, HostMemory, HugePages, PagesConfig};
 use tensor_arena::{
-    Arena, ArenaConfig, Block, Deviation, DynamicReason, Lookup, PlanCache, PlanSource, PlanStore,
-    Run, RunReport, ShrinkPolicy,
+    Arena, ArenaConfig, Block, Deviation, DynamicReason, Heap, Lookup, PlanCache, PlanSource,
+    PlanStore, Run, RunReport, ShrinkPolicy,
 };
 
 use crate::baselines::{pool_len, BumpBackend, GlobalAllocBackend, PoolAlloc, Talc, Tlsf};
@@ -105,6 +106,17 @@ pub struct Settings {
     pub timeline: bool,
     /// How the arena's `Pages` layer asks for transparent huge pages.
     pub huge_pages: HugePages,
+    /// The arena strategies' memory layer.
+    pub memory: MemoryLayer,
+}
+
+/// The memory layer of the arena strategies (`--memory`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryLayer {
+    /// The default of `Arena::new`: `Pages` on Linux, `Heap` elsewhere.
+    Default,
+    /// `Heap`: regions from the global allocator (the default off Linux).
+    Heap,
 }
 
 /// What `reserved` means for the arena strategies.
@@ -286,10 +298,31 @@ fn replay_on_arena(
     };
     // `arena_config` sets only the cap (any value is valid) and a shrink
     // policy on the defaults: the configuration always validates.
-    let arena = Arena::with_memory(arena_config(settings), default_memory(pages))
-        .expect("a valid arena configuration");
+    match settings.memory {
+        MemoryLayer::Default => {
+            let arena = Arena::with_memory(arena_config(settings), default_memory(pages))
+                .expect("a valid arena configuration");
+            replay_on(name, &arena, workload, settings, progress, planned)
+        }
+        MemoryLayer::Heap => {
+            let arena = Arena::with_memory(arena_config(settings), Heap::new(Global))
+                .expect("a valid arena configuration");
+            replay_on(name, &arena, workload, settings, progress, planned)
+        }
+    }
+}
+
+/// [`replay_on_arena`] on `arena`.
+fn replay_on<M: HostMemory>(
+    name: &str,
+    arena: &Arena<M>,
+    workload: &Workload,
+    settings: Settings,
+    progress: &Progress,
+    planned: Option<Option<&PlanStore>>,
+) -> StrategyResult {
     let max_ids = workload.runs.iter().map(|r| r.allocs()).max().unwrap_or(0);
-    let mut backend = ArenaBackend::new(&arena, settings.shrink, max_ids);
+    let mut backend = ArenaBackend::new(arena, settings.shrink, max_ids);
     if let Some(store) = planned {
         let cache = PlanCache::new(256);
         // As `tensor-arena-ort`'s plans: refits are left to the time
@@ -378,12 +411,12 @@ pub fn served_as(source: PlanSource, report: &RunReport) -> String {
 
 /// Drives an [`Arena`]: each workload run is an arena run, each tensor a
 /// [`Block`] dropped when the tensor dies.
-struct ArenaBackend<'a> {
-    arena: &'a Arena,
+struct ArenaBackend<'a, M: HostMemory> {
+    arena: &'a Arena<M>,
     /// The open run, between `begin_run` and `end_run`.
-    run: Option<Run<'a>>,
+    run: Option<Run<'a, M>>,
     /// Live blocks by id.
-    blocks: Vec<Option<Block<'a>>>,
+    blocks: Vec<Option<Block<'a, M>>>,
     shrink: ShrinkMode,
     /// Backing allocs + frees when the run began.
     backing_at_run_start: u64,
@@ -391,9 +424,9 @@ struct ArenaBackend<'a> {
     plans: Option<Planner>,
 }
 
-impl<'a> ArenaBackend<'a> {
+impl<'a, M: HostMemory> ArenaBackend<'a, M> {
     /// A backend on `arena`, with room for runs of `max_ids` tensors.
-    fn new(arena: &'a Arena, shrink: ShrinkMode, max_ids: usize) -> Self {
+    fn new(arena: &'a Arena<M>, shrink: ShrinkMode, max_ids: usize) -> Self {
         Self {
             arena,
             run: None,
@@ -411,7 +444,7 @@ impl<'a> ArenaBackend<'a> {
     }
 }
 
-impl Backend for ArenaBackend<'_> {
+impl<M: HostMemory> Backend for ArenaBackend<'_, M> {
     fn begin_run(&mut self, ids: usize) {
         self.blocks.clear();
         self.blocks.resize_with(ids, || None);
