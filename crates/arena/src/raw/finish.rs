@@ -213,6 +213,42 @@ impl<M: Memory> RawArena<M> {
         }
     }
 
+    /// Gives memory back down to the watermark; see
+    /// [`Arena::shrink`](crate::Arena::shrink). Returns the bytes released.
+    pub fn shrink(&mut self) -> usize {
+        let target = self.watermark();
+        self.shrink_inner(target)
+    }
+
+    /// Gives memory back towards `bytes`; see
+    /// [`Arena::shrink_to`](crate::Arena::shrink_to).
+    pub fn shrink_to(&mut self, bytes: usize) -> usize {
+        self.shrink_inner(bytes)
+    }
+
+    /// Gives back what planned runs whose one block is `block` bytes (the
+    /// largest plan's) do not use, as far as live blocks allow: in place,
+    /// every fragment between live blocks (whole free granules) too small
+    /// to hold the block, and the free top beyond the block; by regions,
+    /// the wholly free regions beyond what is live and the block. Returns
+    /// the bytes released. (By regions it is
+    /// [`shrink_to`](RawArena::shrink_to) of what is live and the block.)
+    ///
+    /// For an arena that will serve planned runs: shrinking to a byte
+    /// target ([`RawArena::shrink_to`]) cuts the top first, keeping
+    /// fragments that no plan's block fits (such as the one below a block
+    /// that outlived the run it was allocated in) and leaving the block to
+    /// grow the top again.
+    pub fn shrink_for_plans(&mut self, block: usize) -> usize {
+        let block = crate::freemap::align_up(block, self.pool.granule()).unwrap_or(usize::MAX);
+        if !self.pool.in_place() {
+            return self.shrink_inner(self.pool.in_use().saturating_add(block));
+        }
+        self.check();
+        let released = self.pool.trim_for_block(block);
+        self.after_shrink(released)
+    }
+
     pub(super) fn shrink_inner(&mut self, bytes: usize) -> usize {
         self.check();
         let released = if self.pool.in_place() {

@@ -429,20 +429,12 @@ impl<M: Memory> RawArena<M> {
             Some((rid, _)) if self.pool.in_use() == 0 => Some(rid),
             _ => None,
         };
-        // By regions (memory that cannot grow in place), with blocks of
-        // earlier runs live (outputs held into this run), the run is
-        // dynamic, and recorded so that its key learns from it: a plan's
-        // block is one span, which the regions those blocks pin could hold
-        // only by chance, and a region grown for it stays beside them (a
-        // plan's runs with their outputs held into the next took up to 2x
-        // the dynamic runs' memory on the shared traces, 4x on a growing
-        // decoder), where a dynamic run fills the space around them.
-        let pinned = || {
-            !self.pool.in_place() && self.pool.live_count() > 0 && self.pool.blocks_of_runs_live()
-        };
+        // By regions, with blocks of earlier runs live (outputs held), the
+        // run is dynamic and recorded (docs/decisions.md, "Plans on the heap layer").
+        let pinned = !self.pool.in_place() && self.pool.live_count() > 0;
         let mut record = record;
         let serve = match plan {
-            Some(plan) if plan.size() > 0 && pinned() => {
+            Some(plan) if plan.size() > 0 && pinned && self.pool.blocks_of_runs_live() => {
                 record = true;
                 None
             }
@@ -556,42 +548,6 @@ impl<M: Memory> RawArena<M> {
             Some(t) => core::mem::take(t),
             None => crate::trace::Trace::default(),
         }
-    }
-
-    /// Gives memory back down to the watermark; see
-    /// [`Arena::shrink`](crate::Arena::shrink). Returns the bytes released.
-    pub fn shrink(&mut self) -> usize {
-        let target = self.watermark();
-        self.shrink_inner(target)
-    }
-
-    /// Gives memory back towards `bytes`; see
-    /// [`Arena::shrink_to`](crate::Arena::shrink_to).
-    pub fn shrink_to(&mut self, bytes: usize) -> usize {
-        self.shrink_inner(bytes)
-    }
-
-    /// Gives back what planned runs whose one block is `block` bytes (the
-    /// largest plan's) do not use, as far as live blocks allow: in place,
-    /// every fragment between live blocks (whole free granules) too small
-    /// to hold the block, and the free top beyond the block; by regions,
-    /// the wholly free regions beyond what is live and the block. Returns
-    /// the bytes released. (By regions it is
-    /// [`shrink_to`](RawArena::shrink_to) of what is live and the block.)
-    ///
-    /// For an arena that will serve planned runs: shrinking to a byte
-    /// target ([`RawArena::shrink_to`]) cuts the top first, keeping
-    /// fragments that no plan's block fits (such as the one below a block
-    /// that outlived the run it was allocated in) and leaving the block to
-    /// grow the top again.
-    pub fn shrink_for_plans(&mut self, block: usize) -> usize {
-        let block = crate::freemap::align_up(block, self.pool.granule()).unwrap_or(usize::MAX);
-        if !self.pool.in_place() {
-            return self.shrink_inner(self.pool.in_use().saturating_add(block));
-        }
-        self.check();
-        let released = self.pool.trim_for_block(block);
-        self.after_shrink(released)
     }
 
     /// Keeps an emptied recording's capacity for the next run.
