@@ -149,8 +149,8 @@ struct ReplayArgs {
     /// The arena strategies' memory layer: `default` (`Pages` on Linux,
     /// `Heap` elsewhere, as `Arena::new`), or `heap` (regions from the
     /// global allocator, to measure on Linux what other systems run).
-    #[arg(long, value_enum, default_value_t = MemoryArg::Default)]
-    memory: MemoryArg,
+    #[arg(long, value_enum, default_value_t = MemoryLayer::Default)]
+    memory: MemoryLayer,
 
     /// Print one JSON document instead of the table.
     #[arg(long)]
@@ -260,7 +260,7 @@ fn child_args(args: &ReplayArgs) -> Vec<OsString> {
         HugePagesArg::Advise => flag("huge-pages", "advise".into()),
         HugePagesArg::Never => flag("huge-pages", "never".into()),
     }
-    if args.memory == MemoryArg::Heap {
+    if args.memory == MemoryLayer::Heap {
         flag("memory", "heap".into());
     }
     if let Some(svg) = &args.svg {
@@ -283,15 +283,6 @@ enum HugePagesArg {
     Advise,
     /// Base pages only.
     Never,
-}
-
-/// `--memory`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum MemoryArg {
-    /// `Arena::new`'s: `Pages` on Linux, `Heap` elsewhere.
-    Default,
-    /// `Heap`: regions from the global allocator.
-    Heap,
 }
 
 /// Parses a byte count: an integer with an optional binary suffix (K, KiB,
@@ -377,10 +368,7 @@ fn replay_command(args: &ReplayArgs) -> Result<ExitCode, String> {
             HugePagesArg::Advise => HugePages::Advise,
             HugePagesArg::Never => HugePages::Never,
         },
-        memory: match args.memory {
-            MemoryArg::Default => MemoryLayer::Default,
-            MemoryArg::Heap => MemoryLayer::Heap,
-        },
+        memory: args.memory,
     };
     let store = match &args.plans {
         Some(dir) => Some(plans_cmd::replay_store(

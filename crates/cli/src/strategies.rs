@@ -111,7 +111,7 @@ pub struct Settings {
 }
 
 /// The memory layer of the arena strategies (`--memory`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum MemoryLayer {
     /// The default of `Arena::new`: `Pages` on Linux, `Heap` elsewhere.
     Default,
