@@ -234,11 +234,11 @@ pub(super) fn model_of(
     }
     let proportional =
         |m: &Monomial, values: &[f64]| scaled(values, &sizes, q).map(|v| (m.clone(), v));
-    if let Some(fits) = first_class(tiers, false, proportional) {
+    if let Some(fits) = first_class(tiers, proportional) {
         return Some(SizeModel::Scaled(fits));
     }
     let affine = |m: &Monomial, values: &[f64]| affine(values, &sizes, q).map(|v| (m.clone(), v));
-    first_class(tiers, true, affine).map(SizeModel::Affine)
+    first_class(tiers, affine).map(SizeModel::Affine)
 }
 
 /// Monomials that fit a block, each with the vertices `(a, c)` of what the
@@ -247,62 +247,34 @@ pub(super) type Fits = Vec<(Monomial, Vec<(f64, f64)>)>;
 
 /// The fits of the first tier that has any, and of every tier of its
 /// degree after it (of either class: the product of every varying
-/// dimension, or not) whose values at the shapes seen are those of one of the first
-/// tier's fits, scaled (`affine`: scaled and shifted): the shapes cannot
-/// tell such a tier from the first (the batch and the sequence when they
-/// only varied together, or any two monomials at two shapes for an affine
-/// size). A tier of the class that fits only within the rounding, its
-/// values unrelated, is told apart by the shapes and left out. Tier by
-/// tier; `None` when no tier fits.
+/// dimension, or not) that fits too: each explains the shapes seen as well
+/// as the first, so the shapes cannot tell them apart (the batch and the
+/// sequence when they only varied together; any two monomials at two
+/// shapes for an affine size; or a strided product that fits only within
+/// the rounding beside a square that fits exactly: `b * ceil(s / 4)` and
+/// `s^2` at `[1, 59]`, `[2, 118]`, `[1, 61]`). Where they part at a key,
+/// the prediction says so (`Predicted::least`). Tier by tier; `None` when
+/// no tier fits.
 fn first_class(
     tiers: &[Tier],
-    affine: bool,
     mut fit: impl FnMut(&Monomial, &[f64]) -> Option<(Monomial, Vec<(f64, f64)>)>,
 ) -> Option<Fits> {
-    // The first fitting tier's fits' values, and its degree.
-    let mut first: Vec<Vec<f64>> = Vec::new();
-    let mut degree = 0;
+    // The first fitting tier's degree, once one fits.
+    let mut degree = None;
     let mut fits: Fits = Vec::new();
     for tier in tiers {
-        if !first.is_empty() && tier.class.0 != degree {
+        if degree.is_some_and(|d| tier.class.0 != d) {
             break;
         }
-        if first.is_empty() {
-            degree = tier.class.0;
-            let with_values =
-                |m: &Monomial, values: &[f64]| fit(m, values).map(|f| (f, values.to_vec()));
-            (fits, first) = least_strided(tier, with_values).into_iter().unzip();
-        } else {
-            // Every later tier of its degree, the product of every
-            // varying dimension or not (`b * s` and `s^2` when the batch
-            // and the sequence doubled together): told apart by the shapes
-            // (cheaply, before any fit) or kept beside the first.
-            let related = |m: &Monomial, values: &[f64]| {
-                if first.iter().any(|f| alike(f, values, affine)) {
-                    fit(m, values)
-                } else {
-                    None
-                }
-            };
-            fits.extend(least_strided(tier, related));
+        // Every tier of that degree, the product of every varying
+        // dimension or not, that fits: kept beside the first.
+        let found = least_strided(tier, &mut fit);
+        if !found.is_empty() {
+            degree = Some(tier.class.0);
+            fits.extend(found);
         }
     }
-    (!first.is_empty()).then_some(fits)
-}
-
-/// Whether `b` is `c * a` (`affine`: `d + c * a`) at every shape, to a
-/// float's precision: two monomials the shapes cannot tell apart.
-fn alike(a: &[f64], b: &[f64], affine: bool) -> bool {
-    let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0);
-    if affine {
-        // Collinear points `(a_k, b_k)`: through the first and one other.
-        let Some(j) = (1..a.len()).find(|&j| a[j] != a[0]) else {
-            return b.iter().all(|&y| close(y, b[0]));
-        };
-        (0..a.len()).all(|k| close((b[k] - b[0]) * (a[j] - a[0]), (b[j] - b[0]) * (a[k] - a[0])))
-    } else {
-        (0..a.len()).all(|k| close(b[k] * a[0], a[k] * b[0]))
-    }
+    degree.map(|_| fits)
 }
 
 /// One tier of monomials, each with its values at the shapes fitted (in

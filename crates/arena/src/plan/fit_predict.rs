@@ -37,7 +37,6 @@ impl Fit {
         } else {
             1.0
         };
-        let below = self.below_range(dims);
         let mut sizes = Vec::with_capacity(self.models.len());
         let mut least: Option<Vec<usize>> = None;
         for (b, m) in self.models.iter().enumerate() {
@@ -57,9 +56,11 @@ impl Fit {
                     // constant is as well explained by a size that
                     // follows the dimension that moved (a buffer padded
                     // to a bucket or doubled past the length).
-                    (bytes, bytes * below)
+                    (bytes, bytes * self.below_range(dims, &Monomial(Vec::new())))
                 }
-                SizeModel::Scaled(fits) | SizeModel::Affine(fits) => tier_range(fits, dims),
+                SizeModel::Scaled(fits) | SizeModel::Affine(fits) => {
+                    tier_range(fits, dims, |m| self.below_range(dims, m))
+                }
             };
             let factor = scale.as_ref().map_or(1.0, |s| s[b]);
             let size = to_size(most * factor, q).ok_or(NoPrediction::Unpredictable)?;
@@ -75,12 +76,13 @@ impl Fit {
         Ok(Predicted { sizes, least })
     }
 
-    /// How far below the range of the shapes seen a key lies, as the
-    /// factor a size that follows its dimensions would shrink by: the
-    /// product, over the varying dimensions whose value at `dims` is under
-    /// every value seen, of `dims[d] / min_d`, counted only where the key
-    /// reaches further below the least value seen than the shapes seen
-    /// span (`min_d / dims[d] > max_d / min_d`); 1 where it does not.
+    /// How far below the range of the shapes seen a key lies in the
+    /// dimensions a model `m` leaves out, as the factor a size that
+    /// followed them would shrink by: the product, over the varying
+    /// dimensions not in `m` whose value at `dims` is under every value
+    /// seen, of `dims[d] / min_d`, counted only where the key reaches
+    /// further below the least value seen than the shapes seen span
+    /// (`min_d / dims[d] > max_d / min_d`); 1 where it does not.
     ///
     /// A block the same size at every shape seen may be a constant (a
     /// model's state) or a size padded to a bucket, or doubled as it
@@ -92,10 +94,15 @@ impl Fit {
     /// models the shapes cannot tell apart, and the prediction says both
     /// (`Predicted::least`): its family predicts the constant only where
     /// that costs no more than the least, and refuses the key otherwise.
-    fn below_range(&self, dims: &[u64]) -> f64 {
+    /// So with a block fitted by a model that leaves a varying dimension
+    /// out (affine in the batch, where the sequence moved with it): far
+    /// below the sequences seen, the sequence may be what it follows too
+    /// (a block in the cube of the sequence, seen at three shapes whose
+    /// batches it happened to fit).
+    fn below_range(&self, dims: &[u64], m: &Monomial) -> f64 {
         let mut factor = 1.0f64;
         for (d, &now) in dims.iter().enumerate() {
-            if !self.varied[d] {
+            if !self.varied[d] || m.0.iter().any(|f| usize::from(f.dim) == d) {
                 continue;
             }
             let (lo, hi) = self
@@ -216,10 +223,20 @@ fn telling(g: u64) -> bool {
 /// The largest and the least, over the tiers among `fits` (consecutive
 /// runs of one tier's strided variants), of each tier's largest prediction
 /// at `dims`: equal where one tier explains the shapes, apart where tiers
-/// of one class do and disagree at `dims`.
-fn tier_range(fits: &[(Monomial, Vec<(f64, f64)>)], dims: &[u64]) -> (f64, f64) {
+/// of one degree do and disagree at `dims`. A tier's least is its
+/// prediction times `below` of its monomial (how far a key lies below the
+/// shapes seen in the dimensions the tier leaves out).
+fn tier_range(
+    fits: &[(Monomial, Vec<(f64, f64)>)],
+    dims: &[u64],
+    below: impl Fn(&Monomial) -> f64,
+) -> (f64, f64) {
     let (mut most, mut fewest) = (0.0f64, f64::INFINITY);
     let mut tier: Option<(&Monomial, f64)> = None;
+    let mut close = |m: &Monomial, top: f64| {
+        most = most.max(top);
+        fewest = fewest.min(top * below(m));
+    };
     for (m, vertices) in fits {
         let x = m.eval(dims);
         let v = vertices
@@ -228,17 +245,15 @@ fn tier_range(fits: &[(Monomial, Vec<(f64, f64)>)], dims: &[u64]) -> (f64, f64) 
             .fold(f64::NEG_INFINITY, f64::max);
         tier = match tier {
             Some((first, top)) if first.same_tier(m) => Some((first, top.max(v))),
-            Some((_, top)) => {
-                most = most.max(top);
-                fewest = fewest.min(top);
+            Some((first, top)) => {
+                close(first, top);
                 Some((m, v))
             }
             None => Some((m, v)),
         };
     }
-    if let Some((_, top)) = tier {
-        most = most.max(top);
-        fewest = fewest.min(top);
+    if let Some((first, top)) = tier {
+        close(first, top);
     }
     if fewest.is_infinite() {
         fewest = most;

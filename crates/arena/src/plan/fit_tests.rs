@@ -95,13 +95,11 @@ fn a_square_beside_the_product_of_every_dimension_is_ambiguous() {
         &[obs(&[1, 64], &[cube(64)]), obs(&[2, 128], &[cube(128)])],
         64,
     );
-    // (No monomial is a cube of one dimension: the fits that explain it
-    // part from each other, and none is predicted alone.)
+    // The sequence's cube is one of them: the least at `[8, 64]` is the
+    // size seen at a sequence of 64, the largest the batch's cube.
     let at = f.predict(&[8, 64]).unwrap();
-    assert!(
-        at.least.as_ref().is_some_and(|l| l[0] < at.sizes[0]),
-        "{at:?}"
-    );
+    assert_eq!(at.least, Some(vec![cube(64)]), "{at:?}");
+    assert_eq!(at.sizes, [512 * cube(64)]);
 }
 
 /// K/V buffers padded to 2,048 tokens at lengths 1,025 and 1,030: a block
@@ -479,4 +477,53 @@ fn the_slope_filter_keeps_every_line_and_refuses_noise() {
         1e-9 * 64.0 * 999.0
     ));
     assert!(super::affine(&ms, &sizes, 64.0).is_none());
+}
+
+/// A strided product that fits only within the rounding
+/// (`b * ceil(s / 4)`: 15, 60 and 16 at `[1, 59]`, `[2, 118]`, `[1, 61]`)
+/// beside a square that fits exactly (`s^2`): both explain the shapes
+/// seen, so where they part the prediction says so (`least`). When only
+/// the first tier's class was kept, the product was predicted at
+/// `[2, 30]`, 3,776 bytes for a block of 900.
+#[test]
+fn a_fit_within_the_rounding_beside_an_exact_one_is_ambiguous() {
+    let r = |x: u64| round(x, 64);
+    let f = Fit::new(
+        &[
+            obs(&[1, 59], &[r(59 * 59), 4096]),
+            obs(&[2, 118], &[r(118 * 118), 4096]),
+            obs(&[1, 61], &[r(61 * 61), 4096]),
+        ],
+        64,
+    );
+    let at = f.predict(&[2, 30]).unwrap();
+    assert_eq!(at.least, Some(vec![r(30 * 30), 4096]), "{at:?}");
+    assert!(at.sizes[0] > 3 * r(30 * 30));
+}
+
+/// A block fitted by a model that leaves the sequence out (affine in the
+/// batch) at a key far below every sequence seen: where the batch and the
+/// sequence moved together, the sequence may be what it follows, and the
+/// prediction says so, as for a constant (the family refuses the key
+/// where the two part by more than a sixty-fourth of its live bytes).
+/// Without the rule the block was predicted at the size the batch gives.
+#[test]
+fn a_model_that_leaves_out_a_dimension_far_below_its_range_is_ambiguous() {
+    let size = |b: usize| 1024 + 8704 * b;
+    let f = Fit::new(
+        &[
+            obs(&[1, 43], &[size(1)]),
+            obs(&[2, 86], &[size(2)]),
+            obs(&[13, 189], &[size(13)]),
+        ],
+        64,
+    );
+    let at = f.predict(&[1, 8]).unwrap();
+    assert_eq!(at.sizes, [size(1)]);
+    let least = at.least.expect("the models part at [1, 8]");
+    assert!(least[0] * 4 <= size(1), "{least:?}");
+    // A step below the sequences seen no longer than their span, or within
+    // it, the model stands alone.
+    assert!(f.predict(&[1, 20]).unwrap().least.is_none());
+    assert!(f.predict(&[1, 60]).unwrap().least.is_none());
 }

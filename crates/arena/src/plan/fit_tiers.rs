@@ -15,7 +15,7 @@ pub(super) fn tiers(varied: &[bool]) -> Vec<Vec<Monomial>> {
         return Vec::new();
     }
     let k = dims.len();
-    // Exponent vectors, each entry 0..=2, of degree 1..=3.
+    // Exponent vectors of degree 1..=3, each entry 0..=2, or one 3.
     let mut exps: Vec<Vec<u8>> = Vec::new();
     if k <= FULL_SEARCH_DIMS {
         let total = 3usize.pow(k as u32);
@@ -31,6 +31,14 @@ pub(super) fn tiers(varied: &[bool]) -> Vec<Vec<Monomial>> {
                 exps.push(e);
             }
         }
+        // The cube of one dimension (a block in the cube of the
+        // sequence): beside `b * s^2` it fits shapes where the batch and
+        // the sequence moved together, and the two part at other keys.
+        for i in 0..k {
+            let mut e = vec![0u8; k];
+            e[i] = 3;
+            exps.push(e);
+        }
     } else {
         for i in 0..k {
             let mut e = vec![0u8; k];
@@ -42,11 +50,12 @@ pub(super) fn tiers(varied: &[bool]) -> Vec<Vec<Monomial>> {
     exps.sort_by_key(|e| {
         let degree: u8 = e.iter().sum();
         let volume = e.iter().all(|&x| x == 1);
-        let squares = e.iter().filter(|&&x| x == 2).count();
+        let squares = e.iter().filter(|&&x| x >= 2).count();
         (
             degree,
             !volume,
             squares,
+            e.iter().max().copied(),
             e.iter().rev().copied().collect::<Vec<u8>>(),
         )
     });

@@ -302,15 +302,15 @@ fn kind() -> impl Strategy<Value = Kind> {
 
 proptest! {
     // A fixed seed: the rule does not hold on every such family yet, and a
-    // test that fails on one run in a few is no test. Families it is
-    // known to miss (sizes that equally good fits disagree on), each
-    // against its dynamic run: [(Square,1),(Const,1)], start (1,59), k 2,
-    // keys [(1,61),(2,30)]: 7,872 against 5,056 bytes; [(Cube,1),
-    // (Const,1)], start (2,69), keys [(1,8),(3,8)]: 4,288 against 4,160;
-    // [(Scores,1),(Cube,1)], start (1,43), keys [(13,189),(1,8)]: 1,280
-    // against 64 (docs/decisions.md, the tail of predictions).
+    // test that fails on one run in a few is no test. Drawn at random (8
+    // seeds of 500 families), 6 pass; the misses are kept predictions 128
+    // bytes over runs of 256 bytes to 4 KiB (two quanta: within the
+    // family's allowance of a sixty-fourth and a quantum a block, over
+    // this test's 3%), e.g. [(Cube,13),(Square,13)] from (2,22), k 2, at
+    // [14,16]: 4,288 against 4,160. The families a draw found paying more
+    // are `correlated_families_a_random_draw_found_are_held`.
     #![proptest_config(ProptestConfig {
-        cases: 32,
+        cases: 128,
         rng_seed: proptest::test_runner::RngSeed::Fixed(0x5eed_0059),
         failure_persistence: None,
         .. ProptestConfig::default()
@@ -451,4 +451,58 @@ fn a_block_after_one_served_in_a_slot_twice_its_size_is_no_extra_one() {
     drop(extra);
     let (report, _) = r.finish_with_recording();
     assert!(report.deviated, "{report:?}");
+}
+
+/// Correlated families a random draw once found paying for a prediction
+/// (each held at its dynamic run now, to a granule or 3%):
+/// - a block in `s^2` beside a constant, after `[1, 59]`, `[2, 118]` and
+///   `[1, 61]`: `b * ceil(s / 4)` fitted the three within the rounding and
+///   was predicted at `[2, 30]` (7,872 bytes against 5,056), because the
+///   square, fitting exactly, was of another class and never compared;
+/// - blocks in `s^3` after `[1, 21]`, `[2, 42]`: `b * s^2` and `b^2 * s`
+///   fitted them, the cube was no model, and `[13, 83]` was kept at 2.02x;
+/// - scores beside a cube, after `[1, 43]`, `[2, 86]`, `[13, 189]`: the
+///   cube fitted as affine in the batch, and `[1, 8]` was kept at 11x.
+#[test]
+fn correlated_families_a_random_draw_found_are_held() {
+    // Blocks (kind, scale), the first shape, its multiple, later keys.
+    type Family<'a> = (&'a [(Kind, usize)], [usize; 2], usize, &'a [[usize; 2]]);
+    let families: [Family; 3] = [
+        (
+            &[(Kind::Square, 1), (Kind::Const, 1)],
+            [1, 59],
+            2,
+            &[[1, 61], [2, 30]],
+        ),
+        (
+            &[(Kind::Cube, 5), (Kind::Cube, 1), (Kind::Cube, 3)],
+            [1, 21],
+            2,
+            &[[13, 83]],
+        ),
+        (
+            &[(Kind::Scores, 1), (Kind::Cube, 1)],
+            [1, 43],
+            2,
+            &[[13, 189], [1, 8]],
+        ),
+    ];
+    for (blocks, [b0, s0], k, keys) in families {
+        let model = |b: usize, s: usize| {
+            let sizes: Vec<usize> = blocks
+                .iter()
+                .map(|&(kind, c)| kind.bytes(c * 64, b, s))
+                .collect();
+            at(&sizes, &[(true, 0), (true, 1), (false, 0), (false, 1)])
+        };
+        let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+        for key in [[b0, s0], [k * b0, k * s0]].iter().chain(keys) {
+            let (source, report, dynamic) = against_dynamic(&cache, &model(key[0], key[1]), *key);
+            assert!(
+                report.high_water <= dynamic + GRANULE.max(dynamic * 3 / 100),
+                "{blocks:?} {key:?} {source:?}: {} against the dynamic run's {dynamic}",
+                report.high_water
+            );
+        }
+    }
 }
