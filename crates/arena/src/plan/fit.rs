@@ -446,14 +446,18 @@ impl Fit {
         }
     }
 
-    /// A model of block `b` from the three shapes seen nearest to
-    /// `dims` (by the product of the varying dimensions), for a block that
-    /// no model explains over every shape: a size capped past some length
-    /// (a chunked im2col), or that an algorithm chosen by size changes, is
-    /// a simple function near any one shape. `None` when the nearest
-    /// shapes do not vary in the same dimensions as all of them, or no
-    /// model explains them either.
-    fn local_model(&self, b: usize, dims: &[u64]) -> Option<SizeModel> {
+    /// Models of block `b` from the three shapes seen nearest to `dims`
+    /// (by the product of the varying dimensions), for a block that no
+    /// model explains over every shape: a size capped past some length (a
+    /// chunked im2col), or that an algorithm chosen by size changes, is a
+    /// simple function near any one shape. Empty when the nearest shapes
+    /// do not vary in the same dimensions as all of them, or no model
+    /// explains them either. After the nearest three's model come those of
+    /// the other threes among the nearest four: a shape whose block the
+    /// data made larger (a run with more detections) is explained by a
+    /// model of the three with it and not by the others, and where they
+    /// part at `dims` the prediction says so (`Predicted::least`).
+    pub(super) fn local_models(&self, b: usize, dims: &[u64]) -> Vec<SizeModel> {
         let at = volume(dims, &self.varied).max(1.0).ln();
         let mut near: Vec<&Observation> = self.obs.iter().collect();
         near.sort_by(|x, y| {
@@ -463,15 +467,24 @@ impl Fit {
         });
         // Three: two shapes fit any affine size, so a data-dependent size
         // would always be "predicted" (and always wrongly).
-        for k in [3] {
-            if near.len() < k {
-                continue;
+        let mut out = Vec::new();
+        let triples: &[[usize; 3]] = if near.len() > 3 {
+            &[[0, 1, 2], [0, 1, 3], [0, 2, 3], [1, 2, 3]]
+        } else {
+            &[[0, 1, 2]]
+        };
+        for (t, triple) in triples.iter().enumerate() {
+            if near.len() < 3 {
+                break;
             }
-            let subset: Vec<Observation> = near[..k].iter().map(|&o| o.clone()).collect();
+            let subset: Vec<Observation> = triple.iter().map(|&i| near[i].clone()).collect();
             let varied: Vec<bool> = (0..self.varied.len())
                 .map(|d| subset.iter().any(|o| o.dims[d] != subset[0].dims[d]))
                 .collect();
             if varied != self.varied {
+                if t == 0 {
+                    break;
+                }
                 continue;
             }
             let vols: Vec<f64> = subset.iter().map(|o| volume(&o.dims, &varied)).collect();
@@ -483,11 +496,14 @@ impl Fit {
                 vols.iter().copied().fold(f64::INFINITY, f64::min),
                 vols.iter().copied().fold(0.0, f64::max),
             );
-            if model.is_some() {
-                return model;
+            match model {
+                Some(m) => out.push(m),
+                // The nearest three have no model: none is predicted.
+                None if t == 0 => break,
+                None => {}
             }
         }
-        None
+        out
     }
 
     /// Whether a block keeps models of several tiers (the shapes seen could

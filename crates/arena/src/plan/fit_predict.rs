@@ -40,15 +40,7 @@ impl Fit {
         let mut sizes = Vec::with_capacity(self.models.len());
         let mut least: Option<Vec<usize>> = None;
         for (b, m) in self.models.iter().enumerate() {
-            let local;
-            let m = match m {
-                Some(m) => m,
-                None => {
-                    local = self.local_model(b, dims).ok_or(NoPrediction::Unfit)?;
-                    &local
-                }
-            };
-            let (most, fewest) = match m {
+            let range = |m: &SizeModel| match m {
                 SizeModel::Const { size, small } => {
                     let grown = if *small { grown } else { 1.0 };
                     let bytes = *size as f64 * grown;
@@ -61,6 +53,16 @@ impl Fit {
                 SizeModel::Scaled(fits) | SizeModel::Affine(fits) => {
                     tier_range(fits, dims, |m| self.below_range(dims, m))
                 }
+            };
+            let (most, fewest) = match m {
+                Some(m) => range(m),
+                // Local models: the largest and the least over them.
+                None => self
+                    .local_models(b, dims)
+                    .iter()
+                    .map(range)
+                    .reduce(|(a, b), (c, d)| (a.max(c), b.min(d)))
+                    .ok_or(NoPrediction::Unfit)?,
             };
             let factor = scale.as_ref().map_or(1.0, |s| s[b]);
             let size = to_size(most * factor, q).ok_or(NoPrediction::Unpredictable)?;

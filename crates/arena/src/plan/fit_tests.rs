@@ -527,3 +527,42 @@ fn a_model_that_leaves_out_a_dimension_far_below_its_range_is_ambiguous() {
     assert!(f.predict(&[1, 20]).unwrap().least.is_none());
     assert!(f.predict(&[1, 60]).unwrap().least.is_none());
 }
+
+/// A block no model explains over every shape (one run's block the data
+/// made twice its size: 773 + 124 w, doubled at `[2, 201]`), predicted
+/// from the shapes nearest the key: the doubled shape is one of the three
+/// nearest `[6, 114]`, and their model predicted 47,232 bytes for a block
+/// of 14,912 (kept at 2.5x its run's need). The other threes among the
+/// nearest four explain the block without it, and the prediction says
+/// where they part (`least`), so the family refuses the key.
+#[test]
+fn local_models_that_part_over_the_nearest_four_say_so() {
+    let r = |x: u64| round(x, 64);
+    let block = |w: u64| 773 + 124 * w;
+    let seen = |d: [u64; 2], doubled: bool| {
+        let size = if doubled {
+            2 * block(d[1])
+        } else {
+            block(d[1])
+        };
+        obs(&d, &[r(size)])
+    };
+    let f = Fit::new(
+        &[
+            seen([2, 54], false),
+            seen([7, 38], false),
+            seen([2, 201], true),
+            seen([8, 75], false),
+            seen([4, 112], false),
+        ],
+        64,
+    );
+    assert_eq!(f.unfit(), 1, "no model over every shape");
+    let at = f.predict(&[6, 114]).unwrap();
+    assert!(at.sizes[0] > 3 * r(block(114)), "{at:?}");
+    let least = at.least.expect("the nearest four part");
+    assert!(
+        least[0] >= r(block(114)) && least[0] <= r(block(114)) + 64,
+        "{least:?}"
+    );
+}

@@ -259,11 +259,12 @@ fn fell_back_runs_against_no_plan() {
     // (The figures are in the doc above.)
     f.holds(1.019, 1.25);
     // Kept predictions: mostly a few granules over (safe-side slots on
-    // runs of a few KiB); the worst are local models (a block no model
+    // runs of a few KiB). The worst were local models (a block no model
     // explains at every shape, fitted to the three nearest) through a
-    // shape that a deviation doubled.
+    // shape whose block a twist doubled, 2.517x; local models over the
+    // nearest four that part refuse the key (1.016x now).
     assert!(f.kept_over * 5 <= f.kept, "{} of {}", f.kept_over, f.kept);
-    assert!(f.kept_worst <= 3.0, "kept at worst {:.3}x", f.kept_worst);
+    assert!(f.kept_worst <= 1.1, "kept at worst {:.3}x", f.kept_worst);
 }
 
 /// [`fell_back_runs_against_no_plan`] on pages, one reservation that grows
@@ -305,7 +306,9 @@ impl FellBack {
             self.goal_within,
             self.predicted
         );
-        assert!(self.fell >= 210, "{} fell-back runs", self.fell);
+        // (189 since local models that part over the nearest four refuse
+        // their keys; 211 before.)
+        assert!(self.fell >= 180, "{} fell-back runs", self.fell);
         assert!(
             self.within * 100 >= self.fell * 68,
             "{} of {} within a granule",
