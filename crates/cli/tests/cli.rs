@@ -718,7 +718,9 @@ fn on_the_heap_layer_plans_take_no_more_of_the_process_than_no_plan() {
     // PP-OCR det at 20 sizes: a plan's block that no free region held was
     // drawn beside the old regions, and the process's peak grew 1.42x the
     // dynamic arena's (361 against 253 MiB), though the arena's reserved
-    // bytes at each run's end were lower; now 1.01x.
+    // bytes at each run's end were lower; then 1.01x with one region of
+    // the growth policy's size for the block; 0.88x with a region of the
+    // block and a quarter. Held at the dynamic arena's.
     let det = trace("ort/ppocr-det-sizes.trace");
     let doc = replay_json(&[
         "--trace",
@@ -737,7 +739,7 @@ fn on_the_heap_layer_plans_take_no_more_of_the_process_than_no_plan() {
         .collect();
     assert!(growth["arena"] > 100 << 20, "{growth:?}");
     assert!(
-        growth["planned"] <= growth["arena"] + growth["arena"] / 10,
+        growth["planned"] <= growth["arena"],
         "planned's peak RSS growth {} against the dynamic arena's {}",
         growth["planned"],
         growth["arena"]
