@@ -208,11 +208,7 @@ impl Prediction {
     /// quantum a block), or the prediction is past [`Fit::bound`] (both
     /// refused before any search).
     pub(crate) fn plan(&self, dims: &[u64]) -> Result<Plan, DynamicReason> {
-        let rec = self.recording(dims)?;
-        let bound = self.fit.bound(dims);
-        if rec.peak_live() > bound {
-            return Err(DynamicReason::Unbounded);
-        }
+        let rec = self.recording(dims, self.fit.bound(dims))?;
         let plan = self.shape.plan(&rec).ok_or(DynamicReason::Unpredictable)?;
         Ok(if self.apart {
             plan.with_workspaces_apart()
@@ -221,14 +217,20 @@ impl Prediction {
         })
     }
 
-    /// The recording a run at `dims` is predicted to make.
-    pub(crate) fn recording(&self, dims: &[u64]) -> Result<Recording, DynamicReason> {
+    /// The recording a run at `dims` is predicted to make, if its live
+    /// bytes are within `bound` (else `Unbounded`, before any ambiguity:
+    /// the largest a fit says past what any run justifies is the stronger
+    /// reason).
+    fn recording(&self, dims: &[u64], bound: usize) -> Result<Recording, DynamicReason> {
         let predicted = self.fit.predict(dims).map_err(|why| match why {
             NoPrediction::Unfit => DynamicReason::Unfit,
             NoPrediction::Unpredictable => DynamicReason::Unpredictable,
             NoPrediction::Unvaried => DynamicReason::Unvaried,
         })?;
         let rec = self.with_sizes(predicted.sizes);
+        if rec.peak_live() > bound {
+            return Err(DynamicReason::Unbounded);
+        }
         if let Some(least) = predicted.least {
             // Where the models the shapes cannot tell apart disagree, the
             // largest is predicted only if it costs no more than the least

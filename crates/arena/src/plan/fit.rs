@@ -234,43 +234,46 @@ pub(super) fn model_of(
     }
     let proportional =
         |m: &Monomial, values: &[f64]| scaled(values, &sizes, q).map(|v| (m.clone(), v));
-    if let Some(fits) = first_class(tiers, proportional) {
+    if let Some(fits) = first_class(tiers, 0, proportional) {
         return Some(SizeModel::Scaled(fits));
     }
     let affine = |m: &Monomial, values: &[f64]| affine(values, &sizes, q).map(|v| (m.clone(), v));
-    first_class(tiers, affine).map(SizeModel::Affine)
+    // An affine size has two free parameters: three shapes of a block of
+    // degree 3 may fall on a line in a monomial of degree 1 or 2 (to the
+    // rounding), so every degree's fits are kept beside the first.
+    first_class(tiers, 3, affine).map(SizeModel::Affine)
 }
 
 /// Monomials that fit a block, each with the vertices `(a, c)` of what the
 /// shapes seen allow.
 pub(super) type Fits = Vec<(Monomial, Vec<(f64, f64)>)>;
 
-/// The fits of the first tier that has any, and of every tier of its
-/// degree after it (of either class: the product of every varying
-/// dimension, or not) that fits too: each explains the shapes seen as well
-/// as the first, so the shapes cannot tell them apart (the batch and the
-/// sequence when they only varied together; any two monomials at two
-/// shapes for an affine size; or a strided product that fits only within
-/// the rounding beside a square that fits exactly: `b * ceil(s / 4)` and
-/// `s^2` at `[1, 59]`, `[2, 118]`, `[1, 61]`). Where they part at a key,
-/// the prediction says so (`Predicted::least`). Tier by tier; `None` when
-/// no tier fits.
+/// The fits of the first tier that has any, and of every tier after it of
+/// its degree, or up to `next` degrees past it, that fits too: each
+/// explains the shapes seen as well as the first, so the shapes cannot
+/// tell them apart (the batch and the sequence when they only varied
+/// together; any two monomials at two shapes for an affine size; a strided
+/// product that fits only within the rounding beside a square that fits
+/// exactly: `b * ceil(s / 4)` and `s^2` at `[1, 59]`, `[2, 118]`,
+/// `[1, 61]`). Where they part at a key, the prediction says so
+/// (`Predicted::least`). Tier by tier; `None` when no tier fits.
 fn first_class(
     tiers: &[Tier],
+    next: i32,
     mut fit: impl FnMut(&Monomial, &[f64]) -> Option<(Monomial, Vec<(f64, f64)>)>,
 ) -> Option<Fits> {
-    // The first fitting tier's degree, once one fits.
+    // The first fitting tier's degree, once one fits: tiers come by degree.
     let mut degree = None;
     let mut fits: Fits = Vec::new();
     for tier in tiers {
-        if degree.is_some_and(|d| tier.class.0 != d) {
+        if degree.is_some_and(|d| tier.class.0 > d + next) {
             break;
         }
-        // Every tier of that degree, the product of every varying
-        // dimension or not, that fits: kept beside the first.
+        // Every tier of that degree (and `next` past it), the product of
+        // every varying dimension or not, that fits: kept beside the first.
         let found = least_strided(tier, &mut fit);
         if !found.is_empty() {
-            degree = Some(tier.class.0);
+            degree.get_or_insert(tier.class.0);
             fits.extend(found);
         }
     }

@@ -515,6 +515,8 @@ fn a_model_that_leaves_out_a_dimension_far_below_its_range_is_ambiguous() {
             obs(&[1, 43], &[size(1)]),
             obs(&[2, 86], &[size(2)]),
             obs(&[13, 189], &[size(13)]),
+            obs(&[5, 100], &[size(5)]),
+            obs(&[9, 150], &[size(9)]),
         ],
         64,
     );

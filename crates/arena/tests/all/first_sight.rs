@@ -306,9 +306,9 @@ impl FellBack {
             self.goal_within,
             self.predicted
         );
-        // (189 since local models that part over the nearest four refuse
-        // their keys; 211 before.)
-        assert!(self.fell >= 180, "{} fell-back runs", self.fell);
+        // (178 since fits of the next degree and local models over the
+        // nearest four that part refuse their keys; 211 before.)
+        assert!(self.fell >= 170, "{} fell-back runs", self.fell);
         assert!(
             self.within * 100 >= self.fell * 68,
             "{} of {} within a granule",
@@ -317,8 +317,8 @@ impl FellBack {
         );
         assert!(self.mean <= mean, "mean {:.4}x", self.mean);
         assert!(self.p95 <= p95, "p95 {:.3}x", self.p95);
-        assert!(self.worst <= 2.5, "worst {:.3}x", self.worst);
-        assert!(self.as_dynamic >= 30, "{} left as dynamic", self.as_dynamic);
+        assert!(self.worst <= 1.6, "worst {:.3}x", self.worst);
+        assert!(self.as_dynamic >= 25, "{} left as dynamic", self.as_dynamic);
     }
 }
 
