@@ -294,7 +294,8 @@ impl FellBack {
     /// The fell-back runs where they stand: enough of them, 68% within a
     /// granule of their dynamic runs, a mean over them of at most `mean`
     /// times their dynamic runs' high-water, p95 at most `p95`, worst
-    /// 2.5x; enough of them left where a dynamic arena would be (each
+    /// 1.6x (2.304x before affine fits of every degree were compared);
+    /// enough of them left where a dynamic arena would be (each
     /// held, as it goes, to its dynamic run or its plan's block); and of
     /// every predicted run (kept or fell back), 91.5% within max(a
     /// granule, 3%) of its dynamic run (90.8-91.2% before extra blocks
