@@ -240,8 +240,11 @@ pub(super) fn model_of(
     let affine = |m: &Monomial, values: &[f64]| affine(values, &sizes, q).map(|v| (m.clone(), v));
     // An affine size has two free parameters: three shapes of a block of
     // degree 3 may fall on a line in a monomial of degree 1 or 2 (to the
-    // rounding), so every degree's fits are kept beside the first.
-    first_class(tiers, 3, affine).map(SizeModel::Affine)
+    // rounding), so every degree's fits are kept beside the first. (Two
+    // shapes fall on a line in every monomial: compared, they would part
+    // at every third key, and nothing would be predicted from two.)
+    let next = if obs.len() > 2 { 3 } else { 0 };
+    first_class(tiers, next, affine).map(SizeModel::Affine)
 }
 
 /// Monomials that fit a block, each with the vertices `(a, c)` of what the

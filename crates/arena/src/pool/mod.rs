@@ -272,15 +272,12 @@ impl<M: Memory> Pool<M> {
     /// holds, with no block live: the block is one span, so regions too
     /// small for it would stay beside the region grown for it (a growing
     /// decoder's plans held twice what its dynamic runs did). The memory
-    /// is laid out again first, as one region of the block and a quarter
-    /// of it: room past the block for a run that leaves its plan. (The
-    /// growth policy's power of two put the growing decoder's peak at
-    /// 1.15x its dynamic runs'; the block alone, or an eighth past it,
-    /// left one more of the random families' fell-back runs past its
-    /// dynamic run: docs/decisions.md.) A failure leaves the pool empty,
-    /// and the block's allocation then grows as usual or reports the
-    /// error. (With blocks of earlier runs live, the run does not draw its
-    /// plan's block: `RawArena::begin_run`.)
+    /// is laid out again first, as one region of the block and a quarter:
+    /// room past it for a run that leaves its plan (docs/decisions.md:
+    /// the power of two, the block alone, an eighth). A failure leaves the
+    /// pool empty, and the block's allocation then grows as usual or
+    /// reports the error. (With blocks of earlier runs live, the run does
+    /// not draw its plan's block: `RawArena::begin_run`.)
     fn make_room_for_plan_block(&mut self, size: usize) {
         self.map.flush_front();
         if self.map.largest_free() < size && self.map.used_count() == 0 {
