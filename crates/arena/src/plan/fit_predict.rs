@@ -37,6 +37,7 @@ impl Fit {
         } else {
             1.0
         };
+        let below = self.below_range(dims);
         let mut sizes = Vec::with_capacity(self.models.len());
         let mut least: Option<Vec<usize>> = None;
         for (b, m) in self.models.iter().enumerate() {
@@ -48,10 +49,10 @@ impl Fit {
                     // constant is as well explained by a size that
                     // follows the dimension that moved (a buffer padded
                     // to a bucket or doubled past the length).
-                    (bytes, bytes * self.below_range(dims, &Monomial(Vec::new())))
+                    (bytes, bytes * below_outside(&below, &[]))
                 }
                 SizeModel::Scaled(fits) | SizeModel::Affine(fits) => {
-                    tier_range(fits, dims, |m| self.below_range(dims, m))
+                    tier_range(fits, dims, |m| below_outside(&below, &m.0))
                 }
             };
             let (most, fewest) = match m {
@@ -78,13 +79,14 @@ impl Fit {
         Ok(Predicted { sizes, least })
     }
 
-    /// How far below the range of the shapes seen a key lies in the
-    /// dimensions a model `m` leaves out, as the factor a size that
-    /// followed them would shrink by: the product, over the varying
-    /// dimensions not in `m` whose value at `dims` is under every value
-    /// seen, of `dims[d] / min_d`, counted only where the key reaches
-    /// further below the least value seen than the shapes seen span
-    /// (`min_d / dims[d] > max_d / min_d`); 1 where it does not.
+    /// How far below the range of the shapes seen a key lies, dimension by
+    /// dimension, as the factor a size that followed the dimension would
+    /// shrink by: for a varying dimension whose value at `dims` is under
+    /// every value seen, `dims[d] / min_d`, counted only where the key
+    /// reaches further below the least value seen than the shapes seen
+    /// span (`min_d / dims[d] > max_d / min_d`); 1 where it does not. A
+    /// model's factor is the product over the dimensions it leaves out
+    /// ([`below_outside`]).
     ///
     /// A block the same size at every shape seen may be a constant (a
     /// model's state) or a size padded to a bucket, or doubled as it
@@ -101,10 +103,10 @@ impl Fit {
     /// below the sequences seen, the sequence may be what it follows too
     /// (a block in the cube of the sequence, seen at three shapes whose
     /// batches it happened to fit).
-    fn below_range(&self, dims: &[u64], m: &Monomial) -> f64 {
-        let mut factor = 1.0f64;
+    fn below_range(&self, dims: &[u64]) -> Vec<f64> {
+        let mut factors = vec![1.0f64; dims.len()];
         for (d, &now) in dims.iter().enumerate() {
-            if !self.varied[d] || m.0.iter().any(|f| usize::from(f.dim) == d) {
+            if !self.varied[d] {
                 continue;
             }
             let (lo, hi) = self
@@ -117,10 +119,10 @@ impl Fit {
             }
             let (now, lo, hi) = (now as f64, lo as f64, hi as f64);
             if lo / now.max(1.0) > hi / lo {
-                factor *= now / lo;
+                factors[d] = now / lo;
             }
         }
-        factor
+        factors
     }
 
     /// How a key that changes dimensions that never varied among the shapes
@@ -201,6 +203,17 @@ impl Fit {
         }
         best
     }
+}
+
+/// The product of `factors` ([`Fit::below_range`]) over the dimensions no
+/// factor of a monomial (`factors_of`) multiplies.
+fn below_outside(factors: &[f64], factors_of: &[Factor]) -> f64 {
+    factors
+        .iter()
+        .enumerate()
+        .filter(|&(d, _)| !factors_of.iter().any(|f| usize::from(f.dim) == d))
+        .map(|(_, &x)| x)
+        .product()
 }
 
 /// Whether `g` has a prime factor of 11 or more: one that a tensor's size
