@@ -172,6 +172,50 @@ pub(crate) struct Observation {
     pub(crate) lower_bound: usize,
 }
 
+/// The shapes seen nearest to a key, in threes ([`Fit::near`]).
+pub(super) struct Near {
+    /// The nearest three first, then the other threes among the nearest
+    /// four; only those that vary in the same dimensions as all the
+    /// shapes seen (none where the nearest three do not).
+    triples: Vec<Triple>,
+    quantum: f64,
+}
+
+/// Three shapes seen, with the tiers of the dimensions they vary in.
+struct Triple {
+    obs: Vec<Observation>,
+    tiers: Vec<Tier>,
+    /// The least and largest product of the varying dimensions.
+    volumes: (f64, f64),
+}
+
+impl Near {
+    /// Models of block `b` from the three shapes seen nearest to the key,
+    /// for a block that no model explains over every shape: a size capped
+    /// past some length (a chunked im2col), or that an algorithm chosen by
+    /// size changes, is a simple function near any one shape. Empty when
+    /// the nearest shapes do not vary in the same dimensions as all of
+    /// them, or no model explains them either. After the nearest three's
+    /// model come those of the other threes among the nearest four: a
+    /// shape whose block the data made larger (a run with more detections)
+    /// is explained by a model of the three with it and not by the others,
+    /// and where they part at the key the prediction says so
+    /// (`Predicted::least`).
+    pub(super) fn models(&self, b: usize) -> Vec<SizeModel> {
+        let mut out = Vec::new();
+        for (t, tr) in self.triples.iter().enumerate() {
+            let (lo, hi) = tr.volumes;
+            match model_of(&tr.obs, b, &tr.tiers, self.quantum, lo, hi) {
+                Some(m) => out.push(m),
+                // The nearest three have no model: none is predicted.
+                None if t == 0 => break,
+                None => {}
+            }
+        }
+        out
+    }
+}
+
 /// Why a [`Fit`] makes no prediction for a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum NoPrediction {
@@ -452,18 +496,10 @@ impl Fit {
         }
     }
 
-    /// Models of block `b` from the three shapes seen nearest to `dims`
-    /// (by the product of the varying dimensions), for a block that no
-    /// model explains over every shape: a size capped past some length (a
-    /// chunked im2col), or that an algorithm chosen by size changes, is a
-    /// simple function near any one shape. Empty when the nearest shapes
-    /// do not vary in the same dimensions as all of them, or no model
-    /// explains them either. After the nearest three's model come those of
-    /// the other threes among the nearest four: a shape whose block the
-    /// data made larger (a run with more detections) is explained by a
-    /// model of the three with it and not by the others, and where they
-    /// part at `dims` the prediction says so (`Predicted::least`).
-    pub(super) fn local_models(&self, b: usize, dims: &[u64]) -> Vec<SizeModel> {
+    /// The shapes seen nearest to `dims` (by the product of the varying
+    /// dimensions), in threes, for the blocks that no model explains over
+    /// every shape ([`Near::models`]); made once per prediction.
+    pub(super) fn near(&self, dims: &[u64]) -> Near {
         let at = volume(dims, &self.varied).max(1.0).ln();
         let mut near: Vec<&Observation> = self.obs.iter().collect();
         near.sort_by(|x, y| {
@@ -473,17 +509,14 @@ impl Fit {
         });
         // Three: two shapes fit any affine size, so a data-dependent size
         // would always be "predicted" (and always wrongly).
-        let mut out = Vec::new();
-        let triples: &[[usize; 3]] = if near.len() > 3 {
-            &[[0, 1, 2], [0, 1, 3], [0, 2, 3], [1, 2, 3]]
-        } else {
-            &[[0, 1, 2]]
+        let mut triples = Vec::new();
+        let picks: &[[usize; 3]] = match near.len() {
+            0..=2 => &[],
+            3 => &[[0, 1, 2]],
+            _ => &[[0, 1, 2], [0, 1, 3], [0, 2, 3], [1, 2, 3]],
         };
-        for (t, triple) in triples.iter().enumerate() {
-            if near.len() < 3 {
-                break;
-            }
-            let subset: Vec<Observation> = triple.iter().map(|&i| near[i].clone()).collect();
+        for (t, pick) in picks.iter().enumerate() {
+            let subset: Vec<Observation> = pick.iter().map(|&i| near[i].clone()).collect();
             let varied: Vec<bool> = (0..self.varied.len())
                 .map(|d| subset.iter().any(|o| o.dims[d] != subset[0].dims[d]))
                 .collect();
@@ -493,23 +526,18 @@ impl Fit {
                 }
                 continue;
             }
-            let vols: Vec<f64> = subset.iter().map(|o| volume(&o.dims, &varied)).collect();
-            let model = model_of(
-                &subset,
-                b,
-                &tiers_for(&varied, &subset),
-                self.quantum as f64,
-                vols.iter().copied().fold(f64::INFINITY, f64::min),
-                vols.iter().copied().fold(0.0, f64::max),
-            );
-            match model {
-                Some(m) => out.push(m),
-                // The nearest three have no model: none is predicted.
-                None if t == 0 => break,
-                None => {}
-            }
+            let (lo, hi) = volume_range(&subset, &varied);
+            let tiers = tiers_for(&varied, &subset);
+            triples.push(Triple {
+                obs: subset,
+                tiers,
+                volumes: (lo, hi),
+            });
         }
-        out
+        Near {
+            triples,
+            quantum: self.quantum as f64,
+        }
     }
 
     /// Whether a block keeps models of several tiers (the shapes seen could
@@ -573,9 +601,28 @@ fn to_size(bytes: f64, q: f64) -> Option<usize> {
     if !bytes.is_finite() {
         return None;
     }
-    let units = (bytes / q - 1e-9).ceil().max(1.0);
+    let units = ceil_at_least_one(bytes / q - 1e-9);
     let size = units * q;
     (size <= super::MAX_BLOCK as f64).then_some(size as usize)
+}
+
+/// `x.ceil().max(1.0)` for a finite `x`, by truncation: baseline x86-64
+/// has no rounding instruction, so `ceil` is a call into libm, twice per
+/// block of every prediction. From 2^53 on every `f64` is a whole number.
+fn ceil_at_least_one(x: f64) -> f64 {
+    const WHOLE: f64 = (1u64 << 53) as f64;
+    if x.is_nan() || x <= 1.0 {
+        1.0
+    } else if x >= WHOLE {
+        x
+    } else {
+        let t = x as u64 as f64;
+        if t < x {
+            t + 1.0
+        } else {
+            t
+        }
+    }
 }
 
 /// The largest `c` with `c · m_k` in `(s_k - q, s_k]` for every `k`, if

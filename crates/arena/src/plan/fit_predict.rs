@@ -38,6 +38,7 @@ impl Fit {
             1.0
         };
         let below = self.below_range(dims);
+        let mut near: Option<Near> = None;
         let mut sizes = Vec::with_capacity(self.models.len());
         let mut least: Option<Vec<usize>> = None;
         for (b, m) in self.models.iter().enumerate() {
@@ -58,8 +59,9 @@ impl Fit {
             let (most, fewest) = match m {
                 Some(m) => range(m),
                 // Local models: the largest and the least over them.
-                None => self
-                    .local_models(b, dims)
+                None => near
+                    .get_or_insert_with(|| self.near(dims))
+                    .models(b)
                     .iter()
                     .map(range)
                     .reduce(|(a, b), (c, d)| (a.max(c), b.min(d)))

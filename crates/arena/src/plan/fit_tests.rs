@@ -568,3 +568,26 @@ fn local_models_that_part_over_the_nearest_four_say_so() {
         "{least:?}"
     );
 }
+
+/// Sizes round up to whole quanta as `ceil` would, at least one, over
+/// whole numbers, their neighbours, 2^53 and past it, and NaN.
+#[test]
+fn a_size_rounds_up_as_ceil_would() {
+    let mut xs = vec![f64::NAN, -3.5, 0.0, 0.5, 1.0, 1.0 + f64::EPSILON, 1e300];
+    for k in [
+        2u64,
+        3,
+        1 << 20,
+        (1 << 52) + 1,
+        (1 << 53) - 1,
+        1 << 53,
+        1 << 60,
+    ] {
+        let k = k as f64;
+        xs.extend([k, k.next_down(), k.next_up(), k + 0.5, k - 0.5]);
+    }
+    for x in xs {
+        let want = x.ceil().max(1.0);
+        assert_eq!(ceil_at_least_one(x).to_bits(), want.to_bits(), "{x}");
+    }
+}

@@ -158,7 +158,7 @@ impl Problem {
     /// requests live as they say.
     fn new_with(requests: &[Request], known: Option<&Arc<Lifetimes>>) -> Option<Problem> {
         u32::try_from(requests.len()).ok()?;
-        let mut items = Vec::new();
+        let mut items = Vec::with_capacity(requests.len());
         let mut idle = 0;
         for (request, r) in requests.iter().enumerate() {
             if is_active(r) {
