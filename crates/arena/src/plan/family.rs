@@ -228,7 +228,8 @@ impl Prediction {
             NoPrediction::Unvaried => DynamicReason::Unvaried,
         })?;
         let rec = self.with_sizes(predicted.sizes);
-        if rec.peak_live() > bound {
+        let most = rec.peak_live();
+        if most > bound {
             return Err(DynamicReason::Unbounded);
         }
         if let Some(least) = predicted.least {
@@ -237,7 +238,6 @@ impl Prediction {
             // (live bytes, to a sixty-fourth): a slot that scaled with the
             // batch where the block follows the sequence would hold a plan
             // several times the run's need.
-            let most = rec.peak_live();
             let fewest = self.with_sizes(least).peak_live();
             let slack = self.fit.quantum().saturating_mul(rec.blocks.len());
             if most > fewest + fewest / 64 + slack {

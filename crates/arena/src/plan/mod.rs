@@ -236,7 +236,8 @@ impl Plan {
             &solution.offsets,
             solution.size,
             max_align(recording),
-            recording.peak_live(),
+            // The recording's own, found as the plan is checked.
+            None,
         )?;
         Ok((plan, hint))
     }
@@ -252,7 +253,7 @@ impl Plan {
             &parts.offsets,
             parts.size,
             parts.align,
-            parts.lower_bound,
+            Some(parts.lower_bound),
         )
     }
 

@@ -288,8 +288,7 @@ mod tests {
                             .max()
                             .unwrap();
                         let want = check(&reqs, &offsets, size);
-                        let got =
-                            crate::plan::Plan::build_from(&rec, &offsets, size, 8, rec.peak_live());
+                        let got = crate::plan::Plan::build_from(&rec, &offsets, size, 8, None);
                         assert_eq!(got.is_ok(), want.is_ok(), "{offsets:?}: {got:?} {want:?}");
                     }
                 }
@@ -325,10 +324,10 @@ mod tests {
         }
         let offsets: Vec<usize> = (0..n).map(|i| 64 * (n - 1 - i)).collect();
         let peak = rec.peak_live();
-        assert!(Plan::build_from(&rec, &offsets, 64 * n, 64, peak).is_ok());
+        assert!(Plan::build_from(&rec, &offsets, 64 * n, 64, Some(peak)).is_ok());
         let mut bad = offsets.clone();
         bad[n - 1] = 64 * (n / 2);
-        let err = Plan::build_from(&rec, &bad, 64 * n, 64, peak).unwrap_err();
+        let err = Plan::build_from(&rec, &bad, 64 * n, 64, Some(peak)).unwrap_err();
         assert!(err.to_string().contains("overlap"), "{err}");
     }
 }

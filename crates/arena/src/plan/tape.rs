@@ -29,10 +29,12 @@ pub(crate) struct Source<B, O, E> {
     pub(crate) events: E,
     /// How many events.
     pub(crate) event_count: usize,
-    /// The plan's size, alignment and lower bound, as claimed.
+    /// The plan's size, alignment and lower bound, as claimed (`None`:
+    /// the lower bound is the events', as a plan solved from a recording
+    /// has it).
     pub(crate) size: usize,
     pub(crate) align: usize,
-    pub(crate) lower_bound: usize,
+    pub(crate) lower_bound: Option<usize>,
 }
 
 impl<B, O, E> Source<B, O, E>
@@ -50,8 +52,9 @@ where
     /// structure as [`Recording::validate`] checks a recording's, then its
     /// layout (offsets aligned, the size the highest end, no two live
     /// blocks on one byte: [`overlap::check_source`]), the alignment and
-    /// the lower bound. Memory: a bit a block, and the live blocks.
-    fn check(&self) -> Result<(), PlanError> {
+    /// the lower bound; returns the lower bound. Memory: a bit a block,
+    /// and the live blocks.
+    fn check(&self) -> Result<usize, PlanError> {
         if u32::try_from(self.blocks).is_err() || u32::try_from(self.event_count).is_err() {
             return Err(PlanError::new(format!(
                 "{} blocks and {} events: at most {} of each are supported",
@@ -136,13 +139,12 @@ where
         }
         // The events are in time order: one pass (equal to
         // `solver::lower_bound` of the requests; tested).
-        if self.lower_bound != peak {
-            return Err(PlanError::new(format!(
-                "lower_bound {} but the recording's is {peak}",
-                self.lower_bound
-            )));
+        match self.lower_bound {
+            Some(claimed) if claimed != peak => Err(PlanError::new(format!(
+                "lower_bound {claimed} but the recording's is {peak}"
+            ))),
+            _ => Ok(peak),
         }
-        Ok(())
     }
 }
 
@@ -161,7 +163,7 @@ impl Plan {
         O: Fn(usize) -> Result<usize, PlanError>,
         E: Iterator<Item = PlanEvent> + Clone,
     {
-        src.check()?;
+        let lower_bound = src.check()?;
         let mut tape = Vec::with_capacity(src.event_count);
         let mut allocs = Vec::with_capacity(src.blocks);
         for ev in src.events() {
@@ -190,7 +192,7 @@ impl Plan {
             allocs,
             size: src.size,
             align: src.align,
-            lower_bound: src.lower_bound,
+            lower_bound,
             whole: TapeTotals::default(),
             workspaces_apart: false,
         };
@@ -204,7 +206,7 @@ impl Plan {
         offsets: &[usize],
         size: usize,
         align: usize,
-        lower_bound: usize,
+        lower_bound: Option<usize>,
     ) -> Result<Plan, PlanError> {
         if offsets.len() != recording.blocks.len() {
             return Err(PlanError::new(format!(
@@ -260,9 +262,10 @@ impl Plan {
             event_count: self.tape.len(),
             size: self.size,
             align: self.align,
-            lower_bound: self.lower_bound,
+            lower_bound: Some(self.lower_bound),
         }
         .check()
+        .map(drop)
     }
 
     /// What following the whole (valid) tape adds up to.

@@ -405,7 +405,7 @@ impl Decoder {
             }
         }
         self.work += list.len() as u64 + 1;
-        ranges.sort_unstable();
+        ranges.sort_unstable_by_key(|r| r.0);
         let item = &items[i as usize];
         find_gap(ranges.iter().copied(), item.size, item.mask, fit)
     }

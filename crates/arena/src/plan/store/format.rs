@@ -405,7 +405,7 @@ impl<'a> Reader<'a> {
             event_count: e,
             size,
             align,
-            lower_bound,
+            lower_bound: Some(lower_bound),
         })
         .map_err(StoreError::Invalid)
     }
