@@ -2,6 +2,7 @@
 //! and the families those keys belong to, which plan keys never seen.
 
 use super::family::{Families, FamilyCounts, FamilyStats, Learning};
+use super::solver::Depth;
 use super::store::FamilySnapshot;
 use super::{DynamicReason, KeyDims, Plan, PlanSource, Recording};
 use crate::RunReport;
@@ -487,8 +488,11 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         // nothing but bookkeeping.
         let kept = source == PlanSource::Predicted && report.planned && !report.deviated;
         // Kept, and tight: the prediction's lower bound within 1/64 (and a
-        // granule) of the run's own. A loose one (a fit from too few
-        // shapes) refits with this shape, so that the next is tight.
+        // granule) of the run's own, and its layout within 1/64 of its
+        // lower bound. A loose one (a fit from too few shapes) refits with
+        // this shape, so that the next is tight; one laid out loosely (its
+        // search, from another shape's order, on the run's path, stopped
+        // short) has the key's own plan solved again, to a settled search.
         let tight = kept
             && lookup.plan.as_ref().is_some_and(|plan| {
                 let own = if recording.is_empty() {
@@ -496,7 +500,8 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
                 } else {
                     recording.peak_live()
                 };
-                plan.lower_bound() <= own + own / 64 + plan.align()
+                let lb = plan.lower_bound();
+                lb <= own + own / 64 + plan.align() && plan.size() <= lb + lb / 64 + plan.align()
             });
         let plan = match (&lookup.plan, recording.is_empty()) {
             // Followed to the end, every block as predicted.
@@ -543,9 +548,10 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             // the family knows the structure (solved outside the lock).
             (_, false) => {
                 let plan = match self.shape(id, &recording.events) {
-                    Some(shape) => shape.plan(recording)?,
+                    Some(shape) => shape.plan(recording, Depth::Settled)?,
                     None => {
-                        let (plan, next) = Plan::from_recording_hinted(recording, None).ok()?;
+                        let (plan, next) =
+                            Plan::from_recording_hinted(recording, None, Depth::Settled).ok()?;
                         hint = next;
                         plan
                     }
@@ -626,7 +632,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
             apart,
         } = solve;
         let plan = match self.shape(family, &recording.events) {
-            Some(shape) => shape.plan(&recording),
+            Some(shape) => shape.plan(&recording, Depth::Settled),
             None => Plan::from_recording(&recording).ok(),
         };
         let plan = plan.map(|p| if apart { p.with_workspaces_apart() } else { p });

@@ -3,6 +3,7 @@
 //! one shape, a run much smaller than its plan teaches the key.
 
 use super::{Lookup, PlanCache};
+use crate::plan::solver::Depth;
 use crate::plan::{KeyDims, Plan, Recording};
 use crate::RunReport;
 use std::borrow::Borrow;
@@ -79,7 +80,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         }
         let id = key.family();
         let own = match self.shape(id, &recording.events) {
-            Some(shape) => shape.plan(recording),
+            Some(shape) => shape.plan(recording, Depth::Settled),
             None => Plan::from_recording(recording).ok(),
         };
         let own = own.map(|p| {

@@ -3,7 +3,7 @@
 //! never seen is planned from the keys seen before ([`Families`]).
 
 use super::fit::{Fit, NoPrediction, Observation};
-use super::solver::Hint;
+use super::solver::{Depth, Hint};
 use super::store::{FamilySnapshot, ShapeSnapshot, StructureSnapshot};
 use super::{Deviation, Plan, PlanEvent, Recording};
 use parking_lot::Mutex;
@@ -37,10 +37,11 @@ impl Shape {
     }
 
     /// Plans `rec` (a run of this structure), its search started where the
-    /// last one ended, and keeps where this one ends.
-    pub(crate) fn plan(&self, rec: &Recording) -> Option<Plan> {
+    /// last one ended, and keeps where this one ends; a `Settled` search
+    /// goes on where that start leaves the plan loose ([`Depth`]).
+    pub(crate) fn plan(&self, rec: &Recording, depth: Depth) -> Option<Plan> {
         let hint = self.hint.lock().clone();
-        let (plan, next) = Plan::from_recording_hinted(rec, hint.as_ref()).ok()?;
+        let (plan, next) = Plan::from_recording_hinted(rec, hint.as_ref(), depth).ok()?;
         if next.is_some() {
             *self.hint.lock() = next;
         }
@@ -209,7 +210,10 @@ impl Prediction {
     /// refused before any search).
     pub(crate) fn plan(&self, dims: &[u64]) -> Result<Plan, DynamicReason> {
         let rec = self.recording(dims, self.fit.bound(dims))?;
-        let plan = self.shape.plan(&rec).ok_or(DynamicReason::Unpredictable)?;
+        let plan = self
+            .shape
+            .plan(&rec, Depth::Quick)
+            .ok_or(DynamicReason::Unpredictable)?;
         Ok(if self.apart {
             plan.with_workspaces_apart()
         } else {

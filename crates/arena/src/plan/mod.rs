@@ -215,7 +215,7 @@ impl Plan {
     /// allocation, a zero or oversized size, a bad alignment), or when its
     /// blocks add up to more than fits in `usize`.
     pub fn from_recording(recording: &Recording) -> Result<Self, PlanError> {
-        Self::from_recording_hinted(recording, None).map(|(plan, _)| plan)
+        Self::from_recording_hinted(recording, None, solver::Depth::Quick).map(|(plan, _)| plan)
     }
 
     /// [`Plan::from_recording`], its search started from `hint` too (where
@@ -224,10 +224,11 @@ impl Plan {
     pub(crate) fn from_recording_hinted(
         recording: &Recording,
         hint: Option<&solver::Hint>,
+        depth: solver::Depth,
     ) -> Result<(Self, Option<solver::Hint>), PlanError> {
         recording.validate()?;
         let requests = recording.requests();
-        let (solution, hint) = solver::plan_hinted(&requests, hint);
+        let (solution, hint) = solver::plan_hinted(&requests, hint, depth);
         drop(requests);
         // The solver's output is checked like any other plan's: a solver
         // bug becomes an error here, not overlapping blocks later.

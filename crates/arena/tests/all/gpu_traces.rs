@@ -140,3 +140,53 @@ fn bert_at_512_is_planned_at_its_lower_bound() {
     assert!(!report.deviated);
     assert!(report.high_water <= plan.size().next_multiple_of(granule));
 }
+
+/// BERT-base in ascending order through a plan cache, as a process would
+/// meet it: 8x64 twice, 8x128, then 8x512 (its run without the one-time
+/// blocks). 8x512 is predicted at its lower bound, and so is the plan its
+/// key keeps: the plans learned from the runs before it went on searching
+/// where the order of the shape before left them loose. Searched only as
+/// far as a prediction on the run's path is, the 8x512 prediction was laid
+/// out at 1.091x (151.0 MB against 138.4) and kept as the key's plan so.
+#[test]
+fn bert_ascending_is_predicted_and_kept_at_its_lower_bound() {
+    let runs = read_trace("gpu/bert-mixed.trace");
+    let find = |label: &str, last: bool| {
+        let mut it = runs.iter().filter(|r| r.label == label);
+        if last { it.last() } else { it.next() }.expect("a run of that label")
+    };
+    let order = [
+        find("8x64", false),
+        find("8x64", true),
+        find("8x128", false),
+        find("8x512", true),
+    ];
+    let a = arena();
+    let cache: PlanCache<String> = PlanCache::new(16);
+    let granule = ArenaConfig::default().alignment;
+    for run in order {
+        let lookup = cache.lookup(run.label.as_str());
+        let (report, recording) = replay(&a, lookup.plan.clone(), run);
+        cache.after_run(run.label.as_str(), &lookup, &report, &recording, true);
+        if run.label == "8x512" {
+            assert_eq!(lookup.source, tensor_arena::PlanSource::Predicted);
+            let plan = lookup.plan.as_ref().expect("predicted");
+            assert!(!report.deviated);
+            assert!(
+                plan.size() <= plan.lower_bound() + plan.lower_bound() / 64 + granule,
+                "predicted at {} against a lower bound of {}",
+                plan.size(),
+                plan.lower_bound()
+            );
+        }
+    }
+    let kept = cache.lookup("8x512");
+    assert_eq!(kept.source, tensor_arena::PlanSource::Exact);
+    let plan = kept.plan.expect("the key's plan");
+    assert!(
+        plan.size() <= plan.lower_bound() + plan.lower_bound() / 64 + granule,
+        "kept at {} against a lower bound of {}",
+        plan.size(),
+        plan.lower_bound()
+    );
+}

@@ -50,7 +50,7 @@ proptest! {
         let mut hint: Option<Hint> = None;
         for (k, &scale) in scales.iter().enumerate() {
             let requests = scaled(&shape, scale);
-            let (solution, next) = plan_hinted(&requests, hint.as_ref());
+            let (solution, next) = plan_hinted(&requests, hint.as_ref(), Depth::Quick);
             prop_assert!(validate(&requests, &solution).is_ok());
             prop_assert!(solution.size <= greedy_by_size(&requests).size);
             prop_assert!(solution.size >= lower_bound(&requests));
@@ -81,7 +81,7 @@ proptest! {
             round: 0,
             lifetimes: Arc::clone(&problem.lifetimes),
         };
-        let (solution, _) = plan_hinted(&requests, Some(&hint));
+        let (solution, _) = plan_hinted(&requests, Some(&hint), Depth::Quick);
         prop_assert_eq!(solution, plan(&requests));
     }
 }
@@ -121,7 +121,7 @@ fn densenet_in_onnx_runtimes_order_is_planned_at_its_lower_bound() {
             .iter()
             .map(|l| Request::new(l.size.next_multiple_of(64), 64, l.start, l.end))
             .collect();
-        let (solution, next) = plan_hinted(&requests, hint.as_ref());
+        let (solution, next) = plan_hinted(&requests, hint.as_ref(), Depth::Quick);
         let next = next.unwrap();
         let bound = lower_bound(&requests);
         assert_eq!(solution.size, bound, "{}: over the lower bound", run.label);
@@ -160,7 +160,7 @@ proptest! {
     fn a_plan_is_the_runs_own_order_where_that_is_as_low(shape in structure(), scale in 1usize..9) {
         let requests = scaled(&shape, scale);
         let (offsets, top) = run_order_best_fit(&requests);
-        let (solution, hint) = plan_hinted(&requests, None);
+        let (solution, hint) = plan_hinted(&requests, None, Depth::Quick);
         prop_assert!(validate(&requests, &solution).is_ok());
         let ordered = is_run_order(&requests, &solution.offsets);
         prop_assert_eq!(ordered, top <= solution.size);
@@ -168,7 +168,7 @@ proptest! {
             prop_assert_eq!(&solution.offsets, &offsets);
             // Searched again from it: as low or lower, and the run's
             // order again unless the search found lower.
-            let (again, _) = plan_hinted(&requests, hint.as_ref());
+            let (again, _) = plan_hinted(&requests, hint.as_ref(), Depth::Quick);
             prop_assert!(again.size <= solution.size);
             if again.size == solution.size {
                 prop_assert!(is_run_order(&requests, &again.offsets));
@@ -196,7 +196,7 @@ proptest! {
     ) {
         let requests = scaled(&shape, scale);
         let (offsets, top) = run_order_best_fit(&requests);
-        let (solution, hint) = plan_hinted(&requests, None);
+        let (solution, hint) = plan_hinted(&requests, None, Depth::Quick);
         prop_assert!(validate(&requests, &solution).is_ok());
         let start = run_order_start(&requests, &solution.offsets);
         prop_assert!(start <= requests.len());
@@ -206,7 +206,7 @@ proptest! {
             prop_assert_ne!(at, offsets[start]);
             prop_assert!(solution.size < top);
         }
-        let (again, _) = plan_hinted(&requests, hint.as_ref());
+        let (again, _) = plan_hinted(&requests, hint.as_ref(), Depth::Quick);
         prop_assert!(again.size <= solution.size);
     }
 }
@@ -223,7 +223,7 @@ fn the_runs_order_is_kept_where_it_is_as_low() {
         Request::new(256, 64, 1, 4),
         Request::new(64, 64, 2, 5),
     ];
-    let (solution, _) = plan_hinted(&requests, None);
+    let (solution, _) = plan_hinted(&requests, None, Depth::Quick);
     assert_eq!(solution.size, 320);
     assert_eq!(solution.offsets, vec![0, 0, 256]);
 }

@@ -233,4 +233,4 @@ mod min_table;
 mod search;
 
 pub use search::{greedy_by_size, plan};
-pub(crate) use search::{plan_hinted, run_order_start, Hint};
+pub(crate) use search::{plan_hinted, run_order_start, Depth, Hint};
