@@ -153,7 +153,7 @@ fn bert_ascending_is_predicted_and_kept_at_its_lower_bound() {
     let runs = read_trace("gpu/bert-mixed.trace");
     let find = |label: &str, last: bool| {
         let mut it = runs.iter().filter(|r| r.label == label);
-        if last { it.last() } else { it.next() }.expect("a run of that label")
+        if last { it.next_back() } else { it.next() }.expect("a run of that label")
     };
     let order = [
         find("8x64", false),
