@@ -54,7 +54,8 @@ pub(super) fn aligned_bound(items: &[Item]) -> usize {
         .map(|it| it.end.max(it.start))
         .max()
         .unwrap_or(0);
-    if u32::try_from(items.len()).is_ok() && top <= 4 * items.len() + 64 {
+    // (At most 2^30 items: the places, two per item, are counted in u32.)
+    if items.len() <= 1 << 30 && top <= items.len().saturating_mul(4).saturating_add(64) {
         // Times within a few of the items' count (a recording's are its
         // event indices): counted into their places, no sort. Key `2 *
         // time + is start`, so that a time's ends come before its starts.

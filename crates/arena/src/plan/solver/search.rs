@@ -94,7 +94,7 @@ pub(crate) fn plan_hinted(
     };
     let mut search = Search::new(&problem);
     let hinted = search.run(&problem, start, round);
-    if depth == Depth::Settled && search.best > problem.bound + problem.bound / 64 {
+    if depth == Depth::Settled && search.best > problem.bound.saturating_add(problem.bound / 64) {
         search.budget = search.budget.max(FIRST_WORK);
         search.improve(&problem, round);
     }
