@@ -93,6 +93,27 @@ pub(crate) enum Twist {
     Order(usize, usize),
 }
 
+/// The random families of `first_sight` and `never_a_loss`, in one fixed
+/// order (a deterministic generator): each a model and its 12 runs, a key
+/// `[batch, width]` and a twist each.
+pub(crate) fn random_families() -> impl Iterator<Item = (Model, Vec<([usize; 2], Twist)>)> {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let runs = prop::collection::vec(((1usize..9, 16usize..300), twist()), 12);
+    std::iter::from_fn(move || {
+        let model = model().new_tree(&mut runner).unwrap().current();
+        let runs = runs.new_tree(&mut runner).unwrap().current();
+        Some((
+            model,
+            runs.into_iter().map(|((b, w), t)| ([b, w], t)).collect(),
+        ))
+    })
+}
+
 pub(crate) fn twist() -> impl Strategy<Value = Twist> {
     prop_oneof![
         3 => Just(Twist::None),

@@ -347,15 +347,6 @@ struct FellBack {
 fn fell_back_against_no_plan<M: super::families::Fresh>(
     make: impl Fn() -> tensor_arena::Arena<M>,
 ) -> FellBack {
-    use super::families::{model, twist};
-    use proptest::prelude::*;
-    use proptest::strategy::ValueTree;
-    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-    let mut runner = TestRunner::new_with_rng(
-        Config::default(),
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
-    let runs = prop::collection::vec(((1usize..9, 16usize..300), twist()), 12);
     let (mut fell, mut within, mut kept, mut as_dynamic) = (0u32, 0u32, 0u32, 0u32);
     let (mut predicted, mut goal_within, mut goal_worst, mut goal_net) = (0u32, 0u32, 1f64, 0f64);
     // Bytes under their dynamic runs, over the fell-back and kept runs.
@@ -366,12 +357,10 @@ fn fell_back_against_no_plan<M: super::families::Fresh>(
     // Every fell-back run's high-water over its dynamic run's, and the
     // bytes past it.
     let (mut ratios, mut excess): (Vec<f64>, usize) = (Vec::new(), 0);
-    for _ in 0..models() {
-        let model = model().new_tree(&mut runner).unwrap().current();
-        let runs = runs.new_tree(&mut runner).unwrap().current();
+    for (model, runs) in super::families::random_families().take(models()) {
         let arena = make();
         let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
-        for ((b, w), twist) in runs {
+        for ([b, w], twist) in runs {
             let (lookup, report, _) = run(&arena, &cache, &model, [b, w], twist);
             if lookup.plan.is_none() {
                 continue;

@@ -519,21 +519,11 @@ fn correlated_families_a_random_draw_found_are_held() {
 /// three.
 #[test]
 fn a_kept_prediction_laid_out_loosely_is_solved_again() {
-    use super::families::{model, twist};
-    use proptest::strategy::ValueTree;
-    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-    let mut runner = TestRunner::new_with_rng(
-        Config::default(),
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
-    let runs = prop::collection::vec(((1usize..9, 16usize..300), twist()), 12);
     let mut found = 0;
-    for _ in 0..1200 {
-        let model = model().new_tree(&mut runner).unwrap().current();
-        let runs = runs.new_tree(&mut runner).unwrap().current();
+    for (model, runs) in super::families::random_families().take(1200) {
         let arena = arena();
         let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
-        for ((b, w), twist) in runs {
+        for ([b, w], twist) in runs {
             let (lookup, report, _) = run(&arena, &cache, &model, [b, w], twist);
             let Some(plan) = lookup
                 .plan
