@@ -38,6 +38,8 @@ impl Fit {
             1.0
         };
         let below = self.below_range(dims);
+        // Mostly a key within the range seen: no model's factor to take.
+        let inside = below.iter().all(|&x| x == 1.0);
         let mut near: Option<Near> = None;
         let mut sizes = Vec::with_capacity(self.models.len());
         let mut least: Option<Vec<usize>> = None;
@@ -50,7 +52,15 @@ impl Fit {
                     // constant is as well explained by a size that
                     // follows the dimension that moved (a buffer padded
                     // to a bucket or doubled past the length).
-                    (bytes, bytes * below_outside(&below, &[]))
+                    let least = if inside {
+                        bytes
+                    } else {
+                        bytes * below_outside(&below, &[])
+                    };
+                    (bytes, least)
+                }
+                SizeModel::Scaled(fits) | SizeModel::Affine(fits) if inside => {
+                    tier_range(fits, dims, |_| 1.0)
                 }
                 SizeModel::Scaled(fits) | SizeModel::Affine(fits) => {
                     tier_range(fits, dims, |m| below_outside(&below, &m.0))
@@ -69,7 +79,13 @@ impl Fit {
             };
             let factor = scale.as_ref().map_or(1.0, |s| s[b]);
             let size = to_size(most * factor, q).ok_or(NoPrediction::Unpredictable)?;
-            let low = to_size(fewest * factor, q).ok_or(NoPrediction::Unpredictable)?;
+            // (The least is never above the largest: where they are one,
+            // so are their sizes.)
+            let low = if fewest < most {
+                to_size(fewest * factor, q).ok_or(NoPrediction::Unpredictable)?
+            } else {
+                size
+            };
             if low < size && least.is_none() {
                 least = Some(sizes.clone());
             }
