@@ -38,8 +38,6 @@ impl Fit {
             1.0
         };
         let below = self.below_range(dims);
-        // Mostly a key within the range seen: no model's factor to take.
-        let inside = below.iter().all(|&x| x == 1.0);
         let mut near: Option<Near> = None;
         let mut sizes = Vec::with_capacity(self.models.len());
         let mut least: Option<Vec<usize>> = None;
@@ -52,18 +50,10 @@ impl Fit {
                     // constant is as well explained by a size that
                     // follows the dimension that moved (a buffer padded
                     // to a bucket or doubled past the length).
-                    let least = if inside {
-                        bytes
-                    } else {
-                        bytes * below_outside(&below, &[])
-                    };
-                    (bytes, least)
-                }
-                SizeModel::Scaled(fits) | SizeModel::Affine(fits) if inside => {
-                    tier_range(fits, dims, |_| 1.0)
+                    (bytes, bytes * below_outside(below.as_deref(), &[]))
                 }
                 SizeModel::Scaled(fits) | SizeModel::Affine(fits) => {
-                    tier_range(fits, dims, |m| below_outside(&below, &m.0))
+                    tier_range(fits, dims, |m| below_outside(below.as_deref(), &m.0))
                 }
             };
             let (most, fewest) = match m {
@@ -102,9 +92,10 @@ impl Fit {
     /// shrink by: for a varying dimension whose value at `dims` is under
     /// every value seen, `dims[d] / min_d`, counted only where the key
     /// reaches further below the least value seen than the shapes seen
-    /// span (`min_d / dims[d] > max_d / min_d`); 1 where it does not. A
-    /// model's factor is the product over the dimensions it leaves out
-    /// ([`below_outside`]).
+    /// span (`min_d / dims[d] > max_d / min_d`); 1 where it does not;
+    /// `None` where it is 1 in every dimension (a key within the range
+    /// seen, mostly). A model's factor is the product over the dimensions
+    /// it leaves out ([`below_outside`]).
     ///
     /// A block the same size at every shape seen may be a constant (a
     /// model's state) or a size padded to a bucket, or doubled as it
@@ -121,7 +112,7 @@ impl Fit {
     /// below the sequences seen, the sequence may be what it follows too
     /// (a block in the cube of the sequence, seen at three shapes whose
     /// batches it happened to fit).
-    fn below_range(&self, dims: &[u64]) -> Vec<f64> {
+    fn below_range(&self, dims: &[u64]) -> Option<Vec<f64>> {
         let mut factors = vec![1.0f64; dims.len()];
         for (d, &now) in dims.iter().enumerate() {
             if !self.varied[d] {
@@ -140,7 +131,7 @@ impl Fit {
                 factors[d] = now / lo;
             }
         }
-        factors
+        factors.iter().any(|&x| x != 1.0).then_some(factors)
     }
 
     /// How a key that changes dimensions that never varied among the shapes
@@ -224,8 +215,11 @@ impl Fit {
 }
 
 /// The product of `factors` ([`Fit::below_range`]) over the dimensions no
-/// factor of a monomial (`factors_of`) multiplies.
-fn below_outside(factors: &[f64], factors_of: &[Factor]) -> f64 {
+/// factor of a monomial (`factors_of`) multiplies: 1 for none.
+fn below_outside(factors: Option<&[f64]>, factors_of: &[Factor]) -> f64 {
+    let Some(factors) = factors else {
+        return 1.0;
+    };
     factors
         .iter()
         .enumerate()

@@ -46,9 +46,7 @@ pub(super) fn aligned_bound(items: &[Item]) -> usize {
     // The changes in time order, ends before starts at the same time. The
     // order among a time's starts (or ends) does not matter: `live -
     // top_pad` only grows as its starts are added (each adds its size and
-    // raises the top pad by less), so the last of them is the peak. Sorted
-    // as packed integers (time, is start, item) where the times fit: a
-    // third of the sort's instructions of tuples on det's 379 blocks.
+    // raises the top pad by less), so the last of them is the peak.
     let top = items
         .iter()
         .map(|it| it.end.max(it.start))
@@ -57,8 +55,10 @@ pub(super) fn aligned_bound(items: &[Item]) -> usize {
     // (At most 2^30 items: the places, two per item, are counted in u32.)
     if items.len() <= 1 << 30 && top <= items.len().saturating_mul(4).saturating_add(64) {
         // Times within a few of the items' count (a recording's are its
-        // event indices): counted into their places, no sort. Key `2 *
-        // time + is start`, so that a time's ends come before its starts.
+        // event indices, so every plan's): counted into their places, no
+        // sort. Key `2 * time + is start`, so that a time's ends come
+        // before its starts. Other times (requests given to the solver
+        // directly) are sorted.
         let mut at = vec![0u32; 2 * top + 3];
         for it in items {
             at[2 * it.start + 2] += 1;
@@ -77,16 +77,6 @@ pub(super) fn aligned_bound(items: &[Item]) -> usize {
         }
         for (i, is_start) in order {
             change(is_start, &items[i as usize]);
-        }
-    } else if u32::try_from(items.len()).is_ok() && items.iter().all(|it| it.end < 1 << 31) {
-        let mut keys: Vec<u64> = Vec::with_capacity(2 * items.len());
-        for (i, it) in items.iter().enumerate() {
-            keys.push((it.start as u64) << 33 | 1 << 32 | i as u64);
-            keys.push((it.end as u64) << 33 | i as u64);
-        }
-        keys.sort_unstable();
-        for k in keys {
-            change(k >> 32 & 1 == 1, &items[(k & 0xffff_ffff) as usize]);
         }
     } else {
         let mut changes: Vec<(usize, bool, usize)> = Vec::with_capacity(2 * items.len());
@@ -178,10 +168,10 @@ mod tests {
     }
 
     #[test]
-    fn the_bound_is_the_same_whether_its_times_are_counted_packed_or_not() {
+    fn the_bound_is_the_same_whether_its_times_are_counted_or_sorted() {
         // Items whose times are dense are counted into place; the same
-        // items shifted far (their times still in 31 bits) take the packed
-        // sort, and shifted past 31 bits the tuples' sort: one bound.
+        // items shifted far (in 31 bits or past them) are sorted: one
+        // bound.
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = |n: u64| {
             seed ^= seed << 13;
