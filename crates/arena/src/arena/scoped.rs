@@ -357,6 +357,14 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
         // At most the step's size, a multiple of the granule (a power of
         // two): no overflow.
         let size = (len + self.granule - 1) & !(self.granule - 1);
+        // A small request that may be a block the plan does not have: the
+        // core serves it beside the plan, pending the next event.
+        if self
+            .plan
+            .is_some_and(|plan| crate::raw::may_be_extra(plan, size, step.size))
+        {
+            return None;
+        }
         self.smaller.borrow_mut().push((pos, size));
         self.pos.set(pos + 1);
         Some((M::at(self.base, step.offset), Owner::Planned(step.index)))

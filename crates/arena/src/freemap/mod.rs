@@ -460,6 +460,12 @@ impl<T: Copy> FreeMap<T> {
         Some((span.size, span.used?))
     }
 
+    /// The payload of used span `id`, for changing in place; `None` for a
+    /// span that is not used.
+    pub(crate) fn payload_mut(&mut self, id: SpanId) -> Option<&mut T> {
+        self.spans.get_mut(id as usize)?.used.as_mut()
+    }
+
     /// Region and offset of span `id` (used or free).
     pub(crate) fn position(&self, id: SpanId) -> Option<(RegionId, usize)> {
         let span = self.spans.get(id as usize).filter(|s| s.size > 0)?;

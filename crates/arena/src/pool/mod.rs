@@ -581,6 +581,13 @@ impl<M: Memory> Pool<M> {
         self.map.get(span)
     }
 
+    /// Makes live span `span` block `rec` of its run's recording.
+    pub(crate) fn retag(&mut self, span: SpanId, rec: u32) {
+        if let Some(tag) = self.map.payload_mut(span) {
+            tag.rec = rec;
+        }
+    }
+
     /// Region and offset of live span `span`.
     pub(crate) fn position(&self, span: SpanId) -> Option<(RegionId, usize)> {
         self.map.position(span)

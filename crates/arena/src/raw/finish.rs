@@ -63,6 +63,11 @@ impl<M: Memory> RawArena<M> {
         self.check();
         // A workspace still pending outlives its run: a block of the run.
         self.settle_pending();
+        // A small block still pending is one the plan does not have: the
+        // plan's next step never came.
+        if let Some(serve) = self.run.as_mut().and_then(|r| r.serve.as_mut()) {
+            serve.tentative = None;
+        }
         let Some(mut run) = self.run.take() else {
             return (RunReport::default(), Recording::new());
         };

@@ -17,7 +17,10 @@ mod finish;
 mod loose;
 mod repair;
 mod serve;
+mod tentative;
 mod workspace;
+
+pub(crate) use tentative::may_be_extra;
 
 /// The arena's core: blocks, runs, watermark, plans and stats over a
 /// [`Memory`] layer, in offsets and the layer's addresses. It never reads
@@ -172,6 +175,10 @@ struct Serve {
     pending: Option<workspace::Pending>,
     /// The flags before the latest block served smaller than its slot.
     undo: Option<workspace::Undo>,
+    /// A small block where the plan allocates, served beside the plan's
+    /// block until the next event says whether it is the plan's
+    /// ([`tentative`]).
+    tentative: Option<tentative::Tentative>,
 }
 
 /// A block drawn from the pool to serve a planned run.
@@ -598,8 +605,16 @@ impl<M: Memory> RawArena<M> {
         if let Some(served) = self.alloc_planned(len, align) {
             return Ok(served);
         }
+        if self.settle_tentative_by_alloc(len) {
+            if let Some(served) = self.alloc_planned(len, align) {
+                return Ok(served);
+            }
+        }
         if let Some(served) = self.alloc_apart(len, align) {
             return Ok(served);
+        }
+        if let Some(served) = self.alloc_tentative(len, align, location) {
+            return served;
         }
         let beside = self.beside_plan(len);
         let in_block = !beside
@@ -635,14 +650,20 @@ impl<M: Memory> RawArena<M> {
             self.leave_block(len, align);
         }
         let raw = self.alloc_pool(len, align, location, !beside)?;
+        Ok(self.pool_alloc_handle(raw))
+    }
+
+    /// The block and handle of pool span `raw`, just allocated.
+    #[inline]
+    fn pool_alloc_handle(&mut self, raw: RawBlock<M::Ptr>) -> RawAlloc<M::Ptr> {
         let i = raw.span as usize;
         if self.span_gens.len() <= i {
             self.span_gens.resize(i + 1, 0);
         }
-        Ok(RawAlloc {
+        RawAlloc {
             ptr: raw.ptr,
             handle: self.handle(HandleKind::Pool { span: raw.span }, self.span_gens[i]),
-        })
+        }
     }
 
     /// Allocates from the pool; `planable` blocks enter the run's recording.
@@ -751,13 +772,14 @@ impl<M: Memory> RawArena<M> {
                 }
                 r.live_blocks -= 1;
                 r.live_bytes -= size;
+                let rec = Self::settle_tentative_by_free(r, &mut self.pool, span, tag.rec);
                 if r.serve.as_ref().is_some_and(|s| s.pending.is_some()) {
                     // Another event before a pending workspace's free.
                     Self::settle_workspace(r, &mut self.deviations);
                 }
                 // A dynamic run's frees are in `ops` already.
-                if tag.rec != NOT_PLANNED && r.serve.is_some() {
-                    Self::record_free(r, tag.rec, &mut self.deviations);
+                if rec != NOT_PLANNED && r.serve.is_some() {
+                    Self::record_free(r, rec, &mut self.deviations);
                 }
             }
         }

@@ -68,6 +68,7 @@ impl<M: Memory> RawArena<M> {
             beside: false,
             pending: None,
             undo: None,
+            tentative: None,
         })
     }
 
@@ -79,7 +80,7 @@ impl<M: Memory> RawArena<M> {
     pub(super) fn alloc_planned(&mut self, len: usize, align: usize) -> Option<RawAlloc<M::Ptr>> {
         let run = self.run.as_mut()?;
         let serve = run.serve.as_mut()?;
-        if serve.deviated || serve.pending.is_some() {
+        if serve.deviated || serve.pending.is_some() || serve.tentative.is_some() {
             return None;
         }
         let step = *serve.plan.step(serve.pos)?;
@@ -106,6 +107,12 @@ impl<M: Memory> RawArena<M> {
             "a validated plan allocates in index order"
         );
         if size != step.size || align != step.align as usize {
+            // A small request may be a block the plan does not have: served
+            // beside the plan until the next event says ([`tentative`]).
+            if self.trace.is_none() && super::tentative::may_be_extra(&serve.plan, size, step.size)
+            {
+                return None;
+            }
             // Served, but smaller than recorded: this run's own recording
             // differs from the plan's from here on (unless the block is a
             // workspace, taken back at its free).
@@ -493,6 +500,12 @@ impl<M: Memory> RawArena<M> {
         pb.live_bytes -= size;
         let orphan_done = !pb.open && pb.live == 0;
         if let Some(r) = &mut self.run {
+            if r.serve
+                .as_ref()
+                .is_some_and(|s| s.slot == slot && s.tentative.is_some())
+            {
+                Self::settle_tentative(r, &mut self.pool, super::tentative::Next::Free(index));
+            }
             match r.serve.as_ref() {
                 Some(s) if s.slot == slot && s.plan.workspaces_apart() => {
                     let tracing = self.trace.is_some();

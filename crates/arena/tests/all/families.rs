@@ -159,7 +159,7 @@ pub(crate) fn run<M: Fresh>(
     let beside = if report.deviated {
         0
     } else {
-        (report.allocs - report.planned_allocs) as usize * 128
+        (report.allocs - report.planned_allocs) as usize * 128.max(plan / 64 + GRANULE)
     };
     assert!(
         report.high_water <= dynamic.high_water.max(plan) + beside + GRANULE

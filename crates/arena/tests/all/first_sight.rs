@@ -252,7 +252,12 @@ fn an_image_height_that_never_varied_is_predicted_at_the_lower_bound() {
 /// block, the run keeping to its plan: 150 of 218 within a granule, mean
 /// 1.0179x, p95 1.244x, 10.19 MiB past, the kept runs 32.73 MiB under
 /// their dynamic runs; of all 575 predicted runs 531 within max(a
-/// granule, 3%), 92.3%, against 498 of 546 before; floor 210.)
+/// granule, 3%), 92.3%, against 498 of 546 before; floor 210. Later, a
+/// small block where the plan allocates served beside the plan's block
+/// until the next event says whose it is: 113 of 152 within a granule,
+/// mean 0.9947x, p95 1.194x, worst 1.390x; of all 542 predicted runs 518
+/// within max(a granule, 3%), 95.6%, against 489 of 523 before; floor
+/// 145.)
 #[test]
 fn fell_back_runs_against_no_plan() {
     let f = fell_back_against_no_plan(super::families::arena);
@@ -297,19 +302,19 @@ impl FellBack {
     /// 1.6x (2.304x before affine fits of every degree were compared);
     /// enough of them left where a dynamic arena would be (each
     /// held, as it goes, to its dynamic run or its plan's block); and of
-    /// every predicted run (kept or fell back), 91.5% within max(a
-    /// granule, 3%) of its dynamic run (90.8-91.2% before extra blocks
-    /// were served beside the plan, 92.0-92.3% since).
+    /// every predicted run (kept or fell back), 95% within max(a granule,
+    /// 3%) of its dynamic run (93.3-93.5% before small blocks where the
+    /// plan allocates were served beside it, 95.4-95.6% since).
     fn holds(&self, mean: f64, p95: f64) {
         assert!(
-            self.goal_within * 1000 >= self.predicted * 915,
+            self.goal_within * 1000 >= self.predicted * 950,
             "{} of {} predicted runs within max(a granule, 3%)",
             self.goal_within,
             self.predicted
         );
-        // (178 since fits of the next degree and local models over the
-        // nearest four that part refuse their keys; 211 before.)
-        assert!(self.fell >= 170, "{} fell-back runs", self.fell);
+        // (152 since small blocks where the plan allocates keep their
+        // runs on their plans; 178 before.)
+        assert!(self.fell >= 145, "{} fell-back runs", self.fell);
         assert!(
             self.within * 100 >= self.fell * 68,
             "{} of {} within a granule",

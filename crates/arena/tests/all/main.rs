@@ -26,6 +26,7 @@ mod rules;
 mod scoped;
 mod scoped_dynamic;
 mod shared;
+mod small_blocks;
 mod soundness;
 mod trace;
 mod workspaces;

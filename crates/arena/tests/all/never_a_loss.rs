@@ -443,8 +443,10 @@ fn a_block_after_one_served_in_a_slot_twice_its_size_is_no_extra_one() {
     let arena = Arena::new(ArenaConfig::default());
     let r = arena.begin_planned_run(plan).unwrap();
     let a = r.try_alloc(1 << 20).unwrap();
-    // An extra block, served in `b`'s slot; then `b` itself.
-    let extra = r.try_alloc(100).unwrap();
+    // An extra block at most half `b`'s slot but over a 64th of the plan
+    // (not served beside pending the next event), served in `b`'s slot;
+    // then `b` itself.
+    let extra = r.try_alloc(24 << 10).unwrap();
     let b = r.try_alloc(64 << 10).unwrap();
     drop(a);
     drop(b);

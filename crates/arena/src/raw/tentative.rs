@@ -1,0 +1,208 @@
+//! A small request where the plan allocates: the plan's next block at a
+//! smaller size, or a block the plan does not have?
+//!
+//! Both come as the same request: one at most half the plan's next slot
+//! and at most a sixteenth of the plan's block. A block whose size depends
+//! on the data (a key's plan made at 200 detections, a run with 2) is the
+//! first; a small buffer a run makes at some inputs only is the second.
+//! Served in the next slot, as the first, the second shifts every later
+//! block by one: none is the plan's next by index, and the run leaves its
+//! plan where no dynamic arena would have its blocks (the largest class of
+//! predicted runs over their dynamic runs on random families).
+//!
+//! So such a request is served beside the plan's block, from the pool, and
+//! the next event of the run says which it was:
+//!
+//! - the next allocation fits the plan's next slot (and not the one after
+//!   it, or that slot's size exactly), or the next free is not the plan's
+//!   next but one step: a block the plan does not have. It stays beside,
+//!   outside the run's recording, and the run keeps to its plan;
+//! - else the plan's block, smaller: it enters the run's recording as the
+//!   plan's next block (its span tagged so, so that its free follows the
+//!   plan), and the run goes on on its plan with the slot left empty.
+//!
+//! Either way the run reaches its plan's block and the small block beside
+//! it, where before the second case left the plan. The price is the first
+//! case's block beside the plan instead of in its slot: at most a
+//! sixteenth of the plan's block, for as long as it lives.
+//!
+//! Not on a plan that leaves workspaces apart ([`workspace`](super::workspace)
+//! serves its small requests), nor while a trace is recorded (its runs
+//! keep every block where it came).
+
+use super::{OpenRun, RawAlloc, RawArena};
+use crate::freemap::SpanId;
+use crate::memory::Memory;
+use crate::plan::Plan;
+use crate::pool::Pool;
+
+use core::panic::Location;
+
+/// A small block served beside the plan's block, pending the run's next
+/// event: its span, size and alignment.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Tentative {
+    span: SpanId,
+    size: usize,
+    align: usize,
+}
+
+/// The event that settles a pending small block.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Next {
+    /// An allocation of this many bytes (rounded to the granule).
+    Alloc(usize),
+    /// The free of the run's recorded block of this index.
+    Free(u32),
+    /// The free of the pending block itself.
+    FreeOfItself,
+}
+
+/// Whether a request of `size` bytes (rounded to the granule) where
+/// `plan`'s next step allocates `step` bytes may be a block the plan does
+/// not have: at most half the step and a sixteenth of the plan's block,
+/// on a plan that does not leave workspaces apart.
+#[inline]
+pub(crate) fn may_be_extra(plan: &Plan, size: usize, step: usize) -> bool {
+    !plan.workspaces_apart() && size.saturating_mul(2) <= step && size <= plan.size() / 64
+}
+
+impl<M: Memory> RawArena<M> {
+    /// Serves the open run's allocation (`len` bytes at `align`, which its
+    /// plan's next step does not take) beside the plan's block, pending
+    /// the next event, if it is a small request where the plan allocates
+    /// ([`may_be_extra`]). `None`: the caller goes on as before.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_tentative(
+        &mut self,
+        len: usize,
+        align: usize,
+        location: &'static Location<'static>,
+    ) -> Option<Result<RawAlloc<M::Ptr>, crate::ArenaError>> {
+        let granule = self.pool.granule();
+        let serve = self.run.as_ref()?.serve.as_ref()?;
+        if serve.deviated
+            || serve.pending.is_some()
+            || serve.tentative.is_some()
+            || self.trace.is_some()
+        {
+            return None;
+        }
+        let step = serve.plan.step(serve.pos).filter(|s| !s.is_free())?;
+        let size = len.checked_add(granule - 1)? & !(granule - 1);
+        if !may_be_extra(&serve.plan, size, step.size) {
+            return None;
+        }
+        let raw = match self.alloc_pool(len, align, location, false) {
+            Ok(raw) => raw,
+            Err(e) => return Some(Err(e)),
+        };
+        if let Some(serve) = self.run.as_mut().and_then(|r| r.serve.as_mut()) {
+            serve.tentative = Some(Tentative {
+                span: raw.span,
+                size,
+                align: align.max(granule),
+            });
+        }
+        Some(Ok(self.pool_alloc_handle(raw)))
+    }
+
+    /// Settles the open run's pending small block, if any, by the run's
+    /// next event ([`Next`]): a block the plan does not have stays beside
+    /// it, outside the recording; the plan's next block, smaller, enters
+    /// the recording and the plan steps past it. Returns whether it was
+    /// the plan's block.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn settle_tentative(run: &mut OpenRun, pool: &mut Pool<M>, next: Next) -> bool {
+        let Some(serve) = run.serve.as_mut() else {
+            return false;
+        };
+        let Some(t) = serve.tentative.take() else {
+            return false;
+        };
+        if serve.deviated {
+            return false;
+        }
+        let k = run.blocks;
+        let mine = serve.plan.step(serve.pos).map(|s| s.size).unwrap_or(0);
+        let after = serve.plan.step(serve.pos + 1).copied();
+        // A request fits a slot it does not halve.
+        let fits = |size: usize, slot: usize| size <= slot && size.saturating_mul(2) > slot;
+        let the_plans = match next {
+            Next::Alloc(size) => {
+                let after = after.filter(|s| !s.is_free()).map(|s| s.size);
+                match (fits(size, mine), after.is_some_and(|a| fits(size, a))) {
+                    (true, false) => false,
+                    (false, true) => true,
+                    // Both fit: the slot whose size it is exactly.
+                    (true, true) => !(size == mine && after != Some(size)),
+                    // Neither: the plan's next block if the plan allocates
+                    // after it (as a request served in its slot would be).
+                    (false, false) => after.is_some(),
+                }
+            }
+            Next::Free(index) => after.is_some_and(|s| s.is_free() && s.index == index),
+            Next::FreeOfItself => after.is_some_and(|s| s.is_free() && s.index == k),
+        };
+        if !the_plans {
+            return false;
+        }
+        Self::materialize(serve, &mut run.rec, run.blocks);
+        run.rec.alloc(t.size, t.align);
+        serve.resized = true;
+        serve.pos += 1;
+        run.blocks += 1;
+        if !matches!(next, Next::FreeOfItself) {
+            pool.retag(t.span, k);
+        }
+        true
+    }
+
+    /// Before an allocation of `len` bytes its plan's next step does not
+    /// take: settles the open run's pending small block, if any. Returns
+    /// whether there was one (the plan may take the allocation now).
+    #[inline]
+    pub(super) fn settle_tentative_by_alloc(&mut self, len: usize) -> bool {
+        let granule = self.pool.granule();
+        let Some(run) = self
+            .run
+            .as_mut()
+            .filter(|r| r.serve.as_ref().is_some_and(|s| s.tentative.is_some()))
+        else {
+            return false;
+        };
+        let size = len
+            .checked_add(granule - 1)
+            .map_or(usize::MAX, |l| l & !(granule - 1));
+        Self::settle_tentative(run, &mut self.pool, Next::Alloc(size));
+        true
+    }
+
+    /// At the free of the open run's pool span `span`, tagged as recorded
+    /// block `rec`: settles its pending small block, if any (by this free
+    /// where the span is a block of the recording or the pending one).
+    /// Returns the block of the recording the free is (`rec`, or the
+    /// pending block's index where that was the plan's).
+    #[inline]
+    pub(super) fn settle_tentative_by_free(
+        run: &mut OpenRun,
+        pool: &mut Pool<M>,
+        span: SpanId,
+        rec: u32,
+    ) -> u32 {
+        let Some(t) = run.serve.as_ref().and_then(|s| s.tentative) else {
+            return rec;
+        };
+        if t.span == span {
+            let k = run.blocks;
+            if Self::settle_tentative(run, pool, Next::FreeOfItself) {
+                return k;
+            }
+        } else if rec != crate::pool::NOT_PLANNED {
+            Self::settle_tentative(run, pool, Next::Free(rec));
+        }
+        rec
+    }
+}
