@@ -29,7 +29,10 @@ const OFF_TAPE: usize = usize::MAX;
 /// request with it and returns the block at the step's offset; a free
 /// checks that it is the step the plan expects. A request smaller than its
 /// step (a predicted plan's slots are sized on the safe side) is served
-/// from the step's slot all the same, and its size noted aside. Nothing
+/// from the step's slot all the same, and its size noted aside, unless it
+/// is at most half the step and a 64th of the plan's block: that may be a
+/// block the plan does not have, which the arena's own planned run tells
+/// apart (below). Nothing
 /// else is counted per event: the arena's counters, peaks, the plan
 /// block's table and, where a request was smaller, the run's own
 /// recording are brought up to date from the plan in one pass when the run
@@ -340,7 +343,10 @@ impl<'a, M: HostMemory> ScopedRun<'a, M> {
     /// The block of the plan's next step for a request smaller than the
     /// step by a granule or more (a predicted plan's slots are sized on the
     /// safe side): served from the step's slot, its rounded size noted for
-    /// the core to count when it catches up. `None` for any other request.
+    /// the core to count when it catches up. `None` for any other request,
+    /// and for a small one that may be a block the plan does not have (the
+    /// core serves it beside the plan until the next event says whose it
+    /// is).
     fn serve_smaller(&self, len: usize, align: usize) -> Option<(NonNull<u8>, Owner)> {
         let pos = self.pos.get();
         let step = self.steps.get(pos)?;
