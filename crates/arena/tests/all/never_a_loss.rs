@@ -373,59 +373,9 @@ proptest! {
     }
 }
 
-/// A small block the plan has no place for, allocated where the plan frees
-/// (a buffer a run makes at some inputs only), is served beside the plan's
-/// block, and the run keeps to its plan: it reaches the plan's block and
-/// that block, no further, and every later block is in its slot. Taken as
-/// a deviation (as before), every later block was the plan's next by
-/// index, and one extra block of 128 bytes put random families' runs up
-/// to 1.5x their dynamic runs.
-#[test]
-fn an_extra_block_where_the_plan_frees_is_served_beside_it() {
-    let mut rec = Recording::new();
-    let a = rec.alloc(1 << 20, 64);
-    let b = rec.alloc(2 << 20, 64);
-    rec.free(a);
-    let c = rec.alloc(1 << 20, 64);
-    rec.free(b);
-    let d = rec.alloc(2 << 20, 64);
-    rec.free(c);
-    rec.free(d);
-    let plan = Arc::new(Plan::from_recording(&rec).unwrap());
-    let arena = Arena::new(ArenaConfig::default());
-    let r = arena.begin_planned_run(Arc::clone(&plan)).unwrap();
-    let mut a = r.try_alloc(1 << 20).unwrap();
-    let mut b = r.try_alloc(2 << 20).unwrap();
-    // Where the plan frees `a`: an extra block, live to the run's end.
-    let mut extra = r.try_alloc(100).unwrap();
-    extra.fill(0xee);
-    a.fill(1);
-    b.fill(2);
-    drop(a);
-    let mut c = r.try_alloc(1 << 20).unwrap();
-    c.fill(3);
-    assert!(b.iter().all(|&x| x == 2));
-    drop(b);
-    let mut d = r.try_alloc(2 << 20).unwrap();
-    d.fill(4);
-    assert!(c.iter().all(|&x| x == 3));
-    drop(c);
-    assert!(d.iter().all(|&x| x == 4));
-    drop(d);
-    assert!(extra.iter().all(|&x| x == 0xee));
-    drop(extra);
-    let (report, _) = r.finish_with_recording();
-    assert!(!report.deviated, "{report:?}");
-    assert_eq!((report.allocs, report.planned_allocs), (5, 4));
-    assert!(
-        report.high_water <= plan.size() + GRANULE * 2,
-        "{} against a plan of {}",
-        report.high_water,
-        plan.size()
-    );
-}
-
-/// The same extra block, but after a block served at most half its slot:
+/// An extra block where the plan frees (served beside the plan's block,
+/// `small_blocks::an_extra_block_where_the_plan_frees_is_served_beside_it`),
+/// but after a block served at most half its slot:
 /// the run's blocks may no longer be the plan's by index (that block may
 /// be an extra one, in the slot of the plan's next), so a block where the
 /// plan frees leaves the plan as before, never put beside it whole.
