@@ -2,7 +2,7 @@
 //! smaller size, or a block the plan does not have?
 //!
 //! Both come as the same request: one at most half the plan's next slot
-//! and at most a sixteenth of the plan's block. A block whose size depends
+//! and at most a 64th of the plan's block. A block whose size depends
 //! on the data (a key's plan made at 200 detections, a run with 2) is the
 //! first; a small buffer a run makes at some inputs only is the second.
 //! Served in the next slot, as the first, the second shifts every later
@@ -23,8 +23,8 @@
 //!
 //! Either way the run reaches its plan's block and the small block beside
 //! it, where before the second case left the plan. The price is the first
-//! case's block beside the plan instead of in its slot: at most a
-//! sixteenth of the plan's block, for as long as it lives.
+//! case's block beside the plan instead of in its slot: at most a 64th of
+//! the plan's block, for as long as it lives.
 //!
 //! Not on a plan that leaves workspaces apart ([`workspace`](super::workspace)
 //! serves its small requests), nor while a trace is recorded (its runs
@@ -60,8 +60,8 @@ pub(super) enum Next {
 
 /// Whether a request of `size` bytes (rounded to the granule) where
 /// `plan`'s next step allocates `step` bytes may be a block the plan does
-/// not have: at most half the step and a sixteenth of the plan's block,
-/// on a plan that does not leave workspaces apart.
+/// not have: at most half the step and a 64th of the plan's block, on a
+/// plan that does not leave workspaces apart.
 #[inline]
 pub(crate) fn may_be_extra(plan: &Plan, size: usize, step: usize) -> bool {
     !plan.workspaces_apart() && size.saturating_mul(2) <= step && size <= plan.size() / 64
