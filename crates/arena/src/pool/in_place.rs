@@ -8,6 +8,17 @@ use crate::memory::{Memory, MemoryError};
 use crate::ArenaError;
 
 impl<M: Memory> Pool<M> {
+    /// The error for a commit the layer refused while serving `requested`
+    /// bytes: what was asked, what is committed, and the layer's code.
+    pub(super) fn commit_failed(&self, requested: usize, e: MemoryError) -> ArenaError {
+        ArenaError::CommitFailed {
+            requested,
+            bytes: e.bytes,
+            committed: self.reserved,
+            code: e.code,
+        }
+    }
+
     /// Commits every hole of region `rid` that `off..off + size` touches
     /// (whole granules). All or nothing: when one commit is refused, the
     /// ones made before it are decommitted again, and the holes and the

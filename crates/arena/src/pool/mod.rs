@@ -18,7 +18,7 @@
 
 use crate::config::{ArenaConfig, Growth};
 use crate::freemap::{align_up, FreeError, FreeMap, RegionId, SpanId, MAX_REGION, MAX_REGIONS};
-use crate::memory::{Memory, MemoryError, MemoryProps};
+use crate::memory::{Memory, MemoryProps};
 use crate::ArenaError;
 
 mod in_place;
@@ -773,20 +773,6 @@ impl<M: Memory> Pool<M> {
         assert!(self.reserved <= self.cap);
         if self.in_place() {
             assert!(self.regions.iter().flatten().count() <= 1);
-        }
-    }
-}
-
-/// A failed commit as the arena reports it.
-impl<M: Memory> Pool<M> {
-    /// The error for a commit the layer refused while serving `requested`
-    /// bytes: what was asked, what is committed, and the layer's code.
-    fn commit_failed(&self, requested: usize, e: MemoryError) -> ArenaError {
-        ArenaError::CommitFailed {
-            requested,
-            bytes: e.bytes,
-            committed: self.reserved,
-            code: e.code,
         }
     }
 }
