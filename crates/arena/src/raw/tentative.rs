@@ -31,7 +31,7 @@
 //! keep every block where it came).
 
 use super::{OpenRun, RawAlloc, RawArena};
-use crate::freemap::SpanId;
+use crate::freemap::{align_up, SpanId};
 use crate::memory::Memory;
 use crate::plan::Plan;
 use crate::pool::Pool;
@@ -90,7 +90,7 @@ impl<M: Memory> RawArena<M> {
             return None;
         }
         let step = serve.plan.step(serve.pos).filter(|s| !s.is_free())?;
-        let size = len.checked_add(granule - 1)? & !(granule - 1);
+        let size = align_up(len, granule)?;
         if !may_be_extra(&serve.plan, size, step.size) {
             return None;
         }
@@ -173,9 +173,7 @@ impl<M: Memory> RawArena<M> {
         else {
             return false;
         };
-        let size = len
-            .checked_add(granule - 1)
-            .map_or(usize::MAX, |l| l & !(granule - 1));
+        let size = align_up(len, granule).unwrap_or(usize::MAX);
         Self::settle_tentative(run, &mut self.pool, Next::Alloc(size));
         true
     }
