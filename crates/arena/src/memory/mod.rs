@@ -263,7 +263,10 @@ pub enum HugePages {
     /// step slower than 1 ms a huge page (free memory the host of a
     /// virtual machine must back again, say), the rest of the commit, and
     /// every commit of the next 5 seconds, takes base pages the same way
-    /// ([`Stats::slow_huge_commits`](crate::Stats::slow_huge_commits)).
+    /// ([`Stats::slow_huge_commits`](crate::Stats::slow_huge_commits)),
+    /// but for a commit of 32 MiB or more taking back memory the arena
+    /// gave back in the last second: it is timed again, 2 huge pages at a
+    /// time (memory just freed is still backed).
     #[default]
     Auto,
     /// Where the system offers them, every commit is advised, whatever

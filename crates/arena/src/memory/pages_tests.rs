@@ -291,3 +291,54 @@ fn a_slow_last_step_leaves_its_verdict_for_the_next_commits() {
         "{faults} faults: the next commit asked for a huge page"
     );
 }
+
+/// While huge pages are held slow, a large commit of memory this layer
+/// gave back moments ago is probed anew and takes huge pages where its
+/// steps are fast; a smaller commit, or one of fresh memory, still takes
+/// base pages at once. Fails if the verdict keeps every commit of the next
+/// [`SLOW_FOR`] in base pages (an arena taking back a large run's memory,
+/// freed moments before, populated it a base page at a time after one slow
+/// step of an earlier commit), or if fresh memory is probed anew.
+#[test]
+fn a_large_commit_of_memory_just_given_back_is_probed_anew() {
+    let mut p = pages(Policy::WhereFree, |_, _| Some(1 << 20));
+    if !p.populate {
+        return; // before Linux 5.14 nothing is populated, nor timed
+    }
+    p.clock = scripted_clock; // stands still: every step fast
+    p.slow_at = Some(Instant::now());
+    let offered = thp::Settings::read().is_some_and(|s| s.enabled != thp::Enabled::Never);
+    let huge_free = offered && thp::free_huge_pages(HUGE, 4096).unwrap_or(0) >= 4 * 32 + 64;
+    let base_pages = |len: usize| (len / 4096) as u64;
+    // Fresh memory: the verdict holds.
+    let faults = commit_large(&mut p);
+    assert_eq!(p.slow_huge_commits(), 1);
+    assert!(faults >= base_pages(64 << 20), "{faults} faults");
+    // Given back moments ago (a decommit counts it): probed anew, fast.
+    let base = p.reserve(128 << 20, HUGE).unwrap();
+    p.commit(base, 0, 64 << 20).unwrap();
+    p.decommit(base, 0, 64 << 20).unwrap();
+    let before = thread_faults();
+    p.commit(base, 0, 64 << 20).unwrap();
+    let faults = thread_faults() - before;
+    p.release(base, 128 << 20, HUGE);
+    assert_eq!(p.slow_huge_commits(), 2, "the large commit took base pages");
+    if huge_free {
+        assert!(faults <= 32 + 32, "{faults} faults for 32 huge pages");
+    }
+    // A commit below the size probed anew follows the verdict.
+    p.given_back = (Some(Instant::now()), 64 << 20);
+    let (faults, _) = commit(&mut p, (REPROBE_MIN - 1) * HUGE);
+    assert_eq!(p.slow_huge_commits(), 3);
+    assert!(
+        faults >= base_pages((REPROBE_MIN - 1) * HUGE),
+        "{faults} faults"
+    );
+    // Probed anew and slow: the rest of it in base pages, the verdict
+    // renewed.
+    (p.slow_huge, p.clock) = (Duration::ZERO, thread_cpu);
+    let faults = commit_large(&mut p);
+    assert_eq!(p.slow_huge_commits(), 4);
+    let probed = base_pages(PROBE_FIRST * HUGE);
+    assert!(faults >= base_pages(64 << 20) - probed, "{faults} faults");
+}
