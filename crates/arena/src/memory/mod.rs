@@ -265,7 +265,7 @@ pub enum HugePages {
     /// every commit of the next 5 seconds, takes base pages the same way
     /// ([`Stats::slow_huge_commits`](crate::Stats::slow_huge_commits)),
     /// but for a commit of 32 MiB or more taking back memory the arena
-    /// gave back in the last second: it is timed again, 2 huge pages at a
+    /// gave back in the last second: it is timed again, a huge page at a
     /// time (memory just freed is still backed).
     #[default]
     Auto,

@@ -35,7 +35,7 @@ const SLOW_HUGE: Duration = Duration::from_millis(1);
 /// by small commits, each below [`PROBE_MIN`], would meet them one by one.
 const SLOW_FOR: Duration = Duration::from_secs(5);
 /// The fewest huge pages of a commit that is probed anew while huge pages
-/// are held slow ([`SLOW_FOR`]), in steps of [`PROBE_FIRST`], where this
+/// are held slow ([`SLOW_FOR`]), one huge page a step, where this
 /// layer gave back at least half as much in the last [`RECENT`]; other
 /// commits take base pages at once. A guest's memory is slow while its host
 /// has it, and fast when the process freed it moments before: an arena that
@@ -43,7 +43,7 @@ const SLOW_FOR: Duration = Duration::from_secs(5);
 /// for the next large one met an earlier step's verdict and populated 168
 /// MiB in base pages (43,008 faults, 47 ms of system time, against 84
 /// faults and about 8 ms in huge pages). Where the verdict still holds,
-/// probing costs [`PROBE_FIRST`] slow huge pages (about 5 ms); below this
+/// probing costs a slow huge page (2-5 ms); below this
 /// size that is more than huge pages would save, and fresh memory (a first
 /// run's commits) is as slow as the verdict says.
 const REPROBE_MIN: usize = 16;
@@ -190,7 +190,7 @@ impl Pages {
     /// rest of the range (up to `kept_from`, where base pages start
     /// anyway) is kept from huge pages while it is populated, and advised
     /// after, for khugepaged. A commit probed anew while huge pages are
-    /// held slow ([`REPROBE_MIN`]) steps by [`PROBE_FIRST`] throughout.
+    /// held slow ([`REPROBE_MIN`]) steps by one huge page throughout.
     /// Returns the offset from which the range is kept from huge pages.
     fn probe_huge(
         &mut self,
@@ -225,15 +225,14 @@ impl Pages {
             return Ok(kept_from);
         }
         // Probed anew while huge pages are held slow ([`REPROBE_MIN`]):
-        // every step is a first step's size, so a slow patch after a fast
-        // start costs no more than the first step would.
+        // one huge page a step, so a slow one costs one slow huge page.
         let reprobe = self.slow_at.is_some_and(|t| t.elapsed() < SLOW_FOR);
         let mut from = first;
         while from < split {
-            let step = if from == first || reprobe {
-                PROBE_FIRST
-            } else {
-                PROBE
+            let step = match (reprobe, from == first) {
+                (true, _) => 1,
+                (false, true) => PROBE_FIRST,
+                (false, false) => PROBE,
             };
             let to = (from.next_multiple_of(huge) + step * huge).min(split);
             let t = (self.clock)();
