@@ -272,13 +272,18 @@ impl Pages {
         self.slow_at = Some(Instant::now());
     }
 
-    /// Counts `len` bytes given back now ([`REPROBE_MIN`]).
-    fn note_given_back(&mut self, len: usize) {
-        let count = match self.given_back {
+    /// Bytes given back in the last [`RECENT`] or so ([`Pages::given_back`]).
+    fn recently_given_back(&self) -> usize {
+        match self.given_back {
             (Some(t), n) if t.elapsed() < RECENT => n,
             _ => 0,
-        };
-        self.given_back = (Some(Instant::now()), count.saturating_add(len));
+        }
+    }
+
+    /// Counts `len` bytes given back now ([`REPROBE_MIN`]).
+    fn note_given_back(&mut self, len: usize) {
+        let count = self.recently_given_back().saturating_add(len);
+        self.given_back = (Some(Instant::now()), count);
     }
 
     /// Whether huge pages were found slow moments ago ([`SLOW_FOR`]) and
@@ -297,10 +302,7 @@ impl Pages {
         // A large commit of memory just given back is probed anew
         // ([`REPROBE_MIN`]).
         let large = start + REPROBE_MIN * huge <= at as usize + len;
-        let given = match self.given_back {
-            (Some(t), n) if t.elapsed() < RECENT => n,
-            _ => 0,
-        };
+        let given = self.recently_given_back();
         if large && given >= len / 2 {
             self.given_back.1 = given.saturating_sub(len);
             return false;

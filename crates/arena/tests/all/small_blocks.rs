@@ -120,17 +120,23 @@ fn an_extra_block_freed_at_once_where_the_plan_allocates_leaves_no_trace() {
     assert!(report.high_water <= plan.size() + GRANULE * 2);
 }
 
-/// A plan whose second block is small (16 KiB, a size that depends on the
-/// data: a plan made at many detections), beside two large ones.
-fn small_second_block() -> (Arc<Plan>, Recording) {
+/// Three blocks, the second of `second` bytes between two of 1 MiB, all
+/// live together; freed second, first, third.
+fn three_blocks(second: usize) -> Recording {
     let mut rec = Recording::new();
     let a = rec.alloc(1 << 20, 64);
-    let b = rec.alloc(16 << 10, 64);
+    let b = rec.alloc(second, 64);
     let c = rec.alloc(1 << 20, 64);
     rec.free(b);
     rec.free(a);
     rec.free(c);
-    (Arc::new(Plan::from_recording(&rec).unwrap()), rec)
+    rec
+}
+
+/// A plan whose second block is small (16 KiB, a size that depends on the
+/// data: a plan made at many detections), beside two large ones.
+fn small_second_block() -> Arc<Plan> {
+    Arc::new(Plan::from_recording(&three_blocks(16 << 10)).unwrap())
 }
 
 /// The plan's second block at an eighth of its size (fewer detections),
@@ -141,7 +147,7 @@ fn small_second_block() -> (Arc<Plan>, Recording) {
 /// second's slot and the run would have left its plan.
 #[test]
 fn a_smaller_block_where_the_plan_allocates_followed_by_the_plans_next_is_the_plans() {
-    let (plan, _) = small_second_block();
+    let plan = small_second_block();
     let arena = Arena::new(ArenaConfig::default());
     let r = arena.begin_planned_run(Arc::clone(&plan)).unwrap();
     let mut a = r.try_alloc(1 << 20).unwrap();
@@ -160,14 +166,7 @@ fn a_smaller_block_where_the_plan_allocates_followed_by_the_plans_next_is_the_pl
     assert!(!report.deviated, "{report:?}");
     assert_eq!((report.allocs, report.planned_allocs), (3, 2));
     // The run's own recording, with the second block at its size.
-    let mut own = Recording::new();
-    let a = own.alloc(1 << 20, 64);
-    let b = own.alloc(2 << 10, 64);
-    let c = own.alloc(1 << 20, 64);
-    own.free(b);
-    own.free(a);
-    own.free(c);
-    assert_eq!(recording, own);
+    assert_eq!(recording, three_blocks(2 << 10));
     // Beside the plan's block: the small block at most.
     assert!(report.high_water <= plan.size() + (2 << 10) + GRANULE);
 }
@@ -201,7 +200,7 @@ fn a_smaller_block_freed_where_the_plan_frees_it_is_the_plans() {
 /// next step never came): the run did less than its plan, as before.
 #[test]
 fn a_small_block_at_a_runs_end_is_a_short_run() {
-    let (plan, _) = small_second_block();
+    let plan = small_second_block();
     let arena = Arena::new(ArenaConfig::default());
     let r = arena.begin_planned_run(Arc::clone(&plan)).unwrap();
     let a = r.try_alloc(1 << 20).unwrap();
