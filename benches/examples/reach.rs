@@ -2,7 +2,9 @@
 //! each run of a trace, its plan's size, when its live peak comes (the
 //! share of its events before it), and the live bytes and the plan's reach
 //! (the highest byte of the plan's block any block so far was placed at)
-//! at each tenth of its events, in MiB.
+//! at each tenth of its events, in MiB; then the most huge pages (2 MiB)
+//! of the plan's block that live blocks touch at once in each twentieth of
+//! its events (what a run that gave back the rest would hold).
 //!
 //! A worker commits its plan's block for the whole run, so what runs in
 //! flight together commit is the sum of their blocks, while their live
@@ -41,18 +43,37 @@ fn main() {
         let (mut live, mut reach, mut block) = (0usize, 0usize, 0usize);
         let mut sizes = vec![0usize; run.slots];
         let mut samples = Vec::with_capacity(run.ops.len());
+        // Huge pages of the block touched by live blocks: a count per page.
+        const PAGE: usize = 2 << 20;
+        let mut per_page = vec![0u32; plan.size().div_ceil(PAGE)];
+        let (mut touched, mut pages_at) = (0usize, Vec::with_capacity(run.ops.len()));
+        let mut spans = vec![(0usize, 0usize); run.slots];
         for op in &run.ops {
             match *op {
                 Op::Alloc { id, bytes } => {
                     let size = bytes.div_ceil(64) * 64;
                     sizes[id as usize] = size;
                     live += size;
-                    reach = reach.max(plan.offset(block).unwrap_or(0) + size);
+                    let off = plan.offset(block).unwrap_or(0);
+                    reach = reach.max(off + size);
                     block += 1;
+                    spans[id as usize] = (off / PAGE, (off + size).div_ceil(PAGE));
+                    for c in &mut per_page[off / PAGE..(off + size).div_ceil(PAGE)] {
+                        touched += usize::from(*c == 0);
+                        *c += 1;
+                    }
                 }
-                Op::Free { id } => live -= sizes[id as usize],
+                Op::Free { id } => {
+                    live -= sizes[id as usize];
+                    let (a, b) = spans[id as usize];
+                    for c in &mut per_page[a..b] {
+                        *c -= 1;
+                        touched -= usize::from(*c == 0);
+                    }
+                }
             }
             samples.push((live, reach));
+            pages_at.push(touched);
         }
         let n = samples.len();
         if n == 0 {
@@ -66,13 +87,22 @@ fn main() {
                 format!("{:.0}/{:.0}", mib(l), mib(r))
             })
             .collect();
+        let twentieths: Vec<String> = (0..20)
+            .map(|k| {
+                let part = &pages_at[n * k / 20..(n * (k + 1) / 20).max(n * k / 20 + 1).min(n)];
+                part.iter().max().unwrap_or(&0).to_string()
+            })
+            .collect();
         println!(
-            "{}: plan {:.1} MiB, live peak {:.1} MiB at {:.0}% of the events; live/reach by tenths: {}",
+            "{}: plan {:.1} MiB, live peak {:.1} MiB at {:.0}% of the events; live/reach by tenths: {}; \
+             huge pages of {} touched, most in each twentieth: {}",
             run.label,
             mib(plan.size()),
             mib(peak),
             100.0 * at as f64 / n as f64,
-            tenths.join(" ")
+            tenths.join(" "),
+            per_page.len(),
+            twentieths.join(" ")
         );
     }
 }
