@@ -5,7 +5,7 @@ configuration per process (run.sh runs them all). Prints one JSON line.
     python bench.py ocr      --mode {ort,ort-arena-off,ta} [--images 64]
     python bench.py magika   --mode {ort,ort-arena-off,ta} [--files 300]
     python bench.py threads  --mode {ort,ort-arena-off,ort-nospin,ta,ta-nospin,ta-sd50,...} [--threads 16]
-    python bench.py ocr_threads --mode {ort,ta} [--images 32] [--threads 8]   (one RapidOCR engine shared by the threads)
+    python bench.py ocr_threads --mode {ort,ta} [--images 32] [--threads 8] [--timeline]   (one RapidOCR engine shared by the threads)
     python bench.py overhead --mode {ort,ort-arena-off,ta} [--runs 1000]
     python bench.py paired   --mode ta [--runs 2000]   (both in one process, alternating)
     python bench.py outputs  --mode {ort,ta-copy,ta-view} --keep {drop,all}
@@ -224,13 +224,30 @@ def ocr_threads(args):
         except BaseException as e:
             errors.append(repr(e))
 
+    # --timeline: the arenas' reserved and allocated bytes, the runs in
+    # flight and the process's RSS, sampled every 2 ms, their maxima per
+    # half second.
+    samples, sampling = [], [args.timeline and args.mode.startswith("ta")]
+
+    def sampler():
+        import tensor_arena.onnxruntime as ta
+        while sampling[0]:
+            st = ta.stats()
+            samples.append((time.perf_counter(), st["reserved_current"], st["allocated_current"],
+                            st["runs_in_flight"], rss_mib()))
+            time.sleep(0.002)
+
     t0 = time.perf_counter()
+    watch = threading.Thread(target=sampler)
+    watch.start()
     ts = [threading.Thread(target=client) for _ in range(args.threads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     total = time.perf_counter() - t0
+    sampling[0] = False
+    watch.join()
     end = rss_mib()
     time.sleep(min(args.idle, 5.0))
     after = rss_mib()
@@ -240,6 +257,17 @@ def ocr_threads(args):
         st = ta.stats()
         arenas = {k: round(st[k] / 2**20, 1) for k in ("allocated_peak", "reserved_peak")}
         arenas.update({k: st.get(k) for k in ("runs_in_flight_peak", "admission_waits", "retried_alone", "admitted_peak")})
+    if samples:
+        mib = 2**20
+        windows = {}
+        for t, r, a, n, rss in samples:
+            w = windows.setdefault(int((t - t0) / 0.5), [0, 0, 0, 0])
+            w[0], w[1], w[2] = max(w[0], round(r / mib)), max(w[1], round(a / mib)), max(w[2], n)
+            w[3] = max(w[3], round(rss))
+        arenas["timeline"] = [[k / 2 + 0.5, *windows[k]] for k in sorted(windows)]
+        at = max(samples, key=lambda x: x[1])
+        arenas["reserved_peak_sampled"] = dict(at_s=round(at[0] - t0, 2), reserved=round(at[1] / mib),
+                                               allocated=round(at[2] / mib), in_flight=at[3])
     if patch:
         patch.undo()
     return dict(images=len(imgs), threads=args.threads, time_s=round(total, 3), peak_mib=round(peak_mib(), 1),
@@ -372,6 +400,8 @@ def main():
     p.add_argument("--requests", type=int, default=96)
     p.add_argument("--runs", type=int, default=1000)
     p.add_argument("--idle", type=float, default=15.0)
+    p.add_argument("--timeline", action="store_true",
+                   help="ocr_threads: the arenas' reserved/allocated MiB, runs in flight, RSS MiB: maxima per half second")
     p.add_argument("--keep", choices=["drop", "all"], default="drop")
     args = p.parse_args()
     c0 = cpu_s()
