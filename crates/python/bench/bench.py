@@ -224,10 +224,9 @@ def ocr_threads(args):
         except BaseException as e:
             errors.append(repr(e))
 
-    # --timeline: the arenas' reserved bytes (as each worker last published
-    # them: at its run's end, so exact for idle workers only), their
-    # allocated bytes (exact), the runs in flight and the process's RSS,
-    # sampled every 2 ms, their maxima per half second.
+    # --timeline: the arenas' reserved and allocated bytes, the runs in
+    # flight and the process's RSS, sampled every 2 ms, their maxima per
+    # half second.
     samples, sampling = [], [args.timeline and args.mode.startswith("ta")]
 
     def sampler():
@@ -402,7 +401,7 @@ def main():
     p.add_argument("--runs", type=int, default=1000)
     p.add_argument("--idle", type=float, default=15.0)
     p.add_argument("--timeline", action="store_true",
-                   help="ocr_threads: the arenas' reserved (as published at runs' ends) and allocated MiB, runs in flight, RSS MiB: maxima per half second")
+                   help="ocr_threads: the arenas' reserved and allocated MiB, runs in flight, RSS MiB: maxima per half second")
     p.add_argument("--keep", choices=["drop", "all"], default="drop")
     args = p.parse_args()
     c0 = cpu_s()

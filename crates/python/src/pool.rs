@@ -376,9 +376,9 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// `memory_stats()`) names them: `allocated_current`, `allocated_peak`,
 /// `reserved_current`, `reserved_peak`, `allocations_current`,
 /// `allocations`, `frees`, `ooms`, `free_bytes`, `largest_free_block`
-/// (`allocated_*` counted at every alloc and free, and `reserved_peak` at
-/// every commit and give-back under the workers' budget, so the peaks
-/// include the moments when runs in flight overlap);
+/// (`allocated_*` counted at every alloc and free, and `reserved_*` at
+/// every commit and give-back under the workers' budget, so they count the
+/// runs in flight, and the peaks the moments when those overlap);
 /// and the pool's: `arenas` (alive), `workers` (the pool's size),
 /// `checkouts`, `waits`, `runs`, `planned_runs`, `system_allocs` (tensors
 /// ONNX Runtime allocated outside a run: session creation); and its
@@ -407,16 +407,23 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
             st.pool.is_some().then(|| st.config.options.budget.clone()),
         )
     });
-    // The workers' budget counts every commit and give-back: its peak is
-    // the arenas' reserved peak, exact where runs in flight overlap.
-    let committed_peak = workers_budget(budget).map(|b| b.stats().peak_committed);
-    let rpeak = committed_peak.unwrap_or(rpeak);
+    // The workers' budget counts every commit and give-back: what it holds
+    // is the arenas' reserved bytes now, and its peak their reserved peak,
+    // exact while runs are in flight (the arenas' own stats are published
+    // at each run's end).
+    let (reserved, rpeak) = match workers_budget(budget) {
+        Some(b) => {
+            let now = b.committed();
+            (now, b.stats().peak_committed.max(now))
+        }
+        None => (s.reserved, rpeak.max(s.reserved)),
+    };
     let counters = tensor_arena_ort::allocator_counters();
     let d = PyDict::new(py);
     d.set_item("allocated_current", live)?;
     d.set_item("allocated_peak", live_peak)?;
-    d.set_item("reserved_current", s.reserved)?;
-    d.set_item("reserved_peak", rpeak.max(s.reserved))?;
+    d.set_item("reserved_current", reserved)?;
+    d.set_item("reserved_peak", rpeak)?;
     d.set_item("allocations_current", s.live_blocks)?;
     d.set_item("allocations", s.allocs)?;
     d.set_item("frees", s.frees)?;

@@ -4,6 +4,8 @@ arena block lives as long as the array, through shrinks, a new pool and the
 session's end. Stats, plans and shrink from Python."""
 
 import gc
+import threading
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -111,3 +113,30 @@ def test_huge_pages_default_follows_the_system(assets):
                 ta.configure(huge_pages=bad)
     finally:
         ta.configure(huge_pages=before)
+
+
+def test_reserved_current_counts_a_run_in_flight(assets):
+    """`reserved_current` is what the arenas hold now, a run in flight
+    included, not what they held at the last run's end."""
+    sess = ta.InferenceSession(str(assets / "ppocr_det.onnx"))
+    ta.shrink(everything=True)
+    before = ta.stats()["reserved_current"]
+    x = np.random.default_rng(1).random((1, 3, 1280, 1280), dtype=np.float32)
+    done = threading.Event()
+
+    def run():
+        sess.run(None, {"x": x})
+        done.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    during = []
+    while not done.is_set():
+        reserved = ta.stats()["reserved_current"]
+        if not done.is_set():  # read while the run was still in flight
+            during.append(reserved)
+        time.sleep(0.002)
+    t.join()
+    assert during, "sampled during the run"
+    assert max(during) - before >= 64 << 20, (before, max(during))
+    assert ta.stats()["reserved_peak"] >= max(during)
