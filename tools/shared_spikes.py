@@ -85,20 +85,25 @@ class BestFit:
 def simulate(runs, threshold, seed):
     rng = random.Random(seed)
     shared = BestFit()
-    work = [rng.choice(runs) for _ in range(WORKERS)]
+    work, full, base = [None] * WORKERS, [0] * WORKERS, [0] * WORKERS
     pos, gen, live = [0] * WORKERS, [0] * WORKERS, [0] * WORKERS
     sizes = [{} for _ in range(WORKERS)]
-    full = [lower_bound(r, lambda s: True) for r in work]
-    base = [lower_bound(r, lambda s: s < threshold) for r in work]
+
+    def start(k):
+        # Worker k's next run: its whole block, and the block of its rest.
+        work[k] = rng.choice(runs)
+        pos[k], sizes[k] = 0, {}
+        full[k] = lower_bound(work[k], lambda s: True)
+        base[k] = lower_bound(work[k], lambda s: s < threshold)
+
+    for k in range(WORKERS):
+        start(k)
     most = [0, 0, 0]
     for _ in range(STEPS):
         k = rng.randrange(WORKERS)
         if pos[k] == len(work[k]):
-            work[k] = rng.choice(runs)
-            pos[k], sizes[k] = 0, {}
+            start(k)
             gen[k] += 1
-            full[k] = lower_bound(work[k], lambda s: True)
-            base[k] = lower_bound(work[k], lambda s: s < threshold)
         alloc, i, s = work[k][pos[k]]
         pos[k] += 1
         key = (k, gen[k], i)

@@ -57,8 +57,9 @@ fn main() {
                     let off = plan.offset(block).unwrap_or(0);
                     reach = reach.max(off + size);
                     block += 1;
-                    spans[id as usize] = (off / PAGE, (off + size).div_ceil(PAGE));
-                    for c in &mut per_page[off / PAGE..(off + size).div_ceil(PAGE)] {
+                    let (a, b) = (off / PAGE, (off + size).div_ceil(PAGE));
+                    spans[id as usize] = (a, b);
+                    for c in &mut per_page[a..b] {
                         touched += usize::from(*c == 0);
                         *c += 1;
                     }
@@ -89,7 +90,8 @@ fn main() {
             .collect();
         let twentieths: Vec<String> = (0..20)
             .map(|k| {
-                let part = &pages_at[n * k / 20..(n * (k + 1) / 20).max(n * k / 20 + 1).min(n)];
+                let from = (n * k / 20).min(n - 1);
+                let part = &pages_at[from..(n * (k + 1) / 20).clamp(from + 1, n)];
                 part.iter().max().unwrap_or(&0).to_string()
             })
             .collect();

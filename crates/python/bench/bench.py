@@ -239,15 +239,17 @@ def ocr_threads(args):
 
     t0 = time.perf_counter()
     watch = threading.Thread(target=sampler)
-    watch.start()
+    if sampling[0]:
+        watch.start()
     ts = [threading.Thread(target=client) for _ in range(args.threads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     total = time.perf_counter() - t0
-    sampling[0] = False
-    watch.join()
+    if sampling[0]:
+        sampling[0] = False
+        watch.join()
     end = rss_mib()
     time.sleep(min(args.idle, 5.0))
     after = rss_mib()
