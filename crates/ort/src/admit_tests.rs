@@ -72,10 +72,13 @@ fn run_of(bytes: usize, hold: Duration) -> Result<(), OrtArenaError> {
     Ok(())
 }
 
+/// Workers under `budget`, each serving all its blocks (the runs here are
+/// one block each: `large_tests` has the arena a pool shares).
 fn options(budget: &Arc<Budget>) -> WorkerOptions {
     WorkerOptions {
         budget: Some(Arc::clone(budget)),
         decay: None,
+        share_large_blocks: None,
         ..WorkerOptions::default()
     }
 }

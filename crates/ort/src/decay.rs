@@ -310,7 +310,7 @@ mod tests {
     fn run_once(slot: &Arc<Slot>, decay: &Decay, bytes: usize) {
         {
             let mut core = slot.lock();
-            core.begin_run(None, false);
+            core.begin_run(None, false, false);
             let b = core.test_alloc(slot, bytes);
             core.test_free(b);
             core.finish_run();
@@ -463,7 +463,7 @@ mod tests {
             for _ in 0..9 {
                 {
                     let mut core = slot.lock();
-                    core.begin_run(None, false);
+                    core.begin_run(None, false, false);
                     let b = core.test_alloc(&slot, mib << 20);
                     // SAFETY: `b` is a live block of `mib` MiB, written
                     // once so that its pages are resident, as a run's are.
@@ -493,7 +493,7 @@ mod tests {
         let slot = Slot::new(ArenaConfig::default(), pages, None).unwrap();
         {
             let mut core = slot.lock();
-            core.begin_run(None, false);
+            core.begin_run(None, false, false);
             let b = core.test_alloc(&slot, 8 << 20);
             core.test_free(b);
             core.finish_run();

@@ -18,6 +18,7 @@ pub mod fork;
 mod forklock;
 mod heaps;
 mod key;
+mod large;
 mod learn;
 mod ledger;
 mod limit;
@@ -84,7 +85,7 @@ pub use tensor_arena::{
     FamilyCounts, FamilyStats, PlanCache, PlanSource, PlanStats, RunReport, Stats,
 };
 pub use tensors::{hash_outputs, make_input, make_input_in, InputSpec};
-pub use worker::{worker_warning_limit, RunInfo, Worker, WorkerOptions};
+pub use worker::{worker_warning_limit, RunInfo, Worker, WorkerOptions, SHARE_LARGE_BLOCKS};
 
 /// Counters of the registered allocator since the process started, over all
 /// threads and arenas.
@@ -160,3 +161,5 @@ pub fn reset_live_peak() {
 
 #[cfg(test)]
 mod admit_tests;
+#[cfg(test)]
+mod large_tests;

@@ -19,8 +19,19 @@ pub struct Plans {
     pub(crate) cache: Arc<PlanCache<RunKey>>,
     /// The largest run of the model seen so far (its high-water, bytes),
     /// plus one; 0: no run has ended yet. What a run with no plan is
-    /// admitted for.
-    largest: AtomicUsize,
+    /// admitted for. Shared with [`Plans::sharing`]: one model's runs.
+    largest: Arc<AtomicUsize>,
+    /// What runs of each key held at once in the arena their pool's
+    /// workers share for large blocks (`crate::large`), where it was not
+    /// 0; and the most any run of the model held there. Beside the plan's
+    /// block, what a run of the key is admitted for.
+    large: parking_lot::Mutex<std::collections::HashMap<RunKey, usize>>,
+    largest_large: AtomicUsize,
+    /// The plans of the model's runs whose large blocks come from the
+    /// arena their pool's workers share (made at the first such run): the
+    /// worker's plan then holds only its smaller blocks, another structure
+    /// than a run that holds all its own.
+    sharing: std::sync::OnceLock<Box<Plans>>,
     /// Where the plans are loaded from and saved to, and what the last
     /// save saw (`crate::store`).
     pub(crate) store: Option<Stored>,
@@ -51,7 +62,10 @@ impl Plans {
         Self {
             id: NEXT_PLANS.fetch_add(1, Ordering::Relaxed),
             cache: Arc::new(cache),
-            largest: AtomicUsize::new(0),
+            largest: Arc::new(AtomicUsize::new(0)),
+            large: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            largest_large: AtomicUsize::new(0),
+            sharing: std::sync::OnceLock::new(),
             store: None,
         }
     }
@@ -102,6 +116,47 @@ impl Plans {
     /// its first runs alone).
     pub(crate) fn has_run(&self) -> bool {
         self.largest.load(Ordering::Relaxed) != 0
+    }
+
+    /// The plans of the model's runs whose large blocks come from the arena
+    /// their pool's workers share (`crate::large`); not in the plan store.
+    pub fn sharing(&self) -> &Plans {
+        self.sharing.get_or_init(|| {
+            Box::new(Plans {
+                largest: Arc::clone(&self.largest),
+                ..Plans::new(self.cache.capacity())
+            })
+        })
+    }
+
+    /// What a run of `key` needs beside its plan's block, in the arena its
+    /// pool's workers share for large blocks: what the key's last run held
+    /// there at once; for a key not run yet (a predicted plan), the most
+    /// any run of the model held there. 0 where no run of the model used
+    /// one.
+    pub fn large_need(&self, key: &RunKey) -> usize {
+        let largest = self.largest_large.load(Ordering::Relaxed);
+        if largest == 0 {
+            return 0;
+        }
+        self.large.lock().get(key).copied().unwrap_or(largest)
+    }
+
+    /// Notes what a run of `key` held at once in the shared arena.
+    pub(crate) fn note_large(&self, key: &RunKey, bytes: usize) {
+        if bytes == 0 && self.largest_large.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        self.largest_large.fetch_max(bytes, Ordering::Relaxed);
+        let mut large = self.large.lock();
+        if large.get(key) != Some(&bytes) {
+            // Bounded as the plans are (a few per shape); a full map starts
+            // again, and its keys fall back on the model's largest.
+            if large.len() >= self.cache.capacity().saturating_mul(4).max(64) {
+                large.clear();
+            }
+            large.insert(key.clone(), bytes);
+        }
     }
 
     /// Counts a run that reached `high_water` bytes.

@@ -16,6 +16,7 @@
 //! a worker is idle only while nobody waits.
 
 use crate::admit::{Admission, AdmissionStats};
+use crate::large::LargeBlocks;
 use crate::runners::Runners;
 use crate::worker::{Worker, WorkerOptions};
 use crate::OrtArenaError;
@@ -25,6 +26,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use tensor_arena::Stats;
 
 /// A bounded pool of [`Worker`]s, each paired with a state of the caller's
 /// (`S`: typically the worker's own `ort::Session`, since `Session::run`
@@ -66,6 +68,8 @@ struct Inner<S> {
     /// Where the workers' runs are admitted: the default limit's (shared
     /// by every pool under it), or this pool's budget's.
     admission: Arc<Admission>,
+    /// The arena the workers share for their large blocks, if they do.
+    large: Option<Arc<LargeBlocks>>,
     state: Mutex<State<S>>,
     /// Blocking checkouts wait here.
     returned: Condvar,
@@ -163,6 +167,10 @@ pub struct PoolStats {
     /// waits, bytes promised, retries alone, refusals. Shared by every
     /// pool under the default limit.
     pub admission: AdmissionStats,
+    /// The arena the workers share for their large blocks
+    /// ([`WorkerOptions::share_large_blocks`]), if they do: its `reserved`
+    /// is part of what the pool holds, beside each worker's own.
+    pub large_blocks: Option<Stats>,
 }
 
 impl WorkerPool<()> {
@@ -219,6 +227,19 @@ impl WorkerPool<()> {
         while kept.len() < size {
             kept.push(Worker::new(options.clone())?);
         }
+        // A new shared arena for the child's workers: the parent's may be
+        // locked by a thread the child does not have, and its runs in
+        // flight there are not the child's.
+        let large = LargeBlocks::for_pool(
+            options.share_large_blocks,
+            size,
+            options.pages,
+            kept.first().and_then(Worker::budget),
+            options.decay,
+        )?;
+        for w in &mut kept {
+            w.share_large(large.clone());
+        }
         let admission = match own_admission {
             Some(a) => a,
             // The default limit's admission, as the child has it
@@ -228,6 +249,7 @@ impl WorkerPool<()> {
         Ok(Self::of(
             kept.into_iter().map(|w| (w, ())).collect(),
             admission,
+            large,
         ))
     }
 }
@@ -247,7 +269,7 @@ impl<S> WorkerPool<S> {
                 "a pool needs at least one worker".into(),
             ));
         }
-        let idle = states
+        let mut idle = states
             .into_iter()
             .map(|s| Ok((Worker::new(options.clone())?, s)))
             .collect::<Result<Vec<_>, OrtArenaError>>()?;
@@ -255,12 +277,27 @@ impl<S> WorkerPool<S> {
             None => crate::limit::default_admission()?,
             Some(b) => Admission::of_budget(Arc::clone(b)),
         };
-        Ok(Self::of(idle, admission))
+        let budget = idle.first().and_then(|(w, _)| w.budget());
+        let large = LargeBlocks::for_pool(
+            options.share_large_blocks,
+            idle.len(),
+            options.pages,
+            budget,
+            options.decay,
+        )?;
+        for (w, _) in &mut idle {
+            w.share_large(large.clone());
+        }
+        Ok(Self::of(idle, admission, large))
     }
 
     /// A pool of these workers and states, all idle, their runs admitted
-    /// by `admission`.
-    fn of(mut idle: Vec<(Worker, S)>, admission: Arc<Admission>) -> Self {
+    /// by `admission`, their large blocks served by `large`.
+    fn of(
+        mut idle: Vec<(Worker, S)>,
+        admission: Arc<Admission>,
+        large: Option<Arc<LargeBlocks>>,
+    ) -> Self {
         for (w, _) in &mut idle {
             w.set_admission(Some(Arc::clone(&admission)));
         }
@@ -268,6 +305,7 @@ impl<S> WorkerPool<S> {
             inner: Arc::new(Inner {
                 size: idle.len(),
                 admission,
+                large,
                 state: Mutex::new(State {
                     idle,
                     waiting: VecDeque::new(),
@@ -296,6 +334,7 @@ impl<S> WorkerPool<S> {
             checkouts: st.checkouts,
             waits: st.waits,
             admission: self.inner.admission.stats(),
+            large_blocks: self.inner.large.as_ref().map(|l| l.stats()),
         }
     }
 

@@ -133,7 +133,7 @@ unsafe fn free(user: NonNull<u8>) {
             // when it was handed out (`slot::alloc_current`); the block
             // gives it back now, exactly once.
             let owner = unsafe { Arc::from_raw(owner.as_ptr().cast_const()) };
-            slot::free(owner, user.as_ptr() as usize);
+            slot::free(owner, user.as_ptr() as usize, header.size);
         }
     }
 }
@@ -538,7 +538,7 @@ mod tests {
         let (alloc, free, this) = fns();
         let slot = Slot::new(ArenaConfig::default(), Default::default(), None).unwrap();
         let mut core = slot.lock();
-        core.begin_run(None, true);
+        core.begin_run(None, true, false);
         let ptrs: Vec<*mut c_void> = {
             let _in = slot::enter(&slot, &mut core);
             // SAFETY: as ONNX Runtime would call it.
@@ -684,7 +684,7 @@ mod tests {
         };
         let slot = Slot::new(ArenaConfig::default(), Default::default(), None).unwrap();
         let mut core = slot.lock();
-        core.begin_run(None, false);
+        core.begin_run(None, false, false);
         let calls = ALLOC_CALLS.load(Ordering::Relaxed);
         let p = {
             let _in = slot::enter(&slot, &mut core);

@@ -222,6 +222,8 @@ impl ArenaOptions {
             pages: self.pages,
             budget: self.budget.clone(),
             decay: self.decay,
+            // A session's workers are made alone: each serves all its blocks.
+            share_large_blocks: None,
         }
     }
 }

@@ -59,6 +59,17 @@ pub(crate) struct Core {
     blocks: HashMap<usize, Block<'static, WorkerMemory>>,
     /// Owned (from `Box::into_raw`); freed in `Drop` after `run` and `blocks`.
     arena: NonNull<WorkerArena>,
+    /// Where blocks of at least so many bytes come from instead: the arena
+    /// the workers of a pool share for their large blocks
+    /// ([`crate::large`]), and the threshold.
+    shared: Option<(Arc<Slot>, usize)>,
+    /// Whether the open run's large blocks go to `shared`.
+    share_now: bool,
+    /// Bytes of the open run's blocks live in the shared arena (as this
+    /// thread allocated and freed them: a block freed on another thread
+    /// stays counted), and the most they reached in the run.
+    large_live: usize,
+    large_peak: usize,
 }
 
 // SAFETY: `Core` owns its arena and every borrow of it (`run`, `blocks`); no
@@ -90,6 +101,10 @@ impl Core {
             run: None,
             blocks: HashMap::new(),
             arena: NonNull::from(Box::leak(arena)),
+            shared: None,
+            share_now: false,
+            large_live: 0,
+            large_peak: 0,
         })
     }
 
@@ -101,7 +116,24 @@ impl Core {
         unsafe { self.arena.as_ref() }
     }
 
+    /// A block for ONNX Runtime: from the shared arena if it is large
+    /// enough to go there (its lock held for the call), else from this one.
     fn alloc(&mut self, owner: &Arc<Slot>, size: usize) -> Served {
+        if let Some((shared, threshold)) = self.shared.as_ref().filter(|_| self.share_now) {
+            if size >= *threshold {
+                let served = shared.core.lock().alloc_here(shared, size);
+                if matches!(served, Served::Arena(_)) {
+                    self.large_live += size.saturating_add(HEADER);
+                    self.large_peak = self.large_peak.max(self.large_live);
+                }
+                return served;
+            }
+        }
+        self.alloc_here(owner, size)
+    }
+
+    /// A block of this core's own arena, its header naming `owner`.
+    fn alloc_here(&mut self, owner: &Arc<Slot>, size: usize) -> Served {
         let Some(total) = size.checked_add(HEADER) else {
             return Served::Failed;
         };
@@ -216,11 +248,31 @@ impl Slot {
         pages: PagesConfig,
         budget: Option<&Arc<Budget>>,
     ) -> Result<Arc<Self>, ArenaError> {
+        Self::make(config, pages, budget, true)
+    }
+
+    /// A slot no worker runs on: the arena the workers of a pool share for
+    /// their large blocks ([`crate::large`]). Every free locks its core
+    /// (no worker drains a queue), as after a worker is dropped.
+    pub(crate) fn new_shared(
+        config: ArenaConfig,
+        pages: PagesConfig,
+        budget: Option<&Arc<Budget>>,
+    ) -> Result<Arc<Self>, ArenaError> {
+        Self::make(config, pages, budget, false)
+    }
+
+    fn make(
+        config: ArenaConfig,
+        pages: PagesConfig,
+        budget: Option<&Arc<Budget>>,
+        alive: bool,
+    ) -> Result<Arc<Self>, ArenaError> {
         let slot = Arc::new(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             core: Mutex::new(Core::new(config, pages, budget)?),
             pending: Mutex::new(Pending {
-                alive: true,
+                alive,
                 ptrs: Vec::new(),
             }),
             published: ArcSwap::from_pointee(Stats::default()),
@@ -233,6 +285,12 @@ impl Slot {
         reg.retain(|w| w.strong_count() > 0);
         reg.push(Arc::downgrade(&slot));
         Ok(slot)
+    }
+
+    /// Serves this slot's blocks of `threshold` bytes or more from
+    /// `shared`'s arena from now on (`None`: from its own).
+    pub(crate) fn share_large(&self, shared: Option<(Arc<Slot>, usize)>) {
+        self.core.lock().shared = shared;
     }
 
     /// Locks the core, freeing what other threads queued.
@@ -383,15 +441,23 @@ pub(crate) fn alloc_current(size: usize) -> Served {
     core.alloc(&slot, size)
 }
 
-/// `Free` of the block at `user`, owned by `owner` (the block's reference,
-/// now handed over).
-pub(crate) fn free(owner: Arc<Slot>, user: usize) {
+/// `Free` of the block at `user` (`size` bytes, its header included),
+/// owned by `owner` (the block's reference, now handed over).
+pub(crate) fn free(owner: Arc<Slot>, user: usize, size: usize) {
     if let Some(cur) = CURRENT.with(Cell::get) {
+        // SAFETY: as in `alloc_current`: the entered core, used only here.
+        let core = unsafe { &mut *cur.core };
         if std::ptr::eq(cur.slot, Arc::as_ptr(&owner)) {
-            // SAFETY: as in `alloc_current`: the entered core, used only here.
-            let core = unsafe { &mut *cur.core };
             core.free(user);
             return;
+        }
+        if core
+            .shared
+            .as_ref()
+            .is_some_and(|(s, _)| Arc::ptr_eq(s, &owner))
+        {
+            // A large block of the running worker's, freed on its thread.
+            core.large_live = core.large_live.saturating_sub(size);
         }
     }
     let freed = match owner.core.try_lock() {
@@ -482,10 +548,14 @@ pub(crate) fn add_stats(a: &mut Stats, b: &Stats) {
 impl Core {
     /// Opens a run, served by `plan` when there is one and its block can be
     /// drawn; a dynamic run keeps its recording if `record` (the first run
-    /// of a shape, whose plan is to be learned).
-    pub(crate) fn begin_run(&mut self, plan: Option<Arc<Plan>>, record: bool) {
+    /// of a shape, whose plan is to be learned). With `share`, its large
+    /// blocks come from the shared arena, if the slot has one.
+    pub(crate) fn begin_run(&mut self, plan: Option<Arc<Plan>>, record: bool, share: bool) {
         let arena = self.arena();
         self.run = None;
+        self.share_now = share;
+        self.large_live = 0;
+        self.large_peak = 0;
         let run = match plan {
             Some(p) => arena.begin_planned_run(p).ok(),
             None => None,
@@ -501,9 +571,21 @@ impl Core {
 
     /// Closes the open run.
     pub(crate) fn finish_run(&mut self) -> Option<(RunReport, Recording)> {
+        self.share_now = false;
         self.run
             .take()
             .map(tensor_arena::Run::finish_with_recording)
+    }
+
+    /// The most bytes the run's blocks held in the shared arena at once
+    /// (0 without one): what its admission needs beside its plan.
+    pub(crate) fn large_peak(&self) -> usize {
+        self.large_peak
+    }
+
+    /// The arena's peak starts again from what is in use now.
+    pub(crate) fn reset_peak(&mut self) {
+        self.arena().reset_peak();
     }
 
     /// Gives cached memory back down to `bytes`.

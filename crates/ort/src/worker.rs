@@ -5,6 +5,7 @@ use crate::admit::{Admission, Ticket};
 use crate::decay::Decay;
 use crate::follow::{Follow, Shrink};
 use crate::key::RunKey;
+use crate::large::LargeBlocks;
 use crate::plans::Plans;
 use crate::served::{NotServed, Watch};
 use crate::slot::{self, Slot};
@@ -66,7 +67,22 @@ pub struct WorkerOptions {
     /// [`Worker::shrink`] gives it back. Default
     /// [`DEFAULT_DECAY`](crate::DEFAULT_DECAY) (2 s).
     pub decay: Option<Duration>,
+    /// In a [`WorkerPool`](crate::WorkerPool) of more than one worker,
+    /// blocks of this many bytes or more come from one arena the pool's
+    /// workers share, not from each worker's own: what one run frees at its
+    /// spike, another run in flight reuses, so the runs in flight hold
+    /// about what they use together instead of each its own largest
+    /// moment (docs/decisions.md, "Large blocks shared by the runs in
+    /// flight"). The smaller blocks stay on each worker's plan. A run's
+    /// admission counts both. `None`: each worker serves all its blocks.
+    /// A worker made alone ([`Worker::new`]) serves all its blocks.
+    /// Default [`SHARE_LARGE_BLOCKS`] (1 MiB).
+    pub share_large_blocks: Option<usize>,
 }
+
+/// The default of [`WorkerOptions::share_large_blocks`]: blocks of 1 MiB or
+/// more come from the arena a pool's workers share.
+pub const SHARE_LARGE_BLOCKS: usize = 1 << 20;
 
 impl Default for WorkerOptions {
     fn default() -> Self {
@@ -77,6 +93,7 @@ impl Default for WorkerOptions {
             pages: PagesConfig::default(),
             budget: None,
             decay: Some(crate::DEFAULT_DECAY),
+            share_large_blocks: Some(SHARE_LARGE_BLOCKS),
         }
     }
 }
@@ -103,6 +120,11 @@ pub struct RunInfo {
     /// Whether the run was admitted alone (a model's first run, or a retry
     /// after running out of memory).
     pub alone: bool,
+    /// The most bytes the run's blocks held at once in the arena its pool's
+    /// workers share for large blocks
+    /// ([`WorkerOptions::share_large_blocks`]; 0 without one). `report`
+    /// counts the worker's own arena only.
+    pub large_peak: usize,
     /// Whether the closure returned `Ok`.
     pub succeeded: bool,
     /// Whether this run taught its key a plan.
@@ -186,6 +208,8 @@ pub struct Worker {
     /// Where its runs are admitted, when it belongs to a pool
     /// ([`Admission`](crate::Admission)).
     admission: Option<Arc<Admission>>,
+    /// The arena its pool's workers share for their large blocks, if any.
+    large: Option<Arc<LargeBlocks>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -231,7 +255,19 @@ impl Worker {
     /// Whether no thread holds any of the worker's locks (after a fork:
     /// see [`WorkerPool::after_fork`](crate::WorkerPool::after_fork)).
     pub(crate) fn is_free(&self) -> bool {
-        self.slot.is_free()
+        self.slot.is_free() && self.large.as_ref().is_none_or(|l| l.is_free())
+    }
+
+    /// Serves this worker's large blocks from `large` from now on (`None`:
+    /// from its own arena). Set by its pool.
+    pub(crate) fn share_large(&mut self, large: Option<Arc<LargeBlocks>>) {
+        self.slot.share_large(large.as_ref().map(|l| l.target()));
+        self.large = large;
+    }
+
+    /// The budget the worker's commits are charged to.
+    pub(crate) fn budget(&self) -> Option<&Arc<Budget>> {
+        self.budget.as_ref()
     }
 
     /// A worker with an empty arena (nothing is reserved until its first
@@ -254,6 +290,7 @@ impl Worker {
             pressure_seen: budget.as_ref().map_or(0, |b| b.pressure()),
             budget,
             admission: None,
+            large: None,
             options,
             runs: 0,
             last: None,
@@ -282,18 +319,21 @@ impl Worker {
         key: &RunKey,
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
+        let flight = self.large.as_ref().map(LargeBlocks::enter);
+        let share = flight.as_ref().is_some_and(|f| f.shared);
+        let plans = if share { plans.sharing() } else { plans };
         let lookup = self.lookup(plans, key);
         // A run the limit could never hold is run all the same (its
         // allocations are refused and it fails as before): `run` cannot
         // return an error of its own. `run_retrying` refuses it at once.
         let ticket = match &self.admission {
             Some(a) => {
-                let (need, alone) = need_of(plans, &lookup);
+                let (need, alone) = need_of(plans, key, &lookup);
                 a.admit_run(need, alone).ok()
             }
             None => None,
         };
-        self.run_once(plans, key, lookup, ticket, f)
+        self.run_once(plans, key, lookup, ticket, share, f)
     }
 
     /// [`Worker::run`] for a worker of a [`WorkerPool`](crate::WorkerPool),
@@ -313,13 +353,18 @@ impl Worker {
         key: &RunKey,
         mut f: impl FnMut() -> Result<T, OrtArenaError>,
     ) -> Result<T, OrtArenaError> {
+        let model = plans;
+        let flight = self.large.as_ref().map(LargeBlocks::enter);
+        let share = flight.as_ref().is_some_and(|f| f.shared);
+        let plans = if share { model.sharing() } else { model };
         let lookup = self.lookup(plans, key);
-        let (need, alone) = need_of(plans, &lookup);
+        let (need, alone) = need_of(plans, key, &lookup);
         let ticket = match &self.admission {
             Some(a) => Some(a.admit_run(need, alone)?),
             None => None,
         };
-        let out = self.run_once(plans, key, lookup, ticket, &mut f);
+        let out = self.run_once(plans, key, lookup, ticket, share, &mut f);
+        drop(flight);
         let Some(admission) = self.admission.clone() else {
             return out;
         };
@@ -333,6 +378,7 @@ impl Worker {
         let demand = info
             .report
             .high_water
+            .saturating_add(info.large_peak)
             .saturating_add(info.refused_bytes)
             .max(need);
         let most = admission.most_now();
@@ -344,10 +390,15 @@ impl Worker {
             )));
         }
         admission.count_retry();
+        // Alone: its large blocks are its own again, unless a run of the
+        // pool is in flight still (one of another limit's admission).
+        let flight = self.large.as_ref().map(LargeBlocks::enter);
+        let share = flight.as_ref().is_some_and(|f| f.shared);
+        let plans = if share { model.sharing() } else { model };
         let lookup = self.lookup(plans, key);
-        let again = need_of(plans, &lookup).0.max(demand);
+        let again = need_of(plans, key, &lookup).0.max(demand);
         let ticket = admission.admit_run(again, true)?;
-        self.run_once(plans, key, lookup, Some(ticket), f)
+        self.run_once(plans, key, lookup, Some(ticket), share, f)
     }
 
     /// The plan for `key`'s run, if any.
@@ -378,6 +429,7 @@ impl Worker {
         key: &RunKey,
         lookup: Lookup,
         ticket: Option<Ticket>,
+        share: bool,
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
         let planned_size = lookup.plan.as_ref().map(|p| p.size());
@@ -404,7 +456,7 @@ impl Worker {
         }
         let mut released = self.give_back_before(&mut core, plans, &lookup);
         crate::raw::take_refused_bytes();
-        core.begin_run(lookup.plan.clone(), record);
+        core.begin_run(lookup.plan.clone(), record, share);
         let calls_before = crate::raw::thread_alloc_calls();
         let failed_before = crate::raw::thread_failed_allocs();
         let watch = Watch::start();
@@ -416,6 +468,7 @@ impl Worker {
         let failed_allocs = crate::raw::thread_failed_allocs() - failed_before;
         let refused_bytes = crate::raw::take_refused_bytes();
         let (report, recording) = core.finish_run().unwrap_or_default();
+        let large_peak = core.large_peak();
         let succeeded = result.is_ok();
         let not_served = watch.finish::<T>(calls.0 - calls_before.0);
         // A run the arena did not serve (ONNX Runtime allocated elsewhere)
@@ -435,10 +488,13 @@ impl Worker {
         let mut need = planned_size.unwrap_or(report.high_water);
         // A run the arena did not serve needed nothing of it.
         plans.note_run(if not_served.is_none() {
-            report.high_water
+            report.high_water.saturating_add(large_peak)
         } else {
             0
         });
+        if not_served.is_none() {
+            plans.note_large(key, large_peak);
+        }
         let mut learned = false;
         if self.options.plans && not_served.is_none() {
             let _section = crate::learn::section();
@@ -474,6 +530,9 @@ impl Worker {
         self.runs += 1;
         slot.publish(&core);
         drop(core);
+        if let Some(l) = &self.large {
+            released += l.after_run();
+        }
         // The promise ends with the run's memory given back.
         drop(ticket);
         if let Some(d) = &self.decay {
@@ -499,6 +558,7 @@ impl Worker {
             refused_bytes,
             admitted,
             alone,
+            large_peak,
             succeeded,
             learned,
             plan,
@@ -612,12 +672,13 @@ impl Worker {
     }
 }
 
-/// What a run of `lookup` is admitted for: its plan's block; with none,
-/// the largest run of the model seen so far; for the model's first run,
-/// nothing known: alone.
-fn need_of(plans: &Plans, lookup: &Lookup) -> (usize, bool) {
+/// What a run of `key` (`lookup` made) is admitted for: its plan's block
+/// and what its blocks hold in the arena the pool's workers share
+/// ([`Plans::large_need`]); with no plan, the largest run of the model
+/// seen so far; for the model's first run, nothing known: alone.
+fn need_of(plans: &Plans, key: &RunKey, lookup: &Lookup) -> (usize, bool) {
     match &lookup.plan {
-        Some(p) => (p.size(), false),
+        Some(p) => (p.size().saturating_add(plans.large_need(key)), false),
         None if plans.has_run() => (plans.largest_run(), false),
         None => (0, true),
     }

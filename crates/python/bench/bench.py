@@ -60,7 +60,9 @@ def rss_mib():
 
 def configure_ta(mode):
     """`ta` with options: `-view` (outputs as views), `-wN` (N workers),
-    `-nothp` (no transparent huge pages), `-copy` (the default)."""
+    `-nothp` (no transparent huge pages), `-copy` (the default),
+    `-noshare` (each worker serves all its blocks), `-shareN` (blocks of
+    N bytes or more from the arena the workers share)."""
     from tensor_arena import onnxruntime as ta
     kw = {}
     for part in mode.split("-")[1:]:
@@ -76,6 +78,10 @@ def configure_ta(mode):
             ta.system_heap(mmap_threshold=131072, arena_max=2)
         elif part in ("follow", "window", "never"):
             kw["shrink"] = part
+        elif part == "noshare":
+            kw["share_large_blocks"] = False
+        elif part.startswith("share"):
+            kw["share_large_blocks"] = int(part[5:])
         elif part.startswith("w"):
             kw["workers"] = int(part[1:])
     if kw:

@@ -234,10 +234,13 @@ impl Budget {
 /// (huge pages wherever THP is on: a first run may wait for the kernel to
 /// compact memory), or `False` (4 KiB pages); `plans`: a directory of plan
 /// stores for the sessions opened after the call (`False`: none; default
-/// `TENSOR_ARENA_PLANS`): see the `plans` module.
+/// `TENSOR_ARENA_PLANS`): see the `plans` module; `share_large_blocks`:
+/// blocks of this many bytes or more come from one arena the pool's
+/// workers share (default 1 MiB; `False`: each worker serves all its
+/// blocks).
 #[pyfunction]
 #[pyo3(signature = (*, workers = None, budget = None, decay = None, shrink = None, outputs = None,
-    huge_pages = None, plans = None))]
+    huge_pages = None, plans = None, share_large_blocks = None))]
 #[allow(clippy::too_many_arguments)]
 fn configure(
     py: Python<'_>,
@@ -248,6 +251,7 @@ fn configure(
     outputs: Option<&str>,
     huge_pages: Option<Bound<'_, PyAny>>,
     plans: Option<Bound<'_, PyAny>>,
+    share_large_blocks: Option<Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let plans_dir = match plans {
         None => None,
@@ -325,6 +329,22 @@ fn configure(
             )));
         };
     }
+    if let Some(t) = share_large_blocks {
+        config.options.share_large_blocks = if t.extract::<bool>().is_ok_and(|b| !b) {
+            None
+        } else {
+            match t.extract::<i64>() {
+                Ok(n) if n > 0 && t.extract::<bool>().is_err() => {
+                    Some(usize::try_from(n).unwrap_or(usize::MAX))
+                }
+                _ => {
+                    return Err(InvalidArgument::new_err(format!(
+                        "share_large_blocks must be bytes > 0 or False, not {t}"
+                    )))
+                }
+            }
+        };
+    }
     let pool = WorkerPool::new(config.workers, config.options.clone())
         .map_err(crate::errors::from_arena)?;
     with_state(|st| {
@@ -346,6 +366,7 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let budget = c.options.budget.map(|inner| Budget { inner });
     d.set_item("budget", budget)?;
     d.set_item("decay", c.options.decay.map(|t| t.as_secs_f64()))?;
+    d.set_item("share_large_blocks", c.options.share_large_blocks)?;
     let shrink = match c.options.shrink {
         Shrink::FollowInput { .. } => "follow",
         Shrink::Window { .. } => "window",
