@@ -20,6 +20,7 @@
 
 use crate::decay::Decay;
 use crate::slot::Slot;
+use crate::OrtArenaError;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,8 +33,26 @@ use tensor_arena::{ArenaConfig, ArenaError, Budget, Stats};
 /// [`Shrink::Window`](crate::Shrink::Window) of 1 s).
 pub(crate) const WINDOW: Duration = Duration::from_secs(1);
 
-/// One arena shared by the workers of a pool for their large blocks.
-pub(crate) struct LargeBlocks {
+/// One arena shared by workers for their large blocks. A
+/// [`WorkerPool`](crate::WorkerPool) of several workers makes its own
+/// ([`WorkerOptions::share_large_blocks`](crate::WorkerOptions::share_large_blocks));
+/// a server that keeps its workers itself shares one among them with
+/// [`Worker::set_large_blocks`](crate::Worker::set_large_blocks).
+///
+/// ```
+/// use tensor_arena_ort::{LargeBlocks, Worker, WorkerOptions};
+/// let options = WorkerOptions::default();
+/// let large = LargeBlocks::new(1 << 20, options.pages, options.budget.clone(), options.decay)?;
+/// let mut workers = (0..4)
+///     .map(|_| Worker::new(options.clone()))
+///     .collect::<Result<Vec<_>, _>>()?;
+/// for w in &mut workers {
+///     w.set_large_blocks(Some(large.clone()));
+/// }
+/// assert_eq!(large.stats().reserved, 0, "nothing until a run uses it");
+/// # Ok::<(), tensor_arena_ort::OrtArenaError>(())
+/// ```
+pub struct LargeBlocks {
     slot: Arc<Slot>,
     threshold: usize,
     /// Runs of the pool's workers in flight now.
@@ -49,10 +68,30 @@ struct Window {
 }
 
 impl LargeBlocks {
-    /// An arena for blocks of `threshold` bytes or more, committing under
-    /// `budget` (a member of it), giving everything back after `decay`
-    /// with no run ending.
-    pub(crate) fn new(
+    /// An arena for the blocks of `threshold` bytes or more (at least 1)
+    /// of the workers that will share it, made with the workers' own
+    /// settings ([`WorkerOptions`](crate::WorkerOptions)' `pages`, `budget`
+    /// and `decay`): it commits under `budget` (`None`: the process's
+    /// default, as a worker made without one), and gives everything back
+    /// after `decay` with no run ending.
+    ///
+    /// # Errors
+    /// [`OrtArenaError::Arena`] if the arena cannot be made; the errors of
+    /// [`default_budget`](crate::default_budget).
+    pub fn new(
+        threshold: usize,
+        pages: PagesConfig,
+        budget: Option<Arc<Budget>>,
+        decay: Option<Duration>,
+    ) -> Result<Arc<Self>, OrtArenaError> {
+        let budget = match budget {
+            Some(b) => Some(b),
+            None => crate::limit::default_budget()?,
+        };
+        Ok(Self::make(threshold.max(1), pages, budget.as_ref(), decay)?)
+    }
+
+    fn make(
         threshold: usize,
         pages: PagesConfig,
         budget: Option<&Arc<Budget>>,
@@ -82,7 +121,7 @@ impl LargeBlocks {
         decay: Option<Duration>,
     ) -> Result<Option<Arc<Self>>, ArenaError> {
         match share.filter(|_| size > 1) {
-            Some(threshold) => Ok(Some(Self::new(threshold.max(1), pages, budget, decay)?)),
+            Some(threshold) => Ok(Some(Self::make(threshold.max(1), pages, budget, decay)?)),
             None => Ok(None),
         }
     }
@@ -135,8 +174,8 @@ impl LargeBlocks {
         released
     }
 
-    /// The shared arena's stats.
-    pub(crate) fn stats(&self) -> Stats {
+    /// The shared arena's stats (its lock taken for the call).
+    pub fn stats(&self) -> Stats {
         let core = self.slot.lock();
         self.slot.publish(&core);
         core.arena_stats()

@@ -46,6 +46,7 @@ pub use error::OrtArenaError;
 pub use follow::Shrink;
 pub use heaps::{limit_system_heaps, map_large_blocks, IDLE_RSS_SYSTEM_HEAPS, MAX_MMAP_THRESHOLD};
 pub use key::{KeyInputs, RunKey};
+pub use large::LargeBlocks;
 pub use ledger::LEDGER_DIR_ENV;
 pub use limit::{
     check_memory_limit, default_budget, default_memory_limit, join_default_limit, load_turn,

@@ -238,7 +238,7 @@ impl WorkerPool<()> {
             options.decay,
         )?;
         for w in &mut kept {
-            w.share_large(large.clone());
+            w.set_large_blocks(large.clone());
         }
         let admission = match own_admission {
             Some(a) => a,
@@ -286,7 +286,7 @@ impl<S> WorkerPool<S> {
             options.decay,
         )?;
         for (w, _) in &mut idle {
-            w.share_large(large.clone());
+            w.set_large_blocks(large.clone());
         }
         Ok(Self::of(idle, admission, large))
     }

@@ -258,9 +258,13 @@ impl Worker {
         self.slot.is_free() && self.large.as_ref().is_none_or(|l| l.is_free())
     }
 
-    /// Serves this worker's large blocks from `large` from now on (`None`:
-    /// from its own arena). Set by its pool.
-    pub(crate) fn share_large(&mut self, large: Option<Arc<LargeBlocks>>) {
+    /// Serves this worker's large blocks from `large` from now on, in runs
+    /// that start while another run of a worker sharing it is in flight
+    /// (`None`: from its own arena, as a worker made alone does). A
+    /// [`WorkerPool`](crate::WorkerPool) sets its own on its workers. Set
+    /// it between runs; runs of the same `Plans` on workers sharing it
+    /// plan their sharing runs apart ([`Plans::sharing`]).
+    pub fn set_large_blocks(&mut self, large: Option<Arc<LargeBlocks>>) {
         self.slot.share_large(large.as_ref().map(|l| l.target()));
         self.large = large;
     }

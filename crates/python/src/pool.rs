@@ -400,7 +400,11 @@ fn config(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// (`allocated_*` counted at every alloc and free, and `reserved_*` at
 /// every commit and give-back under the workers' budget, so they count the
 /// runs in flight, and the peaks the moments when those overlap);
-/// and the pool's: `arenas` (alive), `workers` (the pool's size),
+/// and the pool's: `arenas` (alive: the workers' and the one their large
+/// blocks share), `large_blocks_reserved` and `large_blocks_allocations`
+/// (that shared arena's bytes now and its blocks so far: runs that start
+/// beside another take their blocks of `share_large_blocks` bytes or more
+/// there), `workers` (the pool's size),
 /// `checkouts`, `waits`, `runs`, `planned_runs`, `system_allocs` (tensors
 /// ONNX Runtime allocated outside a run: session creation); and its
 /// admission by predicted need: `admission_room` (bytes the runs may be
@@ -452,6 +456,9 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("free_bytes", s.reserved.saturating_sub(s.in_use))?;
     d.set_item("largest_free_block", s.largest_free_block)?;
     d.set_item("arenas", n)?;
+    let large = pool.and_then(|p| p.large_blocks);
+    d.set_item("large_blocks_reserved", large.map_or(0, |l| l.reserved))?;
+    d.set_item("large_blocks_allocations", large.map_or(0, |l| l.allocs))?;
     d.set_item("workers", pool.map_or(workers, |p| p.size))?;
     d.set_item("checkouts", pool.map_or(0, |p| p.checkouts))?;
     d.set_item("waits", pool.map_or(0, |p| p.waits))?;

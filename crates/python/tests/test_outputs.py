@@ -99,6 +99,22 @@ def test_configure_round_trips(assets):
                      huge_pages=before["huge_pages"], budget=False)
 
 
+def test_share_large_blocks_round_trips_and_bad_values_are_refused():
+    before = ta.config()["share_large_blocks"]
+    assert before == 1 << 20
+    try:
+        ta.configure(share_large_blocks=False)
+        assert ta.config()["share_large_blocks"] is None
+        ta.configure(share_large_blocks=4 << 20)
+        assert ta.config()["share_large_blocks"] == 4 << 20
+        for bad in (0, -1, True, "1M", 1.5):
+            with pytest.raises((ta.InvalidArgument, TypeError)):
+                ta.configure(share_large_blocks=bad)
+        assert ta.config()["share_large_blocks"] == 4 << 20
+    finally:
+        ta.configure(share_large_blocks=before)
+
+
 def test_huge_pages_default_follows_the_system(assets):
     # The default is "auto": huge pages only where the system's THP defrag
     # setting keeps direct compaction off the run's thread.
