@@ -181,6 +181,12 @@ impl LargeBlocks {
         core.arena_stats()
     }
 
+    /// The shared arena's slot, for the tests to hold its lock.
+    #[cfg(test)]
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
+        &self.slot
+    }
+
     /// Whether no thread holds the shared arena's locks (in a forked
     /// child: one that a thread of the parent held is never locked again).
     pub(crate) fn is_free(&self) -> bool {
@@ -203,9 +209,12 @@ impl Drop for Flight {
 
 impl Drop for LargeBlocks {
     /// The pool is gone: everything cached goes back; blocks still live
-    /// (outputs) keep the arena until the last is freed.
+    /// (outputs) keep the arena until the last is freed. In a forked child
+    /// whose parent held its lock at the fork, it is left as it is.
     fn drop(&mut self) {
-        self.slot.retire();
+        if !self.slot.is_orphan() {
+            self.slot.retire();
+        }
     }
 }
 

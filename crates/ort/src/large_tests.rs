@@ -261,6 +261,84 @@ fn the_shared_arena_follows_its_runs_down_after_a_window() {
     assert!(reserved() < 8 * MIB, "followed down: {}", reserved());
 }
 
+/// A fork while a thread of the parent holds the shared arena's lock (a
+/// large allocation or free in flight): the child's pool gets a new shared
+/// arena, and a large block of the parent's freed in the child (an output
+/// it inherited) is left where it is instead of waiting for ever on that
+/// lock.
+#[cfg(unix)]
+#[test]
+fn a_fork_while_the_shared_arena_is_locked_never_hangs_the_child() {
+    let budget = Budget::new(usize::MAX);
+    let pool = WorkerPool::new(2, options(&budget)).unwrap();
+    let plans = Plans::default();
+    warm(&pool, &plans);
+    let key = RunKey::from_shapes([[16i64]]);
+    let kept = beside_a_run(&pool, || {
+        let mut c = pool.checkout();
+        let mut kept = None;
+        c.worker()
+            .run(&plans, &key, || {
+                kept = Some(alloc(16 * MIB)?.as_ptr() as usize);
+                Ok::<(), OrtArenaError>(())
+            })
+            .unwrap();
+        kept.unwrap()
+    });
+    let large = pool.large().unwrap();
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (end_tx, end_rx) = mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let guard = large.slot().lock();
+        locked_tx.send(()).unwrap();
+        end_rx.recv().ok();
+        drop(guard);
+    });
+    locked_rx.recv().unwrap();
+    crate::fork::prepare();
+    // SAFETY: `fork` in a test: the child only calls this crate (whose
+    // locks `prepare` took) and exits with `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: the child, right after `fork()`, on the forking thread.
+        unsafe { crate::fork::child() };
+        let ok = pool
+            .after_fork(options(&budget))
+            .is_ok_and(|p| p.large().is_some_and(|l| l.is_free()));
+        free(NonNull::new(kept as *mut u8).unwrap());
+        // SAFETY: ends the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    crate::fork::parent();
+    assert!(pid > 0, "fork failed");
+    let mut status = 0;
+    let t0 = std::time::Instant::now();
+    let exited = loop {
+        // SAFETY: `pid` is our child; `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break true;
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            // SAFETY: kills and reaps our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    end_tx.send(()).unwrap();
+    holder.join().unwrap();
+    free(NonNull::new(kept as *mut u8).unwrap());
+    assert!(exited, "the child hung on the parent's lock");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "status {status}"
+    );
+}
+
 /// A pool of one worker has nothing to share.
 #[test]
 fn a_pool_of_one_shares_nothing() {

@@ -198,6 +198,12 @@ impl WorkerPool<()> {
     /// [`OrtArenaError::Arena`] if `options.arena` is invalid.
     pub fn after_fork(self, options: WorkerOptions) -> Result<Self, OrtArenaError> {
         let mut kept: Vec<Worker> = Vec::new();
+        // The shared arena of the parent's large blocks is replaced by a
+        // new one (below); one whose lock a thread of the parent held is
+        // never dropped (dropping locks it).
+        if let Some(l) = self.inner.large.as_ref().filter(|l| !l.is_free()) {
+            std::mem::forget(Arc::clone(l));
+        }
         let took = self.inner.state.try_lock().map(|mut st| {
             let idle = std::mem::take(&mut st.idle);
             let handed = std::mem::take(&mut st.handed);
@@ -336,6 +342,12 @@ impl<S> WorkerPool<S> {
             admission: self.inner.admission.stats(),
             large_blocks: self.inner.large.as_ref().map(|l| l.stats()),
         }
+    }
+
+    /// The arena the workers share for their large blocks, if they do.
+    #[cfg(test)]
+    pub(crate) fn large(&self) -> Option<Arc<LargeBlocks>> {
+        self.inner.large.clone()
     }
 
     /// Where the pool's runs are admitted ([`Admission`](crate::Admission)).

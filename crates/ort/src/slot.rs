@@ -16,7 +16,7 @@ use parking_lot::{Mutex, MutexGuard};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tensor_arena::memory::{default_memory, Budgeted, ErrorCode, PagesConfig};
 use tensor_arena::{
@@ -32,6 +32,10 @@ pub(crate) struct Slot {
     core: Mutex<Core>,
     /// Frees from other threads while the core was locked.
     pending: Mutex<Pending>,
+    /// Set in a forked child on a slot whose lock a thread of the parent
+    /// held at the fork: never locked again; a block freed into it is
+    /// left where it is (as the parent's runs' blocks are).
+    orphan: AtomicBool,
     /// The arena's stats after the last operation that held the core.
     /// Swapped, never locked: readers (`arenas()`, any thread) never wait
     /// for a run, and a fork never copies it held.
@@ -228,6 +232,11 @@ pub(crate) fn reset_live_peak() {
 /// published (the blocks of runs the child does not have are never freed
 /// there, and stay counted as the arenas count them).
 pub(crate) fn child_after_fork() {
+    for s in REGISTRY.lock().iter().filter_map(Weak::upgrade) {
+        if !s.is_free() {
+            s.orphan.store(true, Ordering::Relaxed);
+        }
+    }
     let (sum, _) = all_stats();
     LIVE.store(
         i64::try_from(sum.in_use).unwrap_or(i64::MAX),
@@ -275,6 +284,7 @@ impl Slot {
                 alive,
                 ptrs: Vec::new(),
             }),
+            orphan: AtomicBool::new(false),
             published: ArcSwap::from_pointee(Stats::default()),
         });
         if let Some(b) = budget {
@@ -460,6 +470,13 @@ pub(crate) fn free(owner: Arc<Slot>, user: usize, size: usize) {
             core.large_live = core.large_live.saturating_sub(size);
         }
     }
+    if owner.orphan.load(Ordering::Relaxed) {
+        // A forked child's slot whose lock a thread of the parent held:
+        // waiting for it would wait for ever. The block, and the slot with
+        // it, stay where they are.
+        std::mem::forget(owner);
+        return;
+    }
     let freed = match owner.core.try_lock() {
         Some(mut core) => {
             core.free(user);
@@ -496,11 +513,17 @@ pub(crate) fn prepare_fork() {
 }
 
 impl Slot {
+    /// Whether a forked child found the slot's lock held by a thread of
+    /// the parent (it is never locked again).
+    pub(crate) fn is_orphan(&self) -> bool {
+        self.orphan.load(Ordering::Relaxed)
+    }
+
     /// Whether no thread holds any of the slot's locks: in a forked child,
     /// a slot that is not free was in use by a thread the child does not
     /// have, and is never locked again.
     pub(crate) fn is_free(&self) -> bool {
-        !self.core.is_locked() && !self.pending.is_locked()
+        !self.orphan.load(Ordering::Relaxed) && !self.core.is_locked() && !self.pending.is_locked()
     }
 }
 
