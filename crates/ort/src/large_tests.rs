@@ -199,6 +199,39 @@ fn a_sharing_runs_admission_counts_its_large_blocks() {
     );
 }
 
+/// An output of an earlier run freed during a run does not lower what the
+/// run is counted to hold in the shared arena: its own blocks are.
+#[test]
+fn an_earlier_runs_block_freed_in_a_run_is_not_counted_against_it() {
+    let budget = Budget::new(usize::MAX);
+    let pool = WorkerPool::new(2, options(&budget)).unwrap();
+    let plans = Plans::default();
+    warm(&pool, &plans);
+    let peak = beside_a_run(&pool, || {
+        let mut c = pool.checkout();
+        let mut kept = None;
+        c.worker()
+            .run(&plans, &RunKey::from_shapes([[16i64]]), || {
+                kept = Some(alloc(16 * MIB)?);
+                Ok::<(), OrtArenaError>(())
+            })
+            .unwrap();
+        let old = kept.unwrap();
+        c.worker()
+            .run(&plans, &RunKey::from_shapes([[8i64]]), || {
+                let a = alloc(8 * MIB)?;
+                free(old);
+                let b = alloc(8 * MIB)?;
+                free(a);
+                free(b);
+                Ok::<(), OrtArenaError>(())
+            })
+            .unwrap();
+        c.worker().last_run().unwrap().large_peak
+    });
+    assert!(peak >= 16 * MIB, "two 8 MiB blocks at once: {peak}");
+}
+
 /// A large block freed on a thread with no worker (an output dropped
 /// later) goes back to the shared arena, and the pool's end gives every
 /// byte back.

@@ -133,7 +133,7 @@ unsafe fn free(user: NonNull<u8>) {
             // when it was handed out (`slot::alloc_current`); the block
             // gives it back now, exactly once.
             let owner = unsafe { Arc::from_raw(owner.as_ptr().cast_const()) };
-            slot::free(owner, user.as_ptr() as usize, header.size);
+            slot::free(owner, user.as_ptr() as usize);
         }
     }
 }

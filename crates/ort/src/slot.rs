@@ -69,9 +69,11 @@ pub(crate) struct Core {
     shared: Option<(Arc<Slot>, usize)>,
     /// Whether the open run's large blocks go to `shared`.
     share_now: bool,
-    /// Bytes of the open run's blocks live in the shared arena (as this
-    /// thread allocated and freed them: a block freed on another thread
-    /// stays counted), and the most they reached in the run.
+    /// The open run's blocks in the shared arena freed on none but this
+    /// thread so far, by address, with their sizes (a block freed on
+    /// another thread stays counted: it errs high); their bytes now, and
+    /// the most they reached in the run.
+    large_blocks: HashMap<usize, usize>,
     large_live: usize,
     large_peak: usize,
 }
@@ -107,6 +109,7 @@ impl Core {
             arena: NonNull::from(Box::leak(arena)),
             shared: None,
             share_now: false,
+            large_blocks: HashMap::new(),
             large_live: 0,
             large_peak: 0,
         })
@@ -126,8 +129,10 @@ impl Core {
         if let Some((shared, threshold)) = self.shared.as_ref().filter(|_| self.share_now) {
             if size >= *threshold {
                 let served = shared.core.lock().alloc_here(shared, size);
-                if matches!(served, Served::Arena(_)) {
-                    self.large_live += size.saturating_add(HEADER);
+                if let Served::Arena(p) = served {
+                    let total = size.saturating_add(HEADER);
+                    self.large_blocks.insert(p.as_ptr() as usize, total);
+                    self.large_live += total;
                     self.large_peak = self.large_peak.max(self.large_live);
                 }
                 return served;
@@ -451,9 +456,9 @@ pub(crate) fn alloc_current(size: usize) -> Served {
     core.alloc(&slot, size)
 }
 
-/// `Free` of the block at `user` (`size` bytes, its header included),
-/// owned by `owner` (the block's reference, now handed over).
-pub(crate) fn free(owner: Arc<Slot>, user: usize, size: usize) {
+/// `Free` of the block at `user`, owned by `owner` (the block's
+/// reference, now handed over).
+pub(crate) fn free(owner: Arc<Slot>, user: usize) {
     if let Some(cur) = CURRENT.with(Cell::get) {
         // SAFETY: as in `alloc_current`: the entered core, used only here.
         let core = unsafe { &mut *cur.core };
@@ -461,12 +466,8 @@ pub(crate) fn free(owner: Arc<Slot>, user: usize, size: usize) {
             core.free(user);
             return;
         }
-        if core
-            .shared
-            .as_ref()
-            .is_some_and(|(s, _)| Arc::ptr_eq(s, &owner))
-        {
-            // A large block of the running worker's, freed on its thread.
+        // A large block of this run's, freed on its thread.
+        if let Some(size) = core.large_blocks.remove(&user) {
             core.large_live = core.large_live.saturating_sub(size);
         }
     }
@@ -577,6 +578,7 @@ impl Core {
         let arena = self.arena();
         self.run = None;
         self.share_now = share;
+        self.large_blocks.clear();
         self.large_live = 0;
         self.large_peak = 0;
         let run = match plan {
@@ -595,6 +597,7 @@ impl Core {
     /// Closes the open run.
     pub(crate) fn finish_run(&mut self) -> Option<(RunReport, Recording)> {
         self.share_now = false;
+        self.large_blocks.clear();
         self.run
             .take()
             .map(tensor_arena::Run::finish_with_recording)
