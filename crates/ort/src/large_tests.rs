@@ -84,6 +84,28 @@ fn beside_a_run<R>(pool: &WorkerPool, f: impl FnOnce() -> R) -> R {
     })
 }
 
+/// A pool of two workers under an unlimited budget, and a 16 MiB block a
+/// sharing run left live (an output), by address.
+fn a_pool_with_a_kept_large_block() -> (Arc<Budget>, WorkerPool, usize) {
+    let budget = Budget::new(usize::MAX);
+    let pool = WorkerPool::new(2, options(&budget)).unwrap();
+    let plans = Plans::default();
+    warm(&pool, &plans);
+    let key = RunKey::from_shapes([[16i64]]);
+    let kept = beside_a_run(&pool, || {
+        let mut c = pool.checkout();
+        let mut kept = None;
+        c.worker()
+            .run(&plans, &key, || {
+                kept = Some(alloc(16 * MIB)?.as_ptr() as usize);
+                Ok::<(), OrtArenaError>(())
+            })
+            .unwrap();
+        kept.unwrap()
+    });
+    (budget, pool, kept)
+}
+
 /// Two runs after each other, each beside a third run in flight, on two
 /// different workers: the second reuses the 16 MiB the first freed in the
 /// shared arena; the pool commits it once. Each worker serving its own
@@ -237,22 +259,7 @@ fn an_earlier_runs_block_freed_in_a_run_is_not_counted_against_it() {
 /// byte back.
 #[test]
 fn a_large_block_freed_elsewhere_goes_back_and_nothing_is_left() {
-    let budget = Budget::new(usize::MAX);
-    let pool = WorkerPool::new(2, options(&budget)).unwrap();
-    let plans = Plans::default();
-    warm(&pool, &plans);
-    let key = RunKey::from_shapes([[16i64]]);
-    let out = beside_a_run(&pool, || {
-        let mut c = pool.checkout();
-        let mut kept = None;
-        c.worker()
-            .run(&plans, &key, || {
-                kept = Some(alloc(16 * MIB)?.as_ptr() as usize);
-                Ok::<(), OrtArenaError>(())
-            })
-            .unwrap();
-        kept.unwrap()
-    });
+    let (budget, pool, out) = a_pool_with_a_kept_large_block();
     let large = pool.stats().large_blocks.unwrap();
     assert!(large.in_use > 16 * MIB, "{large:?}");
     std::thread::spawn(move || free(NonNull::new(out as *mut u8).unwrap()))
@@ -302,22 +309,7 @@ fn the_shared_arena_follows_its_runs_down_after_a_window() {
 #[cfg(unix)]
 #[test]
 fn a_fork_while_the_shared_arena_is_locked_never_hangs_the_child() {
-    let budget = Budget::new(usize::MAX);
-    let pool = WorkerPool::new(2, options(&budget)).unwrap();
-    let plans = Plans::default();
-    warm(&pool, &plans);
-    let key = RunKey::from_shapes([[16i64]]);
-    let kept = beside_a_run(&pool, || {
-        let mut c = pool.checkout();
-        let mut kept = None;
-        c.worker()
-            .run(&plans, &key, || {
-                kept = Some(alloc(16 * MIB)?.as_ptr() as usize);
-                Ok::<(), OrtArenaError>(())
-            })
-            .unwrap();
-        kept.unwrap()
-    });
+    let (budget, pool, kept) = a_pool_with_a_kept_large_block();
     let large = pool.large().unwrap();
     let (locked_tx, locked_rx) = mpsc::channel();
     let (end_tx, end_rx) = mpsc::channel::<()>();
