@@ -5,7 +5,7 @@ use crate::admit::{Admission, Ticket};
 use crate::decay::Decay;
 use crate::follow::{Follow, Shrink};
 use crate::key::RunKey;
-use crate::large::LargeBlocks;
+use crate::large::{Flight, LargeBlocks};
 use crate::plans::Plans;
 use crate::served::{NotServed, Watch};
 use crate::slot::{self, Slot};
@@ -269,6 +269,15 @@ impl Worker {
         self.large = large;
     }
 
+    /// A run of `model` starts: whether it shares its large blocks (another
+    /// run of the pool in flight), and the model's plans for such runs if
+    /// so; the flight ends when the returned guard drops.
+    fn enter<'p>(&self, model: &'p Plans) -> (Option<Flight>, bool, &'p Plans) {
+        let flight = self.large.as_ref().map(LargeBlocks::enter);
+        let share = flight.as_ref().is_some_and(|f| f.shared);
+        (flight, share, if share { model.sharing() } else { model })
+    }
+
     /// The budget the worker's commits are charged to.
     pub(crate) fn budget(&self) -> Option<&Arc<Budget>> {
         self.budget.as_ref()
@@ -323,9 +332,7 @@ impl Worker {
         key: &RunKey,
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
-        let flight = self.large.as_ref().map(LargeBlocks::enter);
-        let share = flight.as_ref().is_some_and(|f| f.shared);
-        let plans = if share { plans.sharing() } else { plans };
+        let (_flight, share, plans) = self.enter(plans);
         let lookup = self.lookup(plans, key);
         // A run the limit could never hold is run all the same (its
         // allocations are refused and it fails as before): `run` cannot
@@ -358,9 +365,7 @@ impl Worker {
         mut f: impl FnMut() -> Result<T, OrtArenaError>,
     ) -> Result<T, OrtArenaError> {
         let model = plans;
-        let flight = self.large.as_ref().map(LargeBlocks::enter);
-        let share = flight.as_ref().is_some_and(|f| f.shared);
-        let plans = if share { model.sharing() } else { model };
+        let (flight, share, plans) = self.enter(model);
         let lookup = self.lookup(plans, key);
         let (need, alone) = need_of(plans, key, &lookup);
         let ticket = match &self.admission {
@@ -396,9 +401,7 @@ impl Worker {
         admission.count_retry();
         // Alone: its large blocks are its own again, unless a run of the
         // pool is in flight still (one of another limit's admission).
-        let flight = self.large.as_ref().map(LargeBlocks::enter);
-        let share = flight.as_ref().is_some_and(|f| f.shared);
-        let plans = if share { model.sharing() } else { model };
+        let (_flight, share, plans) = self.enter(model);
         let lookup = self.lookup(plans, key);
         let again = need_of(plans, key, &lookup).0.max(demand);
         let ticket = admission.admit_run(again, true)?;
