@@ -57,14 +57,10 @@ pub struct LargeBlocks {
     threshold: usize,
     /// Runs of the pool's workers in flight now.
     in_flight: AtomicUsize,
-    window: Mutex<Window>,
+    /// When the window began: the arena's peak in use is the most its
+    /// blocks reached since then (reset at each window's end).
+    window: Mutex<Instant>,
     decay: Option<Arc<Decay>>,
-}
-
-/// The most bytes in use in this window so far, and when it started.
-struct Window {
-    start: Instant,
-    now: usize,
 }
 
 impl LargeBlocks {
@@ -88,7 +84,7 @@ impl LargeBlocks {
             Some(b) => Some(b),
             None => crate::limit::default_budget()?,
         };
-        Ok(Self::make(threshold.max(1), pages, budget.as_ref(), decay)?)
+        Ok(Self::make(threshold, pages, budget.as_ref(), decay)?)
     }
 
     fn make(
@@ -101,12 +97,9 @@ impl LargeBlocks {
         Ok(Arc::new(Self {
             decay: decay.map(|idle| Decay::register(&slot, idle)),
             slot,
-            threshold,
+            threshold: threshold.max(1),
             in_flight: AtomicUsize::new(0),
-            window: Mutex::new(Window {
-                start: Instant::now(),
-                now: 0,
-            }),
+            window: Mutex::new(Instant::now()),
         }))
     }
 
@@ -121,7 +114,7 @@ impl LargeBlocks {
         decay: Option<Duration>,
     ) -> Result<Option<Arc<Self>>, ArenaError> {
         match share.filter(|_| size > 1) {
-            Some(threshold) => Ok(Some(Self::make(threshold.max(1), pages, budget, decay)?)),
+            Some(threshold) => Ok(Some(Self::make(threshold, pages, budget, decay)?)),
             None => Ok(None),
         }
     }
@@ -154,22 +147,20 @@ impl LargeBlocks {
     }
 
     fn after_run_at(&self, now: Instant) -> usize {
-        let mut w = self.window.lock();
-        let mut core = self.slot.lock();
-        let stats = core.arena_stats();
-        w.now = w.now.max(stats.peak_in_use);
-        if now.saturating_duration_since(w.start) < WINDOW {
+        let mut start = self.window.lock();
+        if now.saturating_duration_since(*start) < WINDOW {
             return 0;
         }
-        let keep = w.now;
+        let mut core = self.slot.lock();
+        let stats = core.arena_stats();
+        let keep = stats.peak_in_use;
         let released = if stats.reserved > keep {
             core.shrink_to(keep)
         } else {
             0
         };
         core.reset_peak();
-        w.now = stats.in_use;
-        w.start = now;
+        *start = now;
         self.slot.publish(&core);
         released
     }

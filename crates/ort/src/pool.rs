@@ -233,30 +233,20 @@ impl WorkerPool<()> {
         while kept.len() < size {
             kept.push(Worker::new(options.clone())?);
         }
-        // A new shared arena for the child's workers: the parent's may be
-        // locked by a thread the child does not have, and its runs in
-        // flight there are not the child's.
-        let large = LargeBlocks::for_pool(
-            options.share_large_blocks,
-            size,
-            options.pages,
-            kept.first().and_then(Worker::budget),
-            options.decay,
-        )?;
-        for w in &mut kept {
-            w.set_large_blocks(large.clone());
-        }
         let admission = match own_admission {
             Some(a) => a,
             // The default limit's admission, as the child has it
             // (`fork::child` made it).
             None => crate::limit::default_admission()?,
         };
-        Ok(Self::of(
+        // `of` gives the child's workers a new shared arena for their large
+        // blocks: the parent's may be locked by a thread the child does not
+        // have, and its runs in flight there are not the child's.
+        Self::of(
             kept.into_iter().map(|w| (w, ())).collect(),
             admission,
-            large,
-        ))
+            &options,
+        )
     }
 }
 
@@ -275,7 +265,7 @@ impl<S> WorkerPool<S> {
                 "a pool needs at least one worker".into(),
             ));
         }
-        let mut idle = states
+        let idle = states
             .into_iter()
             .map(|s| Ok((Worker::new(options.clone())?, s)))
             .collect::<Result<Vec<_>, OrtArenaError>>()?;
@@ -283,31 +273,30 @@ impl<S> WorkerPool<S> {
             None => crate::limit::default_admission()?,
             Some(b) => Admission::of_budget(Arc::clone(b)),
         };
-        let budget = idle.first().and_then(|(w, _)| w.budget());
+        Self::of(idle, admission, &options)
+    }
+
+    /// A pool of these workers (made with `options`) and states, all idle,
+    /// their runs admitted by `admission`, their large blocks served by a
+    /// new arena they share (`options.share_large_blocks`; under their
+    /// budget).
+    fn of(
+        mut idle: Vec<(Worker, S)>,
+        admission: Arc<Admission>,
+        options: &WorkerOptions,
+    ) -> Result<Self, OrtArenaError> {
         let large = LargeBlocks::for_pool(
             options.share_large_blocks,
             idle.len(),
             options.pages,
-            budget,
+            idle.first().and_then(|(w, _)| w.budget()),
             options.decay,
         )?;
         for (w, _) in &mut idle {
+            w.set_admission(Some(Arc::clone(&admission)));
             w.set_large_blocks(large.clone());
         }
-        Ok(Self::of(idle, admission, large))
-    }
-
-    /// A pool of these workers and states, all idle, their runs admitted
-    /// by `admission`, their large blocks served by `large`.
-    fn of(
-        mut idle: Vec<(Worker, S)>,
-        admission: Arc<Admission>,
-        large: Option<Arc<LargeBlocks>>,
-    ) -> Self {
-        for (w, _) in &mut idle {
-            w.set_admission(Some(Arc::clone(&admission)));
-        }
-        Self {
+        Ok(Self {
             inner: Arc::new(Inner {
                 size: idle.len(),
                 admission,
@@ -323,7 +312,7 @@ impl<S> WorkerPool<S> {
                 returned: Condvar::new(),
                 runners: Runners::default(),
             }),
-        }
+        })
     }
 
     /// Workers in the pool.
