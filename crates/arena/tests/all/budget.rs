@@ -218,7 +218,7 @@ fn budget_op() -> impl Strategy<Value = BudgetOp> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::common::cases(32), ..ProptestConfig::default() })]
 
     /// Four arenas (two shared members, two plain) under one 12 MiB budget:
     /// after every step the budget's count is exactly the sum of what the

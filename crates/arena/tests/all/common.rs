@@ -116,3 +116,14 @@ pub fn trace_names() -> Vec<String> {
     names.sort();
     names
 }
+
+/// A proptest's case count: `n`, or `PROPTEST_CASES` where that is fewer.
+/// `.ci/reliability.sh` sets it for the run under AddressSanitizer, whose
+/// purpose is the memory layer's accesses, not the search's breadth; the
+/// plain `cargo test` runs every property's own count.
+pub fn cases(n: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .map_or(n, |c| c.clamp(1, n))
+}

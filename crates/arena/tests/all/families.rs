@@ -338,7 +338,7 @@ fn deviations(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 100, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::common::cases(100), .. ProptestConfig::default() })]
 
     /// After shapes that span the key's range (two tell a proportional size
     /// apart, a third an affine one), every shape never seen within it is

@@ -16,7 +16,7 @@ fn keys() -> impl Strategy<Value = Vec<(usize, usize)>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::common::cases(48), ..ProptestConfig::default() })]
 
     #[test]
     fn learned_before_the_next_lookup_predicts_as_inline(model in model(), keys in keys()) {

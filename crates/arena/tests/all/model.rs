@@ -208,7 +208,7 @@ fn run_ops(ops: &[Op]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::common::cases(96), ..ProptestConfig::default() })]
 
     #[test]
     fn random_operation_sequences_keep_every_invariant(ops in prop::collection::vec(op(), 1..120)) {

@@ -310,7 +310,7 @@ proptest! {
     // [14,16]: 4,288 against 4,160. The families a draw found paying more
     // are `correlated_families_a_random_draw_found_are_held`.
     #![proptest_config(ProptestConfig {
-        cases: 128,
+        cases: crate::common::cases(128),
         rng_seed: proptest::test_runner::RngSeed::Fixed(0x5eed_0059),
         failure_persistence: None,
         .. ProptestConfig::default()

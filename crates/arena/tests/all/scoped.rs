@@ -453,7 +453,7 @@ fn apply(script: &mut Vec<Ev>, edit: &Edit) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::common::cases(128), ..ProptestConfig::default() })]
 
     /// Whatever a run does against its plan, a scoped run shows exactly
     /// what a planned run shows: the same blocks at the same places, the

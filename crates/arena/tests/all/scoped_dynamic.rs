@@ -276,7 +276,7 @@ fn on_heap_regions_a_dynamic_scoped_run_reports_like_a_run_and_returns_everythin
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::common::cases(128), ..ProptestConfig::default() })]
 
     /// Whatever a dynamic run does, a dynamic scoped run with the same
     /// history shows exactly the same: blocks at the same places, errors,

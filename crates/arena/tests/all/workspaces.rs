@@ -298,7 +298,7 @@ fn core_recording() -> impl proptest::strategy::Strategy<Value = Recording> {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, .. Default::default() })]
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: crate::common::cases(64), .. Default::default() })]
 
     /// On a core plan, workspaces and blocks it never recorded, freed at
     /// once or later, in any mix: live blocks never overlap, every byte
