@@ -301,6 +301,35 @@ fn the_shared_arena_follows_its_runs_down_after_a_window() {
     assert!(reserved() < 8 * MIB, "followed down: {}", reserved());
 }
 
+/// A worker whose run alone cached the model's whole plan follows the
+/// model's sharing runs down after its shrink policy's window, as it would
+/// a smaller input: the large blocks those runs need are in the shared
+/// arena, not in what the worker holds.
+#[test]
+fn a_worker_follows_its_models_sharing_runs_down_after_a_window() {
+    let budget = Budget::new(usize::MAX);
+    let pool = WorkerPool::new(2, options(&budget)).unwrap();
+    let plans = Plans::default();
+    warm(&pool, &plans);
+    let key = RunKey::from_shapes([[16i64]]);
+    let mut c = pool.checkout();
+    c.worker().run(&plans, &key, run_of_two).unwrap();
+    assert!(
+        c.worker().stats().reserved > 16 * MIB,
+        "the run alone's plan"
+    );
+    let held = beside_a_run(&pool, || {
+        c.worker().run(&plans, &key, run_of_two).unwrap();
+        assert!(c.worker().last_run().unwrap().large_peak > 16 * MIB);
+        let within = c.worker().stats().reserved;
+        std::thread::sleep(WINDOW + Duration::from_millis(50));
+        c.worker().run(&plans, &key, run_of_two).unwrap();
+        (within, c.worker().stats().reserved)
+    });
+    assert!(held.0 > 16 * MIB, "held within the window: {held:?}");
+    assert!(held.1 < 4 * MIB, "followed down after it: {held:?}");
+}
+
 /// A fork while a thread of the parent holds the shared arena's lock (a
 /// large allocation or free in flight): the child's pool gets a new shared
 /// arena, and a large block of the parent's freed in the child (an output

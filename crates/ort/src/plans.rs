@@ -120,9 +120,13 @@ impl Plans {
 
     /// The plans of the model's runs whose large blocks come from the arena
     /// their pool's workers share (`crate::large`); not in the plan store.
+    /// One model to a worker's shrink policy: what a worker cached for a
+    /// run that held all its blocks follows the model's sharing runs down
+    /// after the policy's window, as it would the model's smaller inputs.
     pub fn sharing(&self) -> &Plans {
         self.sharing.get_or_init(|| {
             Box::new(Plans {
+                id: self.id,
                 largest: Arc::clone(&self.largest),
                 ..Plans::new(self.cache.capacity())
             })
