@@ -4,7 +4,8 @@
 #   (b) the arena's tests (and the shared operation language's) under
 #       AddressSanitizer;
 #   (c) the session example `worker_pool` under valgrind, leaks checked.
-# Any failure fails the run. About 8-10 minutes on a 2-core machine.
+# Any failure fails the run. About 15-20 minutes on a 2-core machine, most
+# of it (b).
 #
 # Knobs (environment): FUZZ_SECONDS (default 30 per target), PROPTEST_CASES
 # (default 32: the most cases of each property under AddressSanitizer).
