@@ -314,20 +314,24 @@ fn a_worker_follows_its_models_sharing_runs_down_after_a_window() {
     let key = RunKey::from_shapes([[16i64]]);
     let mut c = pool.checkout();
     c.worker().run(&plans, &key, run_of_two).unwrap();
+    let alone = std::time::Instant::now();
     assert!(
         c.worker().stats().reserved > 16 * MIB,
         "the run alone's plan"
     );
-    let held = beside_a_run(&pool, || {
+    let (within, after) = beside_a_run(&pool, || {
         c.worker().run(&plans, &key, run_of_two).unwrap();
         assert!(c.worker().last_run().unwrap().large_peak > 16 * MIB);
-        let within = c.worker().stats().reserved;
+        let within = (alone.elapsed() < WINDOW).then(|| c.worker().stats().reserved);
         std::thread::sleep(WINDOW + Duration::from_millis(50));
         c.worker().run(&plans, &key, run_of_two).unwrap();
         (within, c.worker().stats().reserved)
     });
-    assert!(held.0 > 16 * MIB, "held within the window: {held:?}");
-    assert!(held.1 < 4 * MIB, "followed down after it: {held:?}");
+    // A machine that stalled past the window has nothing to hold.
+    if let Some(within) = within {
+        assert!(within > 16 * MIB, "held within the window: {within}");
+    }
+    assert!(after < 4 * MIB, "followed down after it: {after}");
 }
 
 /// A fork while a thread of the parent holds the shared arena's lock (a
