@@ -2,7 +2,7 @@
 //! and the families those keys belong to, which plan keys never seen.
 
 use super::family::{Families, FamilyCounts, FamilyStats, Learning};
-use super::solver::Depth;
+use super::solver::{Depth, Placement};
 use super::store::FamilySnapshot;
 use super::{DynamicReason, KeyDims, Plan, PlanSource, Recording};
 use crate::RunReport;
@@ -461,9 +461,12 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         {
             let fell_back = (source == PlanSource::Predicted && report.deviated)
                 .then(|| report.deviation.unwrap_or(super::Deviation::Short));
+            // A planned run (exact or predicted) that left its plan: the
+            // family's plans are robust from now on.
+            let left = report.planned && report.deviated;
             self.families
                 .lock()
-                .record(id, || key.family_name(), source, fell_back);
+                .record(id, || key.family_name(), source, fell_back, left);
         }
         if report.deviated {
             self.note_deviation();
@@ -550,8 +553,13 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
                 let plan = match self.shape(id, &recording.events) {
                     Some(shape) => shape.plan(recording, Depth::Settled)?,
                     None => {
-                        let (plan, next) =
-                            Plan::from_recording_hinted(recording, None, Depth::Settled).ok()?;
+                        let (plan, next) = Plan::from_recording_hinted(
+                            recording,
+                            None,
+                            Depth::Settled,
+                            Placement::Lowest,
+                        )
+                        .ok()?;
                         hint = next;
                         plan
                     }

@@ -3,11 +3,12 @@
 //! never seen is planned from the keys seen before ([`Families`]).
 
 use super::fit::{Fit, NoPrediction, Observation};
-use super::solver::{Depth, Hint};
+use super::solver::{Depth, Hint, Placement};
 use super::store::{FamilySnapshot, ShapeSnapshot, StructureSnapshot};
 use super::{Deviation, Plan, PlanEvent, Recording};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub use super::family_counts::{DynamicReason, FamilyCounts, FamilyStats, PlanSource};
@@ -28,6 +29,10 @@ pub(crate) struct Shape {
     /// it, so the structure's plans improve as its shapes come, at no more
     /// work per plan.
     hint: Mutex<Option<Hint>>,
+    /// Whether a run of its family has left its plan, or its runs came in
+    /// two structures: the structure's plans are robust
+    /// ([`Placement::Robust`]) from then on.
+    robust: AtomicBool,
 }
 
 impl Shape {
@@ -39,9 +44,17 @@ impl Shape {
     /// Plans `rec` (a run of this structure), its search started where the
     /// last one ended, and keeps where this one ends; a `Settled` search
     /// goes on where that start leaves the plan loose ([`Depth`]).
+    /// Placed robust once a run of the family has left its plan or its
+    /// runs came in two structures ([`Placement::Robust`]).
     pub(crate) fn plan(&self, rec: &Recording, depth: Depth) -> Option<Plan> {
         let hint = self.hint.lock().clone();
-        let (plan, next) = Plan::from_recording_hinted(rec, hint.as_ref(), depth).ok()?;
+        let placement = if self.robust.load(Ordering::Relaxed) {
+            Placement::Robust
+        } else {
+            Placement::Lowest
+        };
+        let (plan, next) =
+            Plan::from_recording_hinted(rec, hint.as_ref(), depth, placement).ok()?;
         if next.is_some() {
             *self.hint.lock() = next;
         }
@@ -111,6 +124,7 @@ impl Structure {
             events: core.events,
             aligns: kept(&self.shape.aligns),
             hint: Mutex::new(None),
+            robust: AtomicBool::new(self.shape.robust.load(Ordering::Relaxed)),
         });
         for o in &mut self.obs {
             o.sizes = kept(&o.sizes);
@@ -191,6 +205,22 @@ struct Family {
     structures: Vec<Structure>,
     counts: FamilyCounts,
     last_used: u64,
+    /// Whether a run of the family has left its plan (exact or
+    /// predicted), or its runs came in two structures: its structures'
+    /// plans are robust ([`Shape::plan`]).
+    left: bool,
+}
+
+impl Family {
+    /// Makes the family's plans robust from now on ([`Family::left`]).
+    fn leave(&mut self) {
+        if !self.left {
+            self.left = true;
+            for s in &self.structures {
+                s.shape.robust.store(true, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// A prediction to make outside the lock: the fit and the structure.
@@ -331,6 +361,7 @@ impl Families {
                     structures: Vec::new(),
                     counts: FamilyCounts::default(),
                     last_used: now,
+                    left: false,
                 },
             );
         }
@@ -406,6 +437,12 @@ impl Families {
         let s = match pos {
             Some(p) => &mut family.structures[p],
             None => {
+                // A second structure: the model's runs differ by their
+                // blocks or their order (data-dependent control flow), so
+                // its runs will leave their plans too.
+                if !family.structures.is_empty() {
+                    family.leave();
+                }
                 if family.structures.len() >= MAX_STRUCTURES {
                     if let Some(oldest) =
                         (0..family.structures.len()).min_by_key(|&i| family.structures[i].last_used)
@@ -418,6 +455,7 @@ impl Families {
                         events: rec.events.clone(),
                         aligns: aligns(),
                         hint: Mutex::new(None),
+                        robust: AtomicBool::new(family.left),
                     }),
                     obs: VecDeque::new(),
                     fit: None,
@@ -452,6 +490,7 @@ impl Families {
                 events: s.shape.events.clone(),
                 aligns,
                 hint: Mutex::new(hint),
+                robust: AtomicBool::new(s.shape.robust.load(Ordering::Relaxed)),
             });
         }
         let sizes: Vec<usize> = rec.blocks.iter().map(|b| b.0).collect();
@@ -613,13 +652,16 @@ impl Families {
     }
 
     /// Counts a run of family `id` served as `source` (and, for a
-    /// prediction it left, why) in the family and in the totals.
+    /// prediction it left, why) in the family and in the totals; a planned
+    /// run that `left` its plan makes the family's plans robust from now
+    /// on ([`Shape::plan`]).
     pub(crate) fn record(
         &mut self,
         id: u64,
         name: impl FnOnce() -> String,
         source: PlanSource,
         fell_back: Option<Deviation>,
+        left: bool,
     ) {
         let mut one = FamilyCounts::default();
         one.count(source);
@@ -628,6 +670,9 @@ impl Families {
         }
         self.counts(id, name).add(&one);
         self.total.add(&one);
+        if left {
+            self.map.get_mut(&id).expect("made by counts").leave();
+        }
     }
 
     /// Families held.

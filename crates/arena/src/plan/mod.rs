@@ -215,20 +215,27 @@ impl Plan {
     /// allocation, a zero or oversized size, a bad alignment), or when its
     /// blocks add up to more than fits in `usize`.
     pub fn from_recording(recording: &Recording) -> Result<Self, PlanError> {
-        Self::from_recording_hinted(recording, None, solver::Depth::Quick).map(|(plan, _)| plan)
+        Self::from_recording_hinted(
+            recording,
+            None,
+            solver::Depth::Quick,
+            solver::Placement::Lowest,
+        )
+        .map(|(plan, _)| plan)
     }
 
     /// [`Plan::from_recording`], its search started from `hint` too (where
-    /// an earlier search of the same structure ended); returns the plan
-    /// and where this search ended.
+    /// an earlier search of the same structure ended), placed for
+    /// `placement`; returns the plan and where this search ended.
     pub(crate) fn from_recording_hinted(
         recording: &Recording,
         hint: Option<&solver::Hint>,
         depth: solver::Depth,
+        placement: solver::Placement,
     ) -> Result<(Self, Option<solver::Hint>), PlanError> {
         recording.validate()?;
         let requests = recording.requests();
-        let (solution, hint) = solver::plan_hinted(&requests, hint, depth);
+        let (solution, hint) = solver::plan_hinted(&requests, hint, depth, placement);
         drop(requests);
         // The solver's output is checked like any other plan's: a solver
         // bug becomes an error here, not overlapping blocks later.

@@ -402,8 +402,16 @@ proptest! {
                     predicted as f64 <= lb as f64 * 1.02 + SLACK as f64,
                     "{key:?}: predicted sizes' lower bound {predicted} over the run's {lb}"
                 );
+                // A family whose run left its plan (a prediction left
+                // for a simpler monomial) is planned robust: the run's own
+                // order where that is within a tenth of the lowest plan,
+                // which is never above greedy.
                 let greedy = greedy_by_size(&plan.recording().requests()).size;
-                prop_assert!(plan.size() <= greedy, "{key:?}: {} over greedy {greedy}", plan.size());
+                prop_assert!(
+                    plan.size() <= greedy + greedy / 10,
+                    "{key:?}: {} over greedy {greedy}",
+                    plan.size()
+                );
                 prop_assert!(plan.size() >= predicted);
             }
             prop_assert_eq!(arena.stats().in_use, 0);

@@ -257,7 +257,11 @@ fn an_image_height_that_never_varied_is_predicted_at_the_lower_bound() {
 /// until the next event says whose it is: 113 of 152 within a granule,
 /// mean 0.9947x, p95 1.194x, worst 1.390x; of all 542 predicted runs 518
 /// within max(a granule, 3%), 95.6%, against 489 of 523 before; floor
-/// 145.)
+/// 145. Later, plans placed robust in a family whose run left its plan or
+/// came in a second structure (the run's own order within a tenth of the
+/// lowest): 100 of 151 within a granule (fewer below their dynamic runs:
+/// 29 against 66), mean 0.9915x, p95 1.127x, worst 1.390x; of all 544
+/// predicted runs 532 within max(a granule, 3%), 97.8%.)
 #[test]
 fn fell_back_runs_against_no_plan() {
     let f = fell_back_against_no_plan(super::families::arena);
@@ -267,8 +271,11 @@ fn fell_back_runs_against_no_plan() {
     // runs of a few KiB). The worst were local models (a block no model
     // explains at every shape, fitted to the three nearest) through a
     // shape whose block a twist doubled, 2.517x; local models over the
-    // nearest four that part refuse the key (1.016x now).
-    assert!(f.kept_over * 5 <= f.kept, "{} of {}", f.kept_over, f.kept);
+    // nearest four that part refuse the key (1.016x now). Robust plans
+    // (the run's own order) keep their runs a few granules over the
+    // dynamic run's high-water, within 3%: 180 of 393 over by more than a
+    // granule, against 57 of 390 before them.
+    assert!(f.kept_over * 2 <= f.kept, "{} of {}", f.kept_over, f.kept);
     assert!(f.kept_worst <= 1.1, "kept at worst {:.3}x", f.kept_worst);
 }
 
@@ -296,18 +303,19 @@ fn fell_back_runs_against_no_plan_on_pages() {
 }
 
 impl FellBack {
-    /// The fell-back runs where they stand: enough of them, 68% within a
-    /// granule of their dynamic runs, a mean over them of at most `mean`
+    /// The fell-back runs where they stand: enough of them, 64% within a
+    /// granule of their dynamic runs (74% before robust plans: more were
+    /// below them), a mean over them of at most `mean`
     /// times their dynamic runs' high-water, p95 at most `p95`, worst
     /// 1.6x (2.304x before affine fits of every degree were compared);
     /// enough of them left where a dynamic arena would be (each
     /// held, as it goes, to its dynamic run or its plan's block); and of
-    /// every predicted run (kept or fell back), 95% within max(a granule,
-    /// 3%) of its dynamic run (93.3-93.5% before small blocks where the
-    /// plan allocates were served beside it, 95.4-95.6% since).
+    /// every predicted run (kept or fell back), 97% within max(a granule,
+    /// 3%) of its dynamic run (95.4-95.6% before robust plans, 97.8%
+    /// since).
     fn holds(&self, mean: f64, p95: f64) {
         assert!(
-            self.goal_within * 1000 >= self.predicted * 950,
+            self.goal_within * 1000 >= self.predicted * 970,
             "{} of {} predicted runs within max(a granule, 3%)",
             self.goal_within,
             self.predicted
@@ -316,7 +324,7 @@ impl FellBack {
         // runs on their plans; 178 before.)
         assert!(self.fell >= 145, "{} fell-back runs", self.fell);
         assert!(
-            self.within * 100 >= self.fell * 68,
+            self.within * 100 >= self.fell * 64,
             "{} of {} within a granule",
             self.within,
             self.fell

@@ -465,8 +465,9 @@ fn correlated_families_a_random_draw_found_are_held() {
 /// key's plan as it is: the key's plan is solved again from the run, by a
 /// search that goes on where that start leaves it loose. Over the random
 /// families of `first_sight` (its generator, in its order), every such
-/// key's plan afterwards is no looser than the run's own search of its
-/// own makes it, and smaller than the prediction. 13 of 2,647 kept
+/// key's plan afterwards is smaller than the prediction, and no looser
+/// than the run's own search of its own makes it (a tenth over it where
+/// the family's plans are robust: a run of it left its plan). 13 of 2,647 kept
 /// predictions over 1,200 families were loose; this test meets the first
 /// three.
 #[test]
@@ -494,7 +495,7 @@ fn a_kept_prediction_laid_out_loosely_is_solved_again() {
             assert_eq!(kept.source, PlanSource::Exact);
             let kept = kept.plan.unwrap().size();
             assert!(
-                kept < plan.size() && kept <= own.max(lb + lb / 64 + plan.align()),
+                kept < plan.size() && kept <= (own + own / 10).max(lb + lb / 64 + plan.align()),
                 "[{b}, {w}]: kept {kept} after a prediction laid out at {} (lower bound {lb}, \
                  its own search {own})",
                 plan.size()
@@ -505,4 +506,105 @@ fn a_kept_prediction_laid_out_loosely_is_solved_again() {
         }
     }
     panic!("only {found} kept predictions laid out loosely");
+}
+
+/// A block live throughout, one freed early, a small one that lives on,
+/// and one a little larger than the early one (its gap too small for it),
+/// each in proportion to the batch: the lowest plan puts the small block
+/// under the early one (at the lower bound), the run's own order (a
+/// dynamic arena's best fit) reaches 9% over it.
+fn gapped(b: usize) -> Model {
+    let u = 4096 * b;
+    at(
+        &[1000 * u, 100 * u, 10 * u, 105 * u],
+        &[
+            (true, 0),
+            (true, 1),
+            (true, 2),
+            (false, 1),
+            (true, 3),
+            (false, 0),
+            (false, 2),
+            (false, 3),
+        ],
+    )
+}
+
+/// Runs `model` at `[b, 1]` with `twist` through `cache`: how it was served,
+/// its report, and the same run's high-water on a fresh dynamic arena.
+fn twisted(
+    cache: &PlanCache<Vec<usize>>,
+    model: &Model,
+    b: usize,
+    twist: Twist,
+) -> (PlanSource, RunReport, usize) {
+    let (lookup, report, _) = run(&arena(), cache, model, [b, 1], twist);
+    let (dynamic, _, _) = drive(&arena_fresh(), None, model, [b, 1], twist);
+    (lookup.source, report, dynamic.high_water)
+}
+
+/// `gapped` predicted at 8 with its last block twice its size: the run
+/// leaves its plan with every block where a dynamic arena would have it,
+/// and ends at its dynamic run (to a hundredth: the plan's block it drew).
+fn leaves_as_a_dynamic_arena_would(cache: &PlanCache<Vec<usize>>) {
+    let (source, report, dynamic) = twisted(cache, &gapped(8), 8, Twist::Larger(3));
+    assert_eq!(source, PlanSource::Predicted);
+    assert!(report.deviated);
+    assert!(report.left_as_dynamic, "{report:?}");
+    assert!(
+        report.high_water <= dynamic + dynamic / 100,
+        "{} against {dynamic}",
+        report.high_water
+    );
+}
+
+/// Once a run of a family has left its plan, the family's plans are
+/// robust: where the run's own order is within a tenth of the lowest plan,
+/// that order is the plan, so a later run that leaves it (its last block
+/// twice its size) has its blocks where a dynamic arena would and goes on
+/// as that arena would, at its dynamic run (to a hundredth: the plan's
+/// block it drew). Before, the family's prediction is at its lower bound.
+/// With the rule removed, the later run leaves a plan laid out lowest
+/// (the small block above the early one's gap, not beside it), is not
+/// left as a dynamic arena would be, and ends past its dynamic run.
+#[test]
+fn a_family_whose_run_left_its_plan_is_planned_as_a_dynamic_arena_would() {
+    let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+    for b in [1, 2] {
+        twisted(&cache, &gapped(b), b, Twist::None);
+    }
+    let (source, report, dynamic) = twisted(&cache, &gapped(4), 4, Twist::None);
+    assert_eq!(source, PlanSource::Predicted);
+    assert!(!report.deviated);
+    assert!(
+        report.high_water * 105 < dynamic * 100,
+        "{} against {dynamic}",
+        report.high_water
+    );
+    // A caller that serves runs itself says its run of the key left the
+    // key's plan (the sizes it learns are the run's, as the model's).
+    let key = [4usize, 1];
+    let lookup = cache.lookup(&key[..]);
+    assert_eq!(lookup.source, PlanSource::Exact);
+    let (_, recording, _) = drive(&arena_fresh(), None, &gapped(4), key, Twist::None);
+    let left = RunReport {
+        planned: true,
+        deviated: true,
+        ..RunReport::default()
+    };
+    cache.after_run(&key[..], &lookup, &left, &recording, true);
+    leaves_as_a_dynamic_arena_would(&cache);
+}
+
+/// A family whose runs came in two structures (an extra block in one: its
+/// control flow depends on the data) is planned robust before any run has
+/// left a plan: its next prediction is the run's own order, and a run that
+/// leaves it goes on as a dynamic arena would.
+#[test]
+fn a_family_of_two_structures_is_planned_as_a_dynamic_arena_would() {
+    let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+    twisted(&cache, &gapped(1), 1, Twist::None);
+    twisted(&cache, &gapped(2), 2, Twist::Extra(2));
+    twisted(&cache, &gapped(3), 3, Twist::None);
+    leaves_as_a_dynamic_arena_would(&cache);
 }

@@ -50,7 +50,7 @@ proptest! {
         let mut hint: Option<Hint> = None;
         for (k, &scale) in scales.iter().enumerate() {
             let requests = scaled(&shape, scale);
-            let (solution, next) = plan_hinted(&requests, hint.as_ref(), Depth::Quick);
+            let (solution, next) = plan_hinted(&requests, hint.as_ref(), Depth::Quick, Placement::Lowest);
             prop_assert!(validate(&requests, &solution).is_ok());
             prop_assert!(solution.size <= greedy_by_size(&requests).size);
             prop_assert!(solution.size >= lower_bound(&requests));
@@ -81,7 +81,7 @@ proptest! {
             round: 0,
             lifetimes: Arc::clone(&problem.lifetimes),
         };
-        let (solution, _) = plan_hinted(&requests, Some(&hint), Depth::Quick);
+        let (solution, _) = plan_hinted(&requests, Some(&hint), Depth::Quick, Placement::Lowest);
         prop_assert_eq!(solution, plan(&requests));
     }
 }
@@ -121,7 +121,8 @@ fn densenet_in_onnx_runtimes_order_is_planned_at_its_lower_bound() {
             .iter()
             .map(|l| Request::new(l.size.next_multiple_of(64), 64, l.start, l.end))
             .collect();
-        let (solution, next) = plan_hinted(&requests, hint.as_ref(), Depth::Quick);
+        let (solution, next) =
+            plan_hinted(&requests, hint.as_ref(), Depth::Quick, Placement::Lowest);
         let next = next.unwrap();
         let bound = lower_bound(&requests);
         assert_eq!(solution.size, bound, "{}: over the lower bound", run.label);
@@ -160,7 +161,7 @@ proptest! {
     fn a_plan_is_the_runs_own_order_where_that_is_as_low(shape in structure(), scale in 1usize..9) {
         let requests = scaled(&shape, scale);
         let (offsets, top) = run_order_best_fit(&requests);
-        let (solution, hint) = plan_hinted(&requests, None, Depth::Quick);
+        let (solution, hint) = plan_hinted(&requests, None, Depth::Quick, Placement::Lowest);
         prop_assert!(validate(&requests, &solution).is_ok());
         let ordered = is_run_order(&requests, &solution.offsets);
         prop_assert_eq!(ordered, top <= solution.size);
@@ -168,7 +169,7 @@ proptest! {
             prop_assert_eq!(&solution.offsets, &offsets);
             // Searched again from it: as low or lower, and the run's
             // order again unless the search found lower.
-            let (again, _) = plan_hinted(&requests, hint.as_ref(), Depth::Quick);
+            let (again, _) = plan_hinted(&requests, hint.as_ref(), Depth::Quick, Placement::Lowest);
             prop_assert!(again.size <= solution.size);
             if again.size == solution.size {
                 prop_assert!(is_run_order(&requests, &again.offsets));
@@ -196,7 +197,7 @@ proptest! {
     ) {
         let requests = scaled(&shape, scale);
         let (offsets, top) = run_order_best_fit(&requests);
-        let (solution, hint) = plan_hinted(&requests, None, Depth::Quick);
+        let (solution, hint) = plan_hinted(&requests, None, Depth::Quick, Placement::Lowest);
         prop_assert!(validate(&requests, &solution).is_ok());
         let start = run_order_start(&requests, &solution.offsets);
         prop_assert!(start <= requests.len());
@@ -206,7 +207,7 @@ proptest! {
             prop_assert_ne!(at, offsets[start]);
             prop_assert!(solution.size < top);
         }
-        let (again, _) = plan_hinted(&requests, hint.as_ref(), Depth::Quick);
+        let (again, _) = plan_hinted(&requests, hint.as_ref(), Depth::Quick, Placement::Lowest);
         prop_assert!(again.size <= solution.size);
     }
 }
@@ -223,7 +224,55 @@ fn the_runs_order_is_kept_where_it_is_as_low() {
         Request::new(256, 64, 1, 4),
         Request::new(64, 64, 2, 5),
     ];
-    let (solution, _) = plan_hinted(&requests, None, Depth::Quick);
+    let (solution, _) = plan_hinted(&requests, None, Depth::Quick, Placement::Lowest);
     assert_eq!(solution.size, 320);
     assert_eq!(solution.offsets, vec![0, 0, 256]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    /// A robust plan (for a family whose runs leave their plans) is the
+    /// run's own order, best fit, wherever that is within a tenth of the
+    /// lowest plan found; elsewhere it is the lowest plan. Valid either way.
+    #[test]
+    fn a_robust_plan_is_the_runs_own_order_within_a_tenth(
+        shape in structure(),
+        scale in 1usize..9,
+    ) {
+        let requests = scaled(&shape, scale);
+        let (offsets, top) = run_order_best_fit(&requests);
+        let (lowest, _) = plan_hinted(&requests, None, Depth::Quick, Placement::Lowest);
+        let (robust, _) = plan_hinted(&requests, None, Depth::Quick, Placement::Robust);
+        prop_assert!(validate(&requests, &robust).is_ok());
+        if top <= lowest.size + lowest.size / LEEWAY {
+            prop_assert_eq!(&robust.offsets, &offsets);
+            prop_assert_eq!(robust.size, top);
+        } else {
+            prop_assert_eq!(robust.offsets, lowest.offsets);
+        }
+    }
+}
+
+/// A block live throughout, then one freed early, a small one that lives
+/// on, and one a little larger than the first: the run's own order (a
+/// dynamic arena's best fit) cannot put the last in the first's gap, and
+/// reaches 1,215 bytes; the lowest plan puts the small one under the first
+/// and reaches the lower bound, 1,115. Robust, the plan is the run's order
+/// (within a tenth): a run that leaves it goes on as a dynamic arena would.
+#[test]
+fn a_robust_plan_takes_the_runs_order_a_tenth_over_the_lowest() {
+    let requests = [
+        Request::new(1000, 1, 0, 5),
+        Request::new(100, 1, 1, 3),
+        Request::new(10, 1, 2, 5),
+        Request::new(105, 1, 3, 5),
+    ];
+    let (lowest, _) = plan_hinted(&requests, None, Depth::Quick, Placement::Lowest);
+    assert_eq!(lowest.size, 1115);
+    assert!(!is_run_order(&requests, &lowest.offsets));
+    let (robust, _) = plan_hinted(&requests, None, Depth::Quick, Placement::Robust);
+    assert_eq!(robust.size, 1215);
+    assert_eq!(robust.offsets, vec![0, 1000, 1100, 1110]);
+    assert!(is_run_order(&requests, &robust.offsets));
 }

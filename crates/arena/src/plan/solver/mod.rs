@@ -230,7 +230,9 @@ fn stacked(requests: &[Request]) -> Solution {
 mod bound;
 mod conflicts;
 mod min_table;
+mod placement;
 mod search;
 
+pub(crate) use placement::Placement;
 pub use search::{greedy_by_size, plan};
 pub(crate) use search::{plan_hinted, run_order_start, Depth, Hint};

@@ -9,19 +9,27 @@ impl Search {
     /// places as low as the best, that placement is the plan: a run that
     /// leaves it midway has its live blocks where a dynamic arena would
     /// have put them, and what follows is served from the same free spans.
-    /// Tried after a search (`searched`), or taken when the start the
-    /// structure's last plan left is that order and placed at the bound.
-    /// Whether the plan is now that placement. (`order`: the run's,
+    /// Tried where `decode` (after a search, or for a robust plan, where
+    /// it is taken up to `within` bytes over the best), or taken when the
+    /// start the structure's last plan left is that order. Whether the
+    /// plan is now that placement. (`order`: the run's,
     /// [`Problem::run_order`].)
-    pub(super) fn as_dynamic(&mut self, problem: &Problem, order: &[u32], searched: bool) -> bool {
+    pub(super) fn as_dynamic(
+        &mut self,
+        problem: &Problem,
+        order: &[u32],
+        decode: bool,
+        within: usize,
+    ) -> bool {
         if self.best_fit == Fit::Best && self.best_order == order {
             return true;
         }
-        if !searched {
+        if !decode {
             return false;
         }
         let mut decoder = Decoder::new(problem, order.to_vec());
-        let placed = decoder.decode(problem, 0, Fit::Best, self.best);
+        let limit = self.best.saturating_add(within);
+        let placed = decoder.decode(problem, 0, Fit::Best, limit);
         self.spent += decoder.work;
         match placed {
             Some(top) => {

@@ -5,6 +5,7 @@
 use super::bound::{aligned_bound, Item};
 use super::conflicts::{Conflicts, Lifetimes};
 use super::min_table::MinTable;
+use super::placement::{Placement, LEEWAY};
 use super::{align_up, is_active, stacked, Request, Solution};
 use std::cmp::Reverse;
 use std::sync::Arc;
@@ -38,7 +39,7 @@ pub fn greedy_by_size(requests: &[Request]) -> Solution {
 /// 1,000 buffers plan in under 5 ms where they meet the bound and 10,000 in
 /// well under a second.
 pub fn plan(requests: &[Request]) -> Solution {
-    plan_hinted(requests, None, Depth::Quick).0
+    plan_hinted(requests, None, Depth::Quick, Placement::Lowest).0
 }
 
 /// How far a search started from a hint goes where the hint leaves the
@@ -77,12 +78,14 @@ pub(crate) struct Hint {
 /// structure ended on; ignored unless it orders exactly the requests that
 /// take part) as well as from its usual orders, with the same work budget.
 /// Never worse than `plan` started from the hint's placement alone, nor
-/// than greedy by size. Returns the solution and the order to start the
-/// next search of the structure from.
+/// than greedy by size, nor, where `placement` is robust, than a tenth
+/// over the plan `Lowest` would find. Returns the solution and the order
+/// to start the next search of the structure from.
 pub(crate) fn plan_hinted(
     requests: &[Request],
     hint: Option<&Hint>,
     depth: Depth,
+    placement: Placement,
 ) -> (Solution, Option<Hint>) {
     let Some(problem) = Problem::new_with(requests, hint.map(|h| &h.lifetimes)) else {
         return (stacked(requests), None);
@@ -98,10 +101,13 @@ pub(crate) fn plan_hinted(
         search.budget = search.budget.max(FIRST_WORK);
         search.improve(&problem, round);
     }
-    // The run's own order where it is as low; else as long a start of it
-    // as keeps the footprint; else outputs low.
+    // The run's own order where it is as low (for a robust plan, within
+    // the leeway); else as long a start of it as keeps the footprint; else
+    // outputs low.
     let order = problem.run_order();
-    let dynamic = search.as_dynamic(&problem, &order, !hinted)
+    let robust = placement == Placement::Robust;
+    let within = if robust { search.best / LEEWAY } else { 0 };
+    let dynamic = search.as_dynamic(&problem, &order, !hinted || robust, within)
         || search.dynamic_start(&problem, &order, !hinted);
     if !dynamic {
         search.settle(&problem);
