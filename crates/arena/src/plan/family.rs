@@ -243,7 +243,8 @@ impl Prediction {
         let plan = self
             .shape
             .plan(&rec, Depth::Quick)
-            .ok_or(DynamicReason::Unpredictable)?;
+            .ok_or(DynamicReason::Unpredictable)?
+            .predicted();
         Ok(if self.apart {
             plan.with_workspaces_apart()
         } else {

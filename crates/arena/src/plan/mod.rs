@@ -141,6 +141,58 @@ pub struct Plan {
     /// lacks beside its blocks (not kept in a plan store: a loaded plan
     /// leaves at a workspace instead).
     workspaces_apart: bool,
+    /// Whether its sizes are a run's ([`Plan::sizes_seen`]).
+    sizes_seen: SizesSeen,
+}
+
+/// Whether a plan's sizes are a run's: set from the start for a plan of a
+/// run's recording or a plan loaded, and by the first run that keeps to a
+/// prediction; cleared for good by a run whose block came more than twice
+/// its slot (its sizes move with the data). Not part of the plan's
+/// identity: two plans alike compare equal whatever it says.
+struct SizesSeen(core::sync::atomic::AtomicU8);
+
+/// [`SizesSeen`]'s states.
+const UNSEEN: u8 = 0;
+const SEEN: u8 = 1;
+const VARY: u8 = 2;
+
+impl SizesSeen {
+    fn new(state: u8) -> Self {
+        SizesSeen(core::sync::atomic::AtomicU8::new(state))
+    }
+
+    fn get(&self) -> u8 {
+        self.0.load(core::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn set(&self, state: u8) {
+        self.0.store(state, core::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Clone for SizesSeen {
+    fn clone(&self) -> Self {
+        SizesSeen::new(self.get())
+    }
+}
+
+impl PartialEq for SizesSeen {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for SizesSeen {}
+
+impl core::fmt::Debug for SizesSeen {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.get() {
+            UNSEEN => f.write_str("unseen"),
+            SEEN => f.write_str("seen"),
+            _ => f.write_str("vary"),
+        }
+    }
 }
 
 #[cfg(feature = "serde")]
@@ -205,6 +257,47 @@ impl Plan {
     /// predicted from the core of runs whose workspaces differ by shape.
     pub fn workspaces_apart(&self) -> bool {
         self.workspaces_apart
+    }
+
+    /// The plan, marked as a prediction: sizes no run has made yet
+    /// ([`Plan::sizes_seen`] false until a run keeps to it).
+    pub(crate) fn predicted(self) -> Self {
+        self.sizes_seen.set(UNSEEN);
+        self
+    }
+
+    /// Whether a run made this plan's sizes (a plan of a run's recording,
+    /// one loaded from a store, or a prediction a run kept to, every block
+    /// in its slot), and no run on it since made its next block more than
+    /// twice the slot. A run on such a plan that asks for a block more than
+    /// twice the plan's next, where the plan allocates, may be making a
+    /// block the plan does not have (a process's one-time buffers: served
+    /// beside the plan, pending the run's next event); on a prediction no
+    /// run kept to, or a plan whose sizes moved with the data, the plan's
+    /// block is taken to have come larger (the run leaves the plan there).
+    pub fn sizes_seen(&self) -> bool {
+        self.sizes_seen.get() == SEEN
+    }
+
+    /// Marks the plan's sizes as a run's: the run kept to it. A plan whose
+    /// sizes moved stays so.
+    #[inline]
+    pub(crate) fn mark_sizes_seen(&self) {
+        if self.sizes_seen.get() == UNSEEN {
+            let _ = self.sizes_seen.0.compare_exchange(
+                UNSEEN,
+                SEEN,
+                core::sync::atomic::Ordering::Relaxed,
+                core::sync::atomic::Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Marks the plan's sizes as moving with the data: a run's block came
+    /// more than twice its slot. For good.
+    #[cold]
+    pub(crate) fn mark_sizes_vary(&self) {
+        self.sizes_seen.set(VARY);
     }
 
     /// Plans a recording with [`solver::plan`].

@@ -195,6 +195,7 @@ impl Plan {
             lower_bound,
             whole: TapeTotals::default(),
             workspaces_apart: false,
+            sizes_seen: super::SizesSeen::new(super::SEEN),
         };
         plan.whole = plan.totals();
         Ok(plan)

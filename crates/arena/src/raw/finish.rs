@@ -87,6 +87,10 @@ impl<M: Memory> RawArena<M> {
             }
             deviated |= serve.deviated;
             deviation = serve.why;
+            if !deviated {
+                // Every block in its slot: the plan's sizes are a run's.
+                serve.plan.mark_sizes_seen();
+            }
             left_as_dynamic = serve.deviated && serve.straight && !serve.resized && !serve.beside;
             let slot = serve.slot;
             let pb = self.plan_blocks[slot as usize]

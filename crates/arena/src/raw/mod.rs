@@ -179,6 +179,9 @@ struct Serve {
     /// block until the next event says whether it is the plan's
     /// ([`tentative`]).
     tentative: Option<tentative::Tentative>,
+    /// Blocks the plan does not have that the run made where the plan
+    /// allocates, served beside it ([`tentative`]).
+    extras: u32,
 }
 
 /// A block drawn from the pool to serve a planned run.
@@ -772,7 +775,8 @@ impl<M: Memory> RawArena<M> {
                 }
                 r.live_blocks -= 1;
                 r.live_bytes -= size;
-                let rec = Self::settle_tentative_by_free(r, &mut self.pool, span, tag.rec);
+                let devs = &mut self.deviations;
+                let rec = Self::settle_tentative_by_free(r, &mut self.pool, span, tag.rec, devs);
                 if r.serve.as_ref().is_some_and(|s| s.pending.is_some()) {
                     // Another event before a pending workspace's free.
                     Self::settle_workspace(r, &mut self.deviations);

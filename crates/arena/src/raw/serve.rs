@@ -69,6 +69,7 @@ impl<M: Memory> RawArena<M> {
             pending: None,
             undo: None,
             tentative: None,
+            extras: 0,
         })
     }
 
@@ -504,7 +505,12 @@ impl<M: Memory> RawArena<M> {
                 .as_ref()
                 .is_some_and(|s| s.slot == slot && s.tentative.is_some())
             {
-                Self::settle_tentative(r, &mut self.pool, super::tentative::Next::Free(index));
+                Self::settle_tentative(
+                    r,
+                    &mut self.pool,
+                    super::tentative::Next::Free(index),
+                    &mut self.deviations,
+                );
             }
             match r.serve.as_ref() {
                 Some(s) if s.slot == slot && s.plan.workspaces_apart() => {

@@ -26,6 +26,31 @@
 //! case's block beside the plan instead of in its slot: at most a 64th of
 //! the plan's block, for as long as it lives.
 //!
+//! A request *more than twice* the plan's next slot is served beside it
+//! too, pending the next event, on a plan whose sizes a run made
+//! ([`Plan::sizes_seen`]): the plan's block come larger, or a block the
+//! plan does not have (a process's one-time buffers: cuBLAS's workspace in
+//! the first run of a GPU process, 33 MiB beside a BERT plan of 132). The
+//! next event tells them apart as above, with two differences:
+//!
+//! - an allocation of the plan's next slot's size exactly (and not the
+//!   size of the slot after it), or a smaller one neither slot takes,
+//!   means a block the plan does not have; any other means the plan's
+//!   block come larger, and this the block after it;
+//! - the plan's block, still live, leaves the plan there (as a larger block
+//!   always did), recorded as the run's; it does not keep its run on the
+//!   plan beside it, which a run whose every block grew would make its
+//!   whole run beside the plan. The plan's sizes then move with the data
+//!   ([`Plan::mark_sizes_vary`]): later runs on it take such a block as
+//!   the plan's at once, where a dynamic arena would place it.
+//!
+//! On a prediction no run kept to, a larger block is the prediction's
+//! error, and it is the plan's at once.
+//!
+//! After a block the plan does not have, a small request that fits the
+//! plan's next slot and the one after it exactly is taken as one more
+//! (the run makes such blocks), not as the plan's block come smaller.
+//!
 //! Not on a plan that leaves workspaces apart ([`workspace`](super::workspace)
 //! serves its small requests), nor while a trace is recorded (its runs
 //! keep every block where it came).
@@ -45,6 +70,23 @@ pub(super) struct Tentative {
     span: SpanId,
     size: usize,
     align: usize,
+    /// Whether it is more than twice the plan's next slot
+    /// ([`may_be_larger`]).
+    larger: bool,
+}
+
+/// How the next event settled a pending block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Settled {
+    /// None was pending (or the run had left its plan).
+    Nothing,
+    /// A block the plan does not have: it stays beside the plan.
+    Extra,
+    /// The plan's next block, smaller (or larger and freed already): the
+    /// run goes on on its plan with the slot left empty.
+    Plans,
+    /// The plan's next block, larger and still live: the run left its plan.
+    Left,
 }
 
 /// The event that settles a pending small block.
@@ -65,6 +107,25 @@ pub(super) enum Next {
 #[inline]
 pub(crate) fn may_be_extra(plan: &Plan, size: usize, step: usize) -> bool {
     !plan.workspaces_apart() && size.saturating_mul(2) <= step && size <= plan.size() / 64
+}
+
+/// Whether a request of `size` bytes (rounded to the granule) where
+/// `plan`'s next step allocates `step` bytes may be a block the plan does
+/// not have, larger than that step: more than twice the step (a run that
+/// leaves its plan moves a block up to twice its slot inside the plan's
+/// block, [`loose`](super::loose), and dissolves the block at a larger
+/// one), and at most half the plan's block (what it costs beside the plan
+/// where it turns out to be the plan's own: a block larger than a DenseNet
+/// plan, taken so at once, is placed in the dissolved block instead, at
+/// 1.20x the plan against 2.12x beside it), on a plan whose sizes a run
+/// made ([`Plan::sizes_seen`]: on a prediction no run kept to, a larger
+/// block is the prediction's error) that does not leave workspaces apart.
+#[inline]
+fn may_be_larger(plan: &Plan, size: usize, step: usize) -> bool {
+    plan.sizes_seen()
+        && !plan.workspaces_apart()
+        && size > step.saturating_mul(2)
+        && size <= plan.size() / 2
 }
 
 impl<M: Memory> RawArena<M> {
@@ -91,7 +152,11 @@ impl<M: Memory> RawArena<M> {
         }
         let step = serve.plan.step(serve.pos).filter(|s| !s.is_free())?;
         let size = align_up(len, granule)?;
-        if !may_be_extra(&serve.plan, size, step.size) {
+        // Not after a block served at most half its slot: the run's blocks
+        // may be the plan's by index no longer, and a larger one is then
+        // more likely a block the plan has further on.
+        let larger = !serve.halved && may_be_larger(&serve.plan, size, step.size);
+        if !larger && !may_be_extra(&serve.plan, size, step.size) {
             return None;
         }
         let raw = match self.alloc_pool(len, align, location, false) {
@@ -103,27 +168,34 @@ impl<M: Memory> RawArena<M> {
                 span: raw.span,
                 size,
                 align: align.max(granule),
+                larger,
             });
         }
         Some(Ok(self.pool_alloc_handle(raw)))
     }
 
-    /// Settles the open run's pending small block, if any, by the run's
-    /// next event ([`Next`]): a block the plan does not have stays beside
-    /// it, outside the recording; the plan's next block, smaller, enters
-    /// the recording and the plan steps past it. Returns whether it was
-    /// the plan's block.
+    /// Settles the open run's pending block, if any, by the run's next
+    /// event ([`Next`]): a block the plan does not have stays beside it,
+    /// outside the recording; the plan's next block enters the recording
+    /// and the plan steps past it, the run going on on its plan (smaller,
+    /// or freed already) or leaving it there (larger and live; counted in
+    /// `deviations`).
     #[cold]
     #[inline(never)]
-    pub(super) fn settle_tentative(run: &mut OpenRun, pool: &mut Pool<M>, next: Next) -> bool {
+    pub(super) fn settle_tentative(
+        run: &mut OpenRun,
+        pool: &mut Pool<M>,
+        next: Next,
+        deviations: &mut u64,
+    ) -> Settled {
         let Some(serve) = run.serve.as_mut() else {
-            return false;
+            return Settled::Nothing;
         };
         let Some(t) = serve.tentative.take() else {
-            return false;
+            return Settled::Nothing;
         };
         if serve.deviated {
-            return false;
+            return Settled::Nothing;
         }
         let k = run.blocks;
         let mine = serve.plan.step(serve.pos).map(|s| s.size).unwrap_or(0);
@@ -133,31 +205,69 @@ impl<M: Memory> RawArena<M> {
         let the_plans = match next {
             Next::Alloc(size) => {
                 let after = after.filter(|s| !s.is_free()).map(|s| s.size);
-                match (fits(size, mine), after.is_some_and(|a| fits(size, a))) {
-                    (true, false) => false,
-                    (false, true) => true,
-                    // Both fit: the slot whose size it is exactly.
-                    (true, true) => !(size == mine && after != Some(size)),
-                    // Neither: the plan's next block if the plan allocates
-                    // after it (as a request served in its slot would be).
-                    (false, false) => after.is_some(),
+                if t.larger {
+                    // The plan's next slot's block still to come: one of
+                    // its size exactly and not the size of the slot after
+                    // it, or a smaller one neither slot takes (another
+                    // block the plan does not have). Else the plan's next
+                    // block came larger, and this is the one after it: a
+                    // block of both slots' size exactly too (taken the
+                    // other way, a block larger than the whole plan went
+                    // on beside it at 1.66x the dynamic run).
+                    let exact = size == mine && after != Some(size);
+                    let other =
+                        size <= mine && !fits(size, mine) && !after.is_some_and(|a| fits(size, a));
+                    !(exact || other)
+                } else {
+                    match (fits(size, mine), after.is_some_and(|a| fits(size, a))) {
+                        (true, false) => false,
+                        (false, true) => true,
+                        // Both fit: the slot whose size it is exactly; both
+                        // exactly, the plan's unless the run made a block
+                        // the plan does not have already.
+                        (true, true) => {
+                            !(size == mine && (after != Some(size) || serve.extras > 0))
+                        }
+                        // Neither: the plan's next block if the plan
+                        // allocates after it (as a request served in its
+                        // slot would be).
+                        (false, false) => after.is_some(),
+                    }
                 }
             }
             Next::Free(index) => after.is_some_and(|s| s.is_free() && s.index == index),
             Next::FreeOfItself => after.is_some_and(|s| s.is_free() && s.index == k),
         };
         if !the_plans {
-            return false;
+            serve.extras += 1;
+            return Settled::Extra;
+        }
+        if t.larger {
+            // The plan's block came larger: its sizes move with the data,
+            // and later runs on it take such a block as its own at once.
+            serve.plan.mark_sizes_vary();
         }
         Self::materialize(serve, &mut run.rec, run.blocks);
         run.rec.alloc(t.size, t.align);
         serve.resized = true;
         serve.pos += 1;
         run.blocks += 1;
-        if !matches!(next, Next::FreeOfItself) {
-            pool.retag(t.span, k);
+        if matches!(next, Next::FreeOfItself) {
+            return Settled::Plans;
         }
-        true
+        pool.retag(t.span, k);
+        if !t.larger {
+            return Settled::Plans;
+        }
+        // The plan's block, larger, live beside the plan: the run leaves
+        // its plan here, as a larger block in its slot's place would.
+        serve.beside = true;
+        serve.deviated = true;
+        serve.why = Some(crate::plan::Deviation::Larger);
+        serve.loose = Some(super::loose::Loose::new(&serve.plan, serve.pos));
+        serve.straight = Self::straight(&serve.plan, run.blocks);
+        *deviations += 1;
+        Settled::Left
     }
 
     /// Before an allocation of `len` bytes its plan's next step does not
@@ -174,7 +284,7 @@ impl<M: Memory> RawArena<M> {
             return false;
         };
         let size = align_up(len, granule).unwrap_or(usize::MAX);
-        Self::settle_tentative(run, &mut self.pool, Next::Alloc(size));
+        Self::settle_tentative(run, &mut self.pool, Next::Alloc(size), &mut self.deviations);
         true
     }
 
@@ -189,18 +299,23 @@ impl<M: Memory> RawArena<M> {
         pool: &mut Pool<M>,
         span: SpanId,
         rec: u32,
+        deviations: &mut u64,
     ) -> u32 {
         let Some(t) = run.serve.as_ref().and_then(|s| s.tentative) else {
             return rec;
         };
         if t.span == span {
             let k = run.blocks;
-            if Self::settle_tentative(run, pool, Next::FreeOfItself) {
+            if Self::settle_tentative(run, pool, Next::FreeOfItself, deviations) == Settled::Plans {
                 return k;
             }
         } else if rec != crate::pool::NOT_PLANNED {
-            Self::settle_tentative(run, pool, Next::Free(rec));
+            Self::settle_tentative(run, pool, Next::Free(rec), deviations);
         }
         rec
     }
 }
+
+#[cfg(test)]
+#[path = "tentative_tests.rs"]
+mod tests;

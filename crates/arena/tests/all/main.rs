@@ -13,6 +13,7 @@ mod give_back;
 mod gpu_traces;
 mod grown_block;
 mod heap_layer;
+mod large_extras;
 mod learning;
 mod model;
 mod never_a_loss;
