@@ -75,20 +75,6 @@ pub(super) struct Tentative {
     larger: bool,
 }
 
-/// How the next event settled a pending block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Settled {
-    /// None was pending (or the run had left its plan).
-    Nothing,
-    /// A block the plan does not have: it stays beside the plan.
-    Extra,
-    /// The plan's next block, smaller (or larger and freed already): the
-    /// run goes on on its plan with the slot left empty.
-    Plans,
-    /// The plan's next block, larger and still live: the run left its plan.
-    Left,
-}
-
 /// The event that settles a pending small block.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Next {
@@ -179,7 +165,8 @@ impl<M: Memory> RawArena<M> {
     /// outside the recording; the plan's next block enters the recording
     /// and the plan steps past it, the run going on on its plan (smaller,
     /// or freed already) or leaving it there (larger and live; counted in
-    /// `deviations`).
+    /// `deviations`). Returns whether it was the plan's block and the run
+    /// goes on on its plan.
     #[cold]
     #[inline(never)]
     pub(super) fn settle_tentative(
@@ -187,15 +174,15 @@ impl<M: Memory> RawArena<M> {
         pool: &mut Pool<M>,
         next: Next,
         deviations: &mut u64,
-    ) -> Settled {
+    ) -> bool {
         let Some(serve) = run.serve.as_mut() else {
-            return Settled::Nothing;
+            return false;
         };
         let Some(t) = serve.tentative.take() else {
-            return Settled::Nothing;
+            return false;
         };
         if serve.deviated {
-            return Settled::Nothing;
+            return false;
         }
         let k = run.blocks;
         let mine = serve.plan.step(serve.pos).map(|s| s.size).unwrap_or(0);
@@ -240,7 +227,7 @@ impl<M: Memory> RawArena<M> {
         };
         if !the_plans {
             serve.extras += 1;
-            return Settled::Extra;
+            return false;
         }
         if t.larger {
             // The plan's block came larger: its sizes move with the data,
@@ -253,11 +240,11 @@ impl<M: Memory> RawArena<M> {
         serve.pos += 1;
         run.blocks += 1;
         if matches!(next, Next::FreeOfItself) {
-            return Settled::Plans;
+            return true;
         }
         pool.retag(t.span, k);
         if !t.larger {
-            return Settled::Plans;
+            return true;
         }
         // The plan's block, larger, live beside the plan: the run leaves
         // its plan here, as a larger block in its slot's place would.
@@ -267,7 +254,7 @@ impl<M: Memory> RawArena<M> {
         serve.loose = Some(super::loose::Loose::new(&serve.plan, serve.pos));
         serve.straight = Self::straight(&serve.plan, run.blocks);
         *deviations += 1;
-        Settled::Left
+        false
     }
 
     /// Before an allocation of `len` bytes its plan's next step does not
@@ -306,7 +293,7 @@ impl<M: Memory> RawArena<M> {
         };
         if t.span == span {
             let k = run.blocks;
-            if Self::settle_tentative(run, pool, Next::FreeOfItself, deviations) == Settled::Plans {
+            if Self::settle_tentative(run, pool, Next::FreeOfItself, deviations) {
                 return k;
             }
         } else if rec != crate::pool::NOT_PLANNED {
