@@ -83,6 +83,7 @@ fn all_live(body: &mut Vec<u8>, n: u64) {
     for v in [64 * n, 64, 64 * n] {
         u64b(body, v);
     }
+    u32b(body, 0); // flags
     u32b(body, 0);
 }
 
@@ -107,6 +108,7 @@ fn pairs(body: &mut Vec<u8>, n: u64) {
     for v in [64, 64, 64] {
         u64b(body, v);
     }
+    u32b(body, 0); // flags
     u32b(body, 0);
 }
 
@@ -124,6 +126,7 @@ fn many_plans(body: &mut Vec<u8>, n: u32) {
         for v in [0u64, 64, 64, 64] {
             u64b(body, v);
         }
+        u32b(body, 0); // flags
     }
     u32b(body, 0);
 }

@@ -138,8 +138,8 @@ pub struct Plan {
     whole: TapeTotals,
     /// Whether the plan is a run's core, predicted for runs whose
     /// workspaces differ by shape: a run on it serves the workspaces it
-    /// lacks beside its blocks (not kept in a plan store: a loaded plan
-    /// leaves at a workspace instead).
+    /// lacks beside its blocks (kept in a plan store's file; not in
+    /// [`PlanParts`], whose plans are whole runs').
     workspaces_apart: bool,
     /// Whether its sizes are a run's ([`Plan::sizes_seen`]).
     sizes_seen: SizesSeen,

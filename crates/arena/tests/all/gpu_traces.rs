@@ -207,3 +207,43 @@ fn bert_ascending_is_predicted_and_kept_at_its_lower_bound() {
         plan.lower_bound()
     );
 }
+
+/// ResNet-50 on a plan store, as a second replica meets it: a process
+/// learns every run of the trace but the first and saves; a fresh process
+/// loads the file, and the first run (batch 64, its key's plan a core plan
+/// learned from a run that served cuDNN's workspaces beside it) keeps to
+/// the loaded plan, serving its workspaces beside it, at its lower bound.
+/// Loaded without the plan's mark, its first workspace was taken as a
+/// block come larger: the run left its plan and reached 1.145x (809.2 MB
+/// against 706.5).
+#[test]
+fn resnet_on_a_plan_store_serves_its_workspaces_beside_the_loaded_plan() {
+    let runs = read_trace("gpu/resnet50-mixed.trace");
+    let a = arena();
+    let learner: PlanCache<String> = PlanCache::new(64);
+    for run in &runs[1..] {
+        let lookup = learner.lookup(run.label.as_str());
+        let (report, recording) = replay(&a, lookup.plan.clone(), run);
+        learner.after_run(run.label.as_str(), &lookup, &report, &recording, true);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let key = tensor_arena::ModelKey::new(b"resnet50", "trace", "");
+    tensor_arena::PlanStore::new(dir.path(), key.clone())
+        .save(&learner)
+        .unwrap();
+    let replica: PlanCache<String> = PlanCache::new(64);
+    let loaded = tensor_arena::PlanStore::new(dir.path(), key).load(&replica);
+    assert_eq!(loaded.warning, None);
+    let first = &runs[0];
+    let lookup = replica.lookup(first.label.as_str());
+    assert_eq!(lookup.source, tensor_arena::PlanSource::Exact);
+    assert!(lookup.plan.as_ref().unwrap().workspaces_apart());
+    let (report, _) = replay(&arena(), lookup.plan.clone(), first);
+    let granule = ArenaConfig::default().alignment;
+    assert!(
+        report.high_water <= first.lower_bound() + granule,
+        "{} against its lower bound of {}",
+        report.high_water,
+        first.lower_bound()
+    );
+}

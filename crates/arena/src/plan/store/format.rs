@@ -15,7 +15,8 @@
 //!   plans         u32 n, then n times:
 //!                   key bytes, blocks u32 b, (size u64, align u64) * b,
 //!                   events u32 e, event u32 * e, offset u64 * b,
-//!                   size u64, align u64, lower_bound u64
+//!                   size u64, align u64, lower_bound u64,
+//!                   flags u32 (bit 0: workspaces apart; version 2 on)
 //!   families      u32 n, then n times:
 //!                   id u64, name bytes, structures u32 s, then s times:
 //!                     blocks u32 b, align u64 * b, events u32 e, event u32 * e,
@@ -37,9 +38,17 @@ use std::collections::VecDeque;
 
 /// The file's first bytes.
 pub(crate) const MAGIC: [u8; 8] = *b"TAPLANS\0";
-/// The format's version: a file of another is refused (and replaced by
-/// the next save).
-pub const FORMAT_VERSION: u32 = 1;
+/// The format's version, the one a save writes. A file of an older
+/// version this build still reads ([`OLDEST_VERSION`] on) is loaded and
+/// rewritten in this one by the next save; a file of any other version is
+/// refused (and replaced by the next save).
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this build reads: version 1 has no plan
+/// flags (its plans are read as plans of whole runs).
+pub const OLDEST_VERSION: u32 = 1;
+/// A plan's flag: runs on it serve their workspaces beside it
+/// ([`Plan::workspaces_apart`]).
+const APART: u32 = 1;
 /// Bytes of the header.
 pub(crate) const HEADER: usize = 32;
 /// Top bit of an event: a free.
@@ -71,7 +80,7 @@ pub(crate) fn encode(
     let mut len = HEADER + 8 + 4 + key.runtime.len() + 4 + key.options.len();
     len += 4 + kind.len() + 8 + 4;
     for (k, p) in &plans {
-        len += 4 + k.len() + 4 + 24 * p.len() + 4 + 4 * p.event_count() + 24;
+        len += 4 + k.len() + 4 + 24 * p.len() + 4 + 4 * p.event_count() + 28;
     }
     len += 4;
     for f in families {
@@ -114,6 +123,8 @@ pub(crate) fn encode(
         put_u64(&mut w, plan.size() as u64);
         put_u64(&mut w, plan.align() as u64);
         put_u64(&mut w, plan.lower_bound() as u64);
+        let flags = if plan.workspaces_apart() { APART } else { 0 };
+        w.extend_from_slice(&flags.to_le_bytes());
     }
     put_len(&mut w, families.len());
     for f in families {
@@ -216,7 +227,7 @@ pub(crate) fn decode_except(file: &[u8], skip: &dyn Fn(&[u8]) -> bool) -> Result
         return Err(StoreError::Foreign);
     }
     let version = u32::from_le_bytes(file[8..12].try_into().expect("4 bytes"));
-    if version != FORMAT_VERSION {
+    if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(StoreError::Version(version));
     }
     if file[12..16] != [0; 4] {
@@ -231,7 +242,7 @@ pub(crate) fn decode_except(file: &[u8], skip: &dyn Fn(&[u8]) -> bool) -> Result
     if body.len() as u64 != body_len || hash64(body) != checksum {
         return Err(StoreError::Checksum);
     }
-    let mut r = Reader { b: body };
+    let mut r = Reader { b: body, version };
     let key = ModelKey {
         model: r.u64()?,
         runtime: r.string()?,
@@ -286,6 +297,8 @@ pub(crate) fn decode_except(file: &[u8], skip: &dyn Fn(&[u8]) -> bool) -> Result
 /// Reads the body front to back; every read checks the bytes left.
 struct Reader<'a> {
     b: &'a [u8],
+    /// The file's format version (what a plan's record holds).
+    version: u32,
 }
 
 impl<'a> Reader<'a> {
@@ -369,6 +382,7 @@ impl<'a> Reader<'a> {
             .ok_or_else(|| StoreError::malformed("a plan's offsets past the end"))?;
         self.take(offsets)?;
         self.take(24)?;
+        self.flags()?;
         Ok(())
     }
 
@@ -386,6 +400,7 @@ impl<'a> Reader<'a> {
             .take(offsets)
             .map_err(|_| StoreError::malformed("a plan's offsets past the end"))?;
         let (size, align, lower_bound) = (self.usize()?, self.usize()?, self.usize()?);
+        let flags = self.flags()?;
         let word = |b: &[u8], at: usize| {
             let v = u64::from_le_bytes(b[8 * at..8 * at + 8].try_into().expect("8"));
             usize::try_from(v).map_err(|_| PlanError::new(format!("{v} is not a size here")))
@@ -407,7 +422,27 @@ impl<'a> Reader<'a> {
             align,
             lower_bound: Some(lower_bound),
         })
+        .map(|plan| {
+            if flags & APART != 0 {
+                plan.with_workspaces_apart()
+            } else {
+                plan
+            }
+        })
         .map_err(StoreError::Invalid)
+    }
+
+    /// A plan's flags: none before version 2; a flag this build does not
+    /// know is refused (a later format bumps the version instead).
+    fn flags(&mut self) -> Result<u32, StoreError> {
+        if self.version < 2 {
+            return Ok(0);
+        }
+        let flags = self.u32()?;
+        if flags & !APART != 0 {
+            return Err(StoreError::malformed(format!("a plan's flags {flags:#x}")));
+        }
+        Ok(flags)
     }
 
     fn family(&mut self) -> Result<FamilySnapshot, StoreError> {

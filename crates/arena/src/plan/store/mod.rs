@@ -59,7 +59,7 @@ mod snapshot;
 #[cfg(test)]
 mod tests;
 
-pub use format::FORMAT_VERSION;
+pub use format::{FORMAT_VERSION, OLDEST_VERSION};
 pub use key::{decode_dims, encode_dims, ModelKey, PlanKey};
 pub use snapshot::{FamilySnapshot, ShapeSnapshot, StructureSnapshot};
 
@@ -154,7 +154,8 @@ impl std::fmt::Display for StoreError {
             StoreError::Foreign => write!(f, "the file is not a plan store"),
             StoreError::Version(v) => write!(
                 f,
-                "the file is of format version {v}; this build reads {FORMAT_VERSION}"
+                "the file is of format version {v}; this build reads {OLDEST_VERSION} to \
+                 {FORMAT_VERSION}"
             ),
             StoreError::Checksum => write!(f, "the file fails its checksum (corrupt)"),
             StoreError::Malformed(why) => write!(f, "the file is malformed: {why}"),

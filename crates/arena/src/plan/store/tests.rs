@@ -9,6 +9,7 @@ use super::format::HEADER;
 use super::*;
 use crate::plan::{DynamicReason, Lookup, PlanSource, Recording};
 use crate::RunReport;
+use std::sync::Arc;
 
 /// A run of the toy model at `[batch, width]`: four blocks, sizes affine
 /// in the dimensions, two of them live together.
@@ -188,7 +189,11 @@ fn another_format_versions_file_is_refused() {
     bytes[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
     let (loaded, cache) = load_bytes(dir.path(), &bytes);
     assert_refused(&loaded, &cache, "version");
-    assert!(loaded.warning.unwrap().contains("format version 2"));
+    let warning = loaded.warning.unwrap();
+    assert!(
+        warning.contains(&format!("format version {}", FORMAT_VERSION + 1)),
+        "{warning}"
+    );
 }
 
 #[test]
@@ -487,6 +492,35 @@ fn a_save_keeps_the_old_file_whole_until_the_new_one_replaces_it() {
 #[test]
 fn a_file_of_more_plans_than_any_cache_holds_is_kept_to_the_most_recent() {
     // 10,000 small valid plans: decoding keeps the last MAX_PLANS only.
+    let n = 10_000u32;
+    let body = one_block_plans(n, Some(0));
+    let (contents, _) = decode::<String>(&seal(&body)).unwrap();
+    assert_eq!(contents.plans.len(), super::merge::MAX_PLANS);
+    assert_eq!(contents.plans.last().unwrap().0, (n - 1).to_string());
+}
+
+#[test]
+fn a_plan_that_serves_workspaces_apart_is_loaded_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = PlanCache::new(16);
+    learn(&before, &[(1, 8), (2, 8)]);
+    let core = before.peek("2x8").unwrap();
+    before.insert(key(2, 8), Arc::new((*core).clone().with_workspaces_apart()));
+    store(dir.path()).save(&before).unwrap();
+    let after = PlanCache::<String>::new(16);
+    let loaded = store(dir.path()).load(&after);
+    assert_eq!((loaded.warning, loaded.plans), (None, 2));
+    assert!(after.peek("2x8").unwrap().workspaces_apart());
+    assert!(!after.peek("1x8").unwrap().workspaces_apart());
+    assert_eq!(
+        *after.peek("2x8").unwrap(),
+        (*core).clone().with_workspaces_apart()
+    );
+}
+
+/// A body of `n` one-block plans (keys `0`, `1`, ...), each with `flags`
+/// after its lower bound unless `None` (a version 1 body).
+fn one_block_plans(n: u32, flags: Option<u32>) -> Vec<u8> {
     let mut body = Vec::new();
     let key = model_key();
     let put = |b: &mut Vec<u8>, v: &[u8]| {
@@ -498,7 +532,6 @@ fn a_file_of_more_plans_than_any_cache_holds_is_kept_to_the_most_recent() {
     put(&mut body, key.options.as_bytes());
     put(&mut body, b"text");
     body.extend_from_slice(&super::family_probe().to_le_bytes());
-    let n = 10_000u32;
     body.extend_from_slice(&n.to_le_bytes());
     for i in 0..n {
         put(&mut body, i.to_string().as_bytes());
@@ -512,11 +545,41 @@ fn a_file_of_more_plans_than_any_cache_holds_is_kept_to_the_most_recent() {
         for v in [64u64, 64, 64] {
             body.extend_from_slice(&v.to_le_bytes());
         }
+        if let Some(f) = flags {
+            body.extend_from_slice(&f.to_le_bytes());
+        }
     }
     body.extend_from_slice(&0u32.to_le_bytes()); // no families
-    let (contents, _) = decode::<String>(&seal(&body)).unwrap();
-    assert_eq!(contents.plans.len(), super::merge::MAX_PLANS);
-    assert_eq!(contents.plans.last().unwrap().0, (n - 1).to_string());
+    body
+}
+
+#[test]
+fn a_version_1_file_is_loaded_and_its_next_save_writes_this_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut file = seal(&one_block_plans(3, None));
+    file[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let (loaded, cache) = load_bytes(dir.path(), &file);
+    assert_eq!((loaded.warning, loaded.plans), (None, 3));
+    assert!(!cache.peek("2").unwrap().workspaces_apart());
+    store(dir.path()).save(&cache).unwrap();
+    let again = std::fs::read(store(dir.path()).path()).unwrap();
+    assert_eq!(again[8..12], FORMAT_VERSION.to_le_bytes());
+    let (loaded, _) = load_bytes(dir.path(), &again);
+    assert_eq!((loaded.warning, loaded.plans), (None, 3));
+    // The same body under this version's header lacks its flags.
+    let (loaded, cache) = load_bytes(dir.path(), &seal(&one_block_plans(3, None)));
+    assert_refused(&loaded, &cache, "a version 1 body as version 2");
+}
+
+#[test]
+fn a_plan_flag_this_build_does_not_know_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (loaded, cache) = load_bytes(dir.path(), &seal(&one_block_plans(3, Some(1))));
+    assert_eq!((loaded.warning, loaded.plans), (None, 3));
+    assert!(cache.peek("1").unwrap().workspaces_apart());
+    let (loaded, cache) = load_bytes(dir.path(), &seal(&one_block_plans(3, Some(2))));
+    assert_refused(&loaded, &cache, "flag 2");
+    assert!(loaded.warning.unwrap().contains("flags 0x2"));
 }
 
 /// One of the processes of
