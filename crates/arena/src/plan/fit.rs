@@ -23,10 +23,13 @@
 //! rule out), so that a block whose size truly follows the monomial always
 //! fits its predicted slot. Monomials are tried simplest first (by degree,
 //! the product of every varying dimension first at its degree); the first
-//! that fits wins, and where its strided variants fit too (two widths that
-//! are both multiples of 32 cannot tell `w` from `ceil(w / 32)`), the
-//! prediction is the largest of theirs: too large a slot costs a few
-//! bytes, too small a slot hands the run over to the dynamic path.
+//! that fits wins. Within it, the least strided variants that fit are
+//! taken (two widths that are both multiples of 32 cannot tell `w` from
+//! `ceil(w / 32)`: tensors mostly follow their dimensions unstrided), the
+//! largest of them where several fit: too large a slot costs a few bytes,
+//! too small a slot hands the run over to the dynamic path. Where only
+//! strided variants fit, a twin divided further that the shapes seen
+//! cannot tell from them is another model (below).
 //!
 //! Ambiguity is known, not guessed: where other tiers of the degree of the
 //! first that fits (the product of every varying dimension or not, the
@@ -36,7 +39,10 @@
 //! a key says where they part (`Predicted::least`): its family predicts
 //! the largest only where that costs no more live bytes than the least (to
 //! a sixty-fourth), and refuses the key otherwise
-//! (`DynamicReason::Ambiguous`; the run teaches which is right). A block
+//! (`DynamicReason::Ambiguous`; the run teaches which is right). So with a
+//! strided fit and its coarsest twin whose values at every shape seen are
+//! a constant multiple of its own (`ceil(w / 4)^2` and `ceil(w / 8)^2` at
+//! widths that each round up to an even multiple of 4). A block
 //! the same size at every shape seen is one of two models at a key far
 //! below them (`Fit::below_range`): a constant, or a size padded to a
 //! bucket that the shapes seen all fell in.
@@ -115,6 +121,11 @@ impl Monomial {
                 .iter()
                 .zip(&other.0)
                 .all(|(a, b)| a.dim == b.dim && a.exp == b.exp)
+    }
+
+    /// The strides it divides by, in all (the sum of its factors' shifts).
+    pub(super) fn strides(&self) -> u32 {
+        self.0.iter().map(|f| u32::from(f.shift)).sum()
     }
 
     /// Whether a strided factor of it is under [`MIN_STRIDED`] at one of
@@ -566,33 +577,80 @@ impl Fit {
     }
 }
 
-/// The fits `fit` finds among a tier's variants, keeping only those
-/// divided by the least strides (in all): an unstrided monomial that fits
-/// is preferred to its strided twins (which fit too when every dimension
-/// seen is a multiple of the stride), and among equals the largest
-/// prediction is taken.
+/// The fits `fit` finds among a tier's variants: those divided by the
+/// least strides (in all), and where those are strided, the coarsest of
+/// their twins that the shapes seen cannot tell from them. An unstrided
+/// monomial that fits is preferred to its strided twins (which fit too
+/// when every dimension seen is a multiple of the stride: tensors mostly
+/// follow their dimensions unstrided). But where only strided variants
+/// fit, how far the dimension was divided is what the shapes seen show,
+/// and a twin divided further whose values at every shape seen are a
+/// constant multiple of a fit's is explained exactly as well (widths 262,
+/// 277 and 285: `ceil(w / 4)^2` is `4 ceil(w / 8)^2` at each). The two
+/// are then alternatives, as two tiers of one class are: where they part
+/// at a key, the prediction says so (`Predicted::least`), and the family
+/// predicts the larger only where it costs no more than the least.
 fn least_strided<T>(tier: &Tier, mut fit: impl FnMut(&Monomial, &[f64]) -> Option<T>) -> Vec<T> {
-    let mut best = u32::MAX;
+    let n = tier.shapes.max(1);
+    let values = |i: usize| &tier.values[i * n..(i + 1) * n];
+    let mut least = u32::MAX;
     let mut out = Vec::new();
-    for ((m, values), &coarse) in tier
-        .monomials
-        .iter()
-        .zip(tier.values.chunks(tier.shapes.max(1)))
-        .zip(&tier.coarse)
-    {
-        let strides: u32 = m.0.iter().map(|f| u32::from(f.shift)).sum();
-        if strides > best || coarse {
+    let mut fitted: Vec<usize> = Vec::new();
+    let mut rest = tier.monomials.len();
+    for (i, m) in tier.monomials.iter().enumerate() {
+        // (The tier's variants come by their strides, the least first.)
+        let strides = m.strides();
+        if strides > least {
+            rest = i;
+            break;
+        }
+        if tier.coarse[i] {
             continue;
         }
-        if let Some(t) = fit(m, values) {
-            if strides < best {
-                best = strides;
-                out.clear();
-            }
+        if let Some(t) = fit(m, values(i)) {
+            least = strides;
             out.push(t);
+            fitted.push(i);
         }
     }
+    if least == 0 || fitted.is_empty() {
+        return out;
+    }
+    // The coarsest twin: the most strides, and of those the greatest
+    // rounding offsets (the largest at any key); one is enough, as the
+    // shapes seen tell it from none of the others.
+    let mut twin: Option<(u32, u32, usize)> = None;
+    for j in (rest..tier.monomials.len()).rev() {
+        let m = &tier.monomials[j];
+        let strides = m.strides();
+        if twin.is_some_and(|(s, _, _)| strides < s) {
+            break;
+        }
+        if tier.coarse[j]
+            || !fitted
+                .iter()
+                .any(|&i| proportional_at(values(i), values(j)))
+        {
+            continue;
+        }
+        let offsets = m.0.iter().map(|f| u32::from(f.offset)).sum();
+        if twin.is_none_or(|(_, o, _)| offsets > o) {
+            twin = Some((strides, offsets, j));
+        }
+    }
+    if let Some(t) = twin.and_then(|(_, _, j)| fit(&tier.monomials[j], values(j))) {
+        out.push(t);
+    }
     out
+}
+
+/// Whether `b` is a constant multiple of `a`, value by value (monomials'
+/// values at the shapes seen: whole numbers, exact as floats).
+fn proportional_at(a: &[f64], b: &[f64]) -> bool {
+    let (Some(&a0), Some(&b0)) = (a.first(), b.first()) else {
+        return false;
+    };
+    a0 > 0.0 && b0 > 0.0 && a.iter().zip(b).all(|(&x, &y)| x * b0 == y * a0)
 }
 
 /// `bytes` rounded up to the quantum `q` (a hair of float error is not

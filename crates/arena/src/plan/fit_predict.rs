@@ -248,7 +248,7 @@ fn telling(g: u64) -> bool {
 }
 
 /// The largest and the least, over the tiers among `fits` (consecutive
-/// runs of one tier's strided variants), of each tier's largest prediction
+/// runs of one tier's strided variants of one stride count), of each tier's largest prediction
 /// at `dims`: equal where one tier explains the shapes, apart where tiers
 /// of one degree do and disagree at `dims`. A tier's least is its
 /// prediction times `below` of its monomial (how far a key lies below the
@@ -271,7 +271,11 @@ fn tier_range(
             .map(|(a, c)| a + c * x)
             .fold(f64::NEG_INFINITY, f64::max);
         tier = match tier {
-            Some((first, top)) if first.same_tier(m) => Some((first, top.max(v))),
+            // A tier's twins divided by more strides are another model
+            // (`least_strided`), not the same one's slack.
+            Some((first, top)) if first.same_tier(m) && first.strides() == m.strides() => {
+                Some((first, top.max(v)))
+            }
             Some((first, top)) => {
                 close(first, top);
                 Some((m, v))

@@ -591,3 +591,32 @@ fn a_size_rounds_up_as_ceil_would() {
         assert_eq!(ceil_at_least_one(x).to_bits(), want.to_bits(), "{x}");
     }
 }
+
+/// Widths 285, 262 and 277 cannot tell `ceil(w / 4)^2` from
+/// `4 ceil(w / 8)^2`: every one is a multiple of 4 rounded up alike. At
+/// 155 they part (39^2 against 4 x 20^2); the prediction says both, the
+/// larger as its size (a block in either fits its slot) and the other as
+/// the least, so that the family refuses the key where they cost apart.
+/// (Before, the least strided was taken alone: the block came 5% over
+/// its slot at 155, and the run left its plan at 1.19x its dynamic run.)
+#[test]
+fn a_twin_divided_by_more_strides_is_another_model() {
+    let s = |b: u64, w: u64| round(22 + 242 * b * w.div_ceil(8).pow(2), 64);
+    let f = Fit::new(
+        &[
+            obs(&[3, 285], &[s(3, 285)]),
+            obs(&[7, 262], &[s(7, 262)]),
+            obs(&[1, 277], &[s(1, 277)]),
+        ],
+        64,
+    );
+    let p = f.predict(&[2, 155]).unwrap();
+    assert_eq!(p.sizes, [s(2, 155)]);
+    let least = p.least.expect("the two part at 155");
+    // 2 x ceil(155 / 4)^2 = 3042 at the largest factor the shapes seen
+    // allow (60.50), to the quantum.
+    assert_eq!(least, [184_128]);
+    // Where they agree (a width of 8k), one size and no least.
+    let p = f.predict(&[2, 160]).unwrap();
+    assert_eq!((p.sizes.clone(), p.least), (vec![s(2, 160)], None));
+}

@@ -320,9 +320,11 @@ impl FellBack {
             self.goal_within,
             self.predicted
         );
-        // (152 since small blocks where the plan allocates keep their
-        // runs on their plans; 178 before.)
-        assert!(self.fell >= 145, "{} fell-back runs", self.fell);
+        // (137 since a strided fit's twin divided further is compared
+        // with it and keys where they part are refused, 151 before: the
+        // runs that left plans fitted to the wrong stride are no longer
+        // predicted.)
+        assert!(self.fell >= 120, "{} fell-back runs", self.fell);
         assert!(
             self.within * 100 >= self.fell * 64,
             "{} of {} within a granule",

@@ -263,6 +263,53 @@ fn a_bias_in_the_square_of_the_sequence_is_not_kept_at_batch_times_sequence() {
     assert!(report.high_water <= dynamic + GRANULE);
 }
 
+/// A feature map in `b * ceil(w / 8)^2` beside activations in `b * w`:
+/// widths 285, 262 and 277 cannot tell it from `ceil(w / 4)^2` (each
+/// rounds up to an even multiple of 4), and at 155 the two part by 5%.
+/// The key is refused and served as a dynamic arena would; fitted to the
+/// lesser stride alone, it was predicted 5% short, the block came larger
+/// than its slot, and the run left its plan above its dynamic run.
+#[test]
+fn a_stride_the_widths_seen_cannot_tell_is_not_predicted_short() {
+    let model = Model {
+        sizes: vec![
+            Size {
+                a: 22,
+                c: 242,
+                m: 5,
+            },
+            Size { a: 0, c: 256, m: 3 },
+            Size { a: 0, c: 256, m: 3 },
+            Size {
+                a: 4096,
+                c: 0,
+                m: 0,
+            },
+        ],
+        events: vec![
+            (true, 0),
+            (true, 1),
+            (false, 0),
+            (true, 2),
+            (false, 1),
+            (true, 3),
+            (false, 2),
+            (false, 3),
+        ],
+    };
+    let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
+    for key in [[3, 285], [7, 262], [1, 277]] {
+        against_dynamic(&cache, &model, key);
+    }
+    let (source, report, dynamic) = against_dynamic(&cache, &model, [2, 155]);
+    assert_eq!(source, PlanSource::Dynamic(DynamicReason::Ambiguous));
+    assert!(report.high_water <= dynamic + GRANULE);
+    // Where the two agree (a width of 8k), the key is predicted and kept.
+    let (source, report, dynamic) = against_dynamic(&cache, &model, [2, 160]);
+    assert_eq!(source, PlanSource::Predicted);
+    assert!(!report.deviated && report.high_water <= dynamic + GRANULE);
+}
+
 /// How a block of a correlated family follows the key `[batch, seq]`.
 #[derive(Clone, Copy, Debug)]
 enum Kind {
