@@ -248,9 +248,10 @@ fn telling(g: u64) -> bool {
 }
 
 /// The largest and the least, over the tiers among `fits` (consecutive
-/// runs of one tier's strided variants of one stride count), of each tier's largest prediction
-/// at `dims`: equal where one tier explains the shapes, apart where tiers
-/// of one degree do and disagree at `dims`. A tier's least is its
+/// runs of one tier's strided variants of one stride count), of each
+/// tier's largest prediction at `dims`: equal where one tier explains the
+/// shapes, apart where tiers of one degree (or a strided fit and its
+/// twin divided further) do and disagree at `dims`. A tier's least is its
 /// prediction times `below` of its monomial (how far a key lies below the
 /// shapes seen in the dimensions the tier leaves out).
 fn tier_range(
