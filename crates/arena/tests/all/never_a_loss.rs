@@ -20,6 +20,19 @@ fn at(sizes: &[usize], events: &[(bool, usize)]) -> Model {
     }
 }
 
+/// Four blocks in a chain: each freed once the next is allocated, the
+/// last freed at the end.
+const CHAIN: &[(bool, usize)] = &[
+    (true, 0),
+    (true, 1),
+    (false, 0),
+    (true, 2),
+    (false, 1),
+    (true, 3),
+    (false, 2),
+    (false, 3),
+];
+
 /// Runs `model` at `key` through `cache` and returns how it was served,
 /// its report, and the same run's high-water on a fresh dynamic arena.
 fn against_dynamic(
@@ -115,16 +128,7 @@ fn a_keys_plan_follows_what_its_runs_need() {
                 (detections.max(1)) * (256 << 10),
                 64 << 10,
             ],
-            &[
-                (true, 0),
-                (true, 1),
-                (false, 0),
-                (true, 2),
-                (false, 1),
-                (true, 3),
-                (false, 2),
-                (false, 3),
-            ],
+            CHAIN,
         )
     };
     let key = [1, 640];
@@ -286,16 +290,7 @@ fn a_stride_the_widths_seen_cannot_tell_is_not_predicted_short() {
                 m: 0,
             },
         ],
-        events: vec![
-            (true, 0),
-            (true, 1),
-            (false, 0),
-            (true, 2),
-            (false, 1),
-            (true, 3),
-            (false, 2),
-            (false, 3),
-        ],
+        events: CHAIN.to_vec(),
     };
     let cache: PlanCache<Vec<usize>> = PlanCache::new(64);
     for key in [[3, 285], [7, 262], [1, 277]] {
