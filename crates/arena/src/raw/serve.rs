@@ -210,7 +210,7 @@ impl<M: Memory> RawArena<M> {
         let index = r.blocks as usize;
         let repair = r.serve.as_mut()?.repair.as_mut()?;
         let rid = repair.rid;
-        let (off, rel) = repair.at(index, size)?;
+        let (off, rel) = repair.at(index, size, align)?;
         let raw = self.pool.alloc_range(rid, off, size, align, tag)?;
         Some((raw, rel))
     }

@@ -25,6 +25,11 @@ pub(crate) struct Size {
     pub(crate) m: u8,
 }
 
+/// A block of `a + c * m(key)` bytes ([`Size`]).
+pub(crate) fn size(a: usize, c: usize, m: u8) -> Size {
+    Size { a, c, m }
+}
+
 impl Size {
     fn at(&self, batch: usize, width: usize) -> usize {
         let m = match self.m {

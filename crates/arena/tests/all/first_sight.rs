@@ -4,7 +4,7 @@
 //! is refused or leaves its plan reaches no higher than the same run on a
 //! fresh dynamic arena, plus a granule.
 
-use super::families::{arena, drive, run, Model, Size, Twist, GRANULE};
+use super::families::{arena, drive, run, size, Model, Twist, GRANULE};
 use tensor_arena::{DynamicReason, PlanCache, PlanSource};
 
 /// Runs `model` at `key` (twisted) through `cache` on `arena`, and checks
@@ -33,10 +33,6 @@ fn no_worse(
 fn arena_fresh(
 ) -> tensor_arena::Arena<tensor_arena::Heap<tensor_arena::allocator_api2::alloc::Global>> {
     arena()
-}
-
-fn size(a: usize, c: usize, m: u8) -> Size {
-    Size { a, c, m }
 }
 
 /// A transformer-like family whose batch and sequence first vary together
