@@ -298,7 +298,10 @@ type Shown = (Vec<Option<(isize, usize)>>, RunReport, Recording);
 /// patterns.
 fn scoped_alike(plan: &Plan, u: &mut Unstructured<'_>) {
     let steps = script(plan, u);
-    let plan = Arc::new(plan.clone());
+    // Each run on a copy of the plan as given: a run may mark the plan it
+    // served (`Plan::mark_sizes_vary`: a block came larger), and the
+    // scoped run after it would then be served as a later run is.
+    let fresh = || Arc::new(plan.clone());
     let config = ArenaConfig {
         max_reserved: 64 << 20,
         ..ArenaConfig::default()
@@ -307,7 +310,7 @@ fn scoped_alike(plan: &Plan, u: &mut Unstructured<'_>) {
         let by_run: Option<Shown> = {
             let arena = Arena::try_new(config).expect("a valid configuration");
             let run = if planned {
-                arena.begin_planned_run(Arc::clone(&plan))
+                arena.begin_planned_run(fresh())
             } else {
                 arena.try_begin_recorded_run()
             };
@@ -339,8 +342,9 @@ fn scoped_alike(plan: &Plan, u: &mut Unstructured<'_>) {
             })
         };
         let mut arena = Arena::try_new(config).expect("a valid configuration");
+        let scoped_plan = fresh();
         let run = if planned {
-            arena.begin_scoped_run(&plan)
+            arena.begin_scoped_run(&scoped_plan)
         } else {
             arena.begin_scoped_recorded_run()
         };
