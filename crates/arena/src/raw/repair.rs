@@ -5,10 +5,11 @@
 //! plan is placed again around what is live, the block that did not fit at
 //! its own size, with no cap: the smallest extent greedy placement finds
 //! ([`place`]). Each later block of the run is then offered that place
-//! ([`Repair::at`]); the pool takes it when it is free and the block is no
-//! larger than planned, and places the block as usual otherwise. A place is
-//! a hint: what the pool hands out is checked against what is live there,
-//! never trusted.
+//! ([`Repair::at`]; a block a little larger than planned keeps its place
+//! grown, or goes past the whole placement); the pool takes it when it is
+//! free, and places the block as usual otherwise. A place is a hint: what
+//! the pool hands out is checked against what is live there, never
+//! trusted.
 //!
 //! Why: the live planned blocks keep the places the plan gave them, which
 //! are no dynamic arena's. Placing the rest one by one at the first free
@@ -34,8 +35,9 @@ pub(super) const MAX_BLOCKS: usize = 1024;
 /// Where the rest of a run that left its plan's block goes: for each of its
 /// planned blocks from `first`, an offset from where the block was, and the
 /// bytes it was placed for. Followed while the run follows the plan: the
-/// first block that comes out of order, larger than it was placed for or
-/// under half of it ends it (placing the rest again around each guess that
+/// first block that comes out of order, more than twice what it was placed
+/// for (or larger, with no room, [`Repair::at`]) or under half of it ends
+/// it (placing the rest again around each guess that
 /// failed, up to 100 times a run, left the random families' fell-back runs
 /// 1.29 times the bytes past their dynamic runs that dissolving alone
 /// leaves; stopping, 0.94 times).
