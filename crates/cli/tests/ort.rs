@@ -136,6 +136,11 @@ fn json_document_has_the_documented_schema_and_equal_hashes() {
                 expected_keys.push("plan");
             }
             expected_keys.extend(["reserved", "rss_bytes"]);
+            // ... and how many of their commits found huge pages slow.
+            if is_arena {
+                expected_keys.push("slow_huge_commits");
+                assert!(r["slow_huge_commits"].is_u64());
+            }
             assert_eq!(keys(r), expected_keys);
             assert_eq!(
                 r["output_hash"].as_str().unwrap(),

@@ -47,6 +47,9 @@ struct Step {
     /// Memory-layer calls of the worker's arena during the run:
     /// reservations, releases, commits and decommits.
     memory_calls: u64,
+    /// Commits of the worker's arena that took base pages because huge
+    /// pages were slow to populate (`Stats::slow_huge_commits`).
+    slow_huge_commits: u64,
     /// Why the run failed (out of memory, say); the worker goes on with the
     /// next run.
     error: Option<String>,
@@ -292,6 +295,7 @@ fn run_all(args: &OrtArgs, strategy: OrtStrategy, job: &Job<'_>) -> Result<Strat
                 reserved: None,
                 lazily_given_back: None,
                 backing_calls: None,
+                slow_huge_commits: None,
                 output_hash: String::new(),
                 error: None,
                 plan: None,
@@ -339,6 +343,7 @@ fn fill_row(row: &mut RunRow, steps: &[&Step], strategy: OrtStrategy) {
         row.reserved = Some(steps.iter().map(|s| s.reserved as u64).sum());
         row.lazily_given_back = Some(steps.iter().map(|s| s.lazily_given_back as u64).sum());
         row.backing_calls = Some(steps.iter().map(|s| s.memory_calls).sum());
+        row.slow_huge_commits = Some(steps.iter().map(|s| s.slow_huge_commits).sum());
         row.plan = steps[0].plan.clone();
     }
 }
@@ -414,6 +419,9 @@ struct Ready {
     nanos: u64,
     /// Memory-layer calls of the give-back (counted in the run's).
     memory_calls: u64,
+    /// Commits of the give-back that found huge pages slow (counted in the
+    /// run's).
+    slow_huge_commits: u64,
 }
 
 /// Makes a run's inputs; an arena worker then gives back what its arena
@@ -430,15 +438,18 @@ fn prepare(
         values,
         nanos: 0,
         memory_calls: 0,
+        slow_huge_commits: 0,
     };
     if let Some(w) = worker {
         let named: Vec<(&str, &DynValue)> =
             ready.values.iter().map(|(n, v)| (n.as_str(), v)).collect();
-        let before = w.stats().memory_calls();
+        let before = w.stats();
         let t = Instant::now();
         w.prepare(&named).map_err(|e| e.to_string())?;
         ready.nanos = t.elapsed().as_nanos() as u64;
-        ready.memory_calls = w.stats().memory_calls() - before;
+        let after = w.stats();
+        ready.memory_calls = after.memory_calls() - before.memory_calls();
+        ready.slow_huge_commits = after.slow_huge_commits - before.slow_huge_commits;
     }
     Ok(ready)
 }
@@ -477,6 +488,8 @@ fn one_run(
             step.reserved = after.reserved;
             step.lazily_given_back = after.lazily_given_back;
             step.memory_calls = after.memory_calls() - before.memory_calls() + ready.memory_calls;
+            step.slow_huge_commits =
+                after.slow_huge_commits - before.slow_huge_commits + ready.slow_huge_commits;
         }
         (Target::Arena(_), None) => return Err("no worker".into()),
     }

@@ -33,6 +33,11 @@ pub struct RunRow {
     /// reservations, releases, commits and decommits (arena strategies;
     /// `Stats::memory_calls`, as `replay` counts them).
     pub backing_calls: Option<u64>,
+    /// Of the arenas' commits for the run, those that took base pages
+    /// because huge pages were slow to populate: a guest whose free memory
+    /// went back to its host (arena strategies; `Stats::slow_huge_commits`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_huge_commits: Option<u64>,
     /// Hash of the outputs (16 hex digits); empty for a failed run.
     pub output_hash: String,
     /// Why the run failed, if it did ("out of memory: ..."); the strategy
@@ -285,6 +290,22 @@ pub fn tables(args: &OrtArgs, reports: &[StrategyReport]) -> String {
                 out,
                 "  given back lazily, in RSS until the kernel needs it (MiB after the run): {}",
                 lazy.join(", ")
+            );
+        }
+        let slow: Vec<String> = r
+            .runs
+            .iter()
+            .filter_map(|x| {
+                x.slow_huge_commits
+                    .filter(|&n| n > 0)
+                    .map(|n| format!("{} {n}", x.label))
+            })
+            .collect();
+        if !slow.is_empty() {
+            let _ = writeln!(
+                out,
+                "  commits in base pages, huge pages slow to populate (the host backing them anew): {}",
+                slow.join(", ")
             );
         }
         if !r.peak_rss_per_run {
