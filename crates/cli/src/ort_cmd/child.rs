@@ -449,7 +449,11 @@ fn prepare(
         ready.nanos = t.elapsed().as_nanos() as u64;
         let after = w.stats();
         ready.memory_calls = after.memory_calls() - before.memory_calls();
-        ready.slow_huge_commits = after.slow_huge_commits - before.slow_huge_commits;
+        // Counted by the arenas alive: one dropped between the two reads
+        // takes its count with it.
+        ready.slow_huge_commits = after
+            .slow_huge_commits
+            .saturating_sub(before.slow_huge_commits);
     }
     Ok(ready)
 }
@@ -488,8 +492,10 @@ fn one_run(
             step.reserved = after.reserved;
             step.lazily_given_back = after.lazily_given_back;
             step.memory_calls = after.memory_calls() - before.memory_calls() + ready.memory_calls;
-            step.slow_huge_commits =
-                after.slow_huge_commits - before.slow_huge_commits + ready.slow_huge_commits;
+            step.slow_huge_commits = after
+                .slow_huge_commits
+                .saturating_sub(before.slow_huge_commits)
+                + ready.slow_huge_commits;
         }
         (Target::Arena(_), None) => return Err("no worker".into()),
     }
