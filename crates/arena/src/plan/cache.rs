@@ -557,7 +557,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
                             recording,
                             None,
                             Depth::Settled,
-                            Placement::Lowest,
+                            Placement::Close,
                         )
                         .ok()?;
                         hint = next;
@@ -641,7 +641,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         } = solve;
         let plan = match self.shape(family, &recording.events) {
             Some(shape) => shape.plan(&recording, Depth::Settled),
-            None => Plan::from_recording(&recording).ok(),
+            None => Plan::from_recording_close(&recording),
         };
         let plan = plan.map(|p| if apart { p.with_workspaces_apart() } else { p });
         if let Some(plan) = plan {

@@ -81,7 +81,7 @@ impl<K: Hash + Eq + Clone> PlanCache<K> {
         let id = key.family();
         let own = match self.shape(id, &recording.events) {
             Some(shape) => shape.plan(recording, Depth::Settled),
-            None => Plan::from_recording(recording).ok(),
+            None => Plan::from_recording_close(recording),
         };
         let own = own.map(|p| {
             if plan.workspaces_apart() {

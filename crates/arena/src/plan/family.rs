@@ -51,7 +51,7 @@ impl Shape {
         let placement = if self.robust.load(Ordering::Relaxed) {
             Placement::Robust
         } else {
-            Placement::Lowest
+            Placement::Close
         };
         let (plan, next) =
             Plan::from_recording_hinted(rec, hint.as_ref(), depth, placement).ok()?;

@@ -317,6 +317,21 @@ impl Plan {
         .map(|(plan, _)| plan)
     }
 
+    /// A family's plan of a recording whose structure it does not know:
+    /// [`Plan::from_recording`], but the run's own order where that is
+    /// close to the lowest (`solver::Placement::Close`); `None` for a
+    /// recording that fails validation.
+    pub(crate) fn from_recording_close(recording: &Recording) -> Option<Self> {
+        Self::from_recording_hinted(
+            recording,
+            None,
+            solver::Depth::Quick,
+            solver::Placement::Close,
+        )
+        .ok()
+        .map(|(plan, _)| plan)
+    }
+
     /// [`Plan::from_recording`], its search started from `hint` too (where
     /// an earlier search of the same structure ended), placed for
     /// `placement`; returns the plan and where this search ended.

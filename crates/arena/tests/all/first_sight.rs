@@ -219,10 +219,10 @@ fn an_image_height_that_never_varied_is_predicted_at_the_lower_bound() {
 /// arena would have it (`RunReport::left_as_dynamic`) to its dynamic run
 /// or the plan's block it drew, to a granule; and this holds the
 /// distribution where it stands. At the default 150 families
-/// (2026-12-07): 520 of 527 predicted runs within max(a granule, 3%) of
-/// their dynamic runs; 92 of 137 fell-back runs within a granule, mean
-/// 0.9819x, p95 1.020x, worst 1.390x, 0.50 MiB past their dynamic runs in
-/// all; kept predictions 36.5 MiB under theirs. The goal (99%
+/// (2026-12-07): 521 of 527 predicted runs within max(a granule, 3%) of
+/// their dynamic runs; 94 of 138 fell-back runs within a granule, mean
+/// 0.9817x, p95 1.015x, worst 1.390x, 0.48 MiB past their dynamic runs in
+/// all; kept predictions 35.5 MiB under theirs. The goal (99%
 /// within the mark, worst 1.25x) is measured at 1,200 families
 /// (`TENSOR_ARENA_FAMILIES=1200`; BENCHMARKS.md, "Where each goal of
 /// planning stands"). The sequence is deterministic (a fixed seed), so
@@ -237,11 +237,19 @@ fn fell_back_runs_against_no_plan() {
     // runs of a few KiB). The worst were local models (a block no model
     // explains at every shape, fitted to the three nearest) through a
     // shape whose block a twist doubled, 2.517x; local models over the
-    // nearest four that part refuse the key (1.016x now). Robust plans
-    // (the run's own order) keep their runs a few granules over the
-    // dynamic run's high-water, within 3%: 180 of 393 over by more than a
-    // granule, against 57 of 390 before them.
-    assert!(f.kept_over * 2 <= f.kept, "{} of {}", f.kept_over, f.kept);
+    // nearest four that part refuse the key (1.016x now). Plans in the
+    // run's own order (robust, or a family's first plans within a
+    // thirty-second of the lowest) keep their runs a few granules over the
+    // dynamic run's high-water (safe-side slots placed as a dynamic arena
+    // would place them), within 3%: 205 of 389 over by more than a
+    // granule, against 180 of 393 with the lowest plans until a run left
+    // one, and 57 of 390 before robust plans.
+    assert!(
+        f.kept_over * 100 <= f.kept * 55,
+        "{} of {}",
+        f.kept_over,
+        f.kept
+    );
     assert!(f.kept_worst <= 1.1, "kept at worst {:.3}x", f.kept_worst);
 }
 

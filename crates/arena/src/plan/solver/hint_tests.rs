@@ -1,5 +1,6 @@
 //! Searches started from where an earlier one ended ([`plan_hinted`]).
 
+use super::super::placement::{CLOSE, LEEWAY};
 use super::super::{lower_bound, validate, Request};
 use super::*;
 use crate::trace::Trace;
@@ -252,6 +253,61 @@ proptest! {
             prop_assert_eq!(robust.offsets, lowest.offsets);
         }
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    /// A family's plan before its runs left one ([`Placement::Close`]) is
+    /// the run's own order, best fit, wherever that is within a
+    /// thirty-second of the lowest plan found; elsewhere it is the lowest
+    /// plan. Valid either way.
+    #[test]
+    fn a_close_plan_is_the_runs_own_order_within_a_thirty_second(
+        shape in structure(),
+        scale in 1usize..9,
+    ) {
+        let requests = scaled(&shape, scale);
+        let (offsets, top) = run_order_best_fit(&requests);
+        let (lowest, _) = plan_hinted(&requests, None, Depth::Quick, Placement::Lowest);
+        let (close, _) = plan_hinted(&requests, None, Depth::Quick, Placement::Close);
+        prop_assert!(validate(&requests, &close).is_ok());
+        if top <= lowest.size + lowest.size / CLOSE {
+            prop_assert_eq!(&close.offsets, &offsets);
+            prop_assert_eq!(close.size, top);
+        } else {
+            prop_assert_eq!(close.offsets, lowest.offsets);
+        }
+    }
+}
+
+/// The case below with a larger first block: the run's own order reaches
+/// 4,213 bytes, 2.4% over the lowest plan's 4,113. The family's plan
+/// before any run left one ([`Placement::Close`]) is the run's order; the
+/// lowest placement ([`plan`]) is not.
+#[test]
+fn a_close_plan_takes_the_runs_order_within_a_thirty_second() {
+    let requests = [
+        Request::new(4000, 1, 0, 5),
+        Request::new(100, 1, 1, 3),
+        Request::new(10, 1, 2, 5),
+        Request::new(103, 1, 3, 5),
+    ];
+    let (lowest, _) = plan_hinted(&requests, None, Depth::Quick, Placement::Lowest);
+    assert_eq!(lowest.size, 4113);
+    assert!(!is_run_order(&requests, &lowest.offsets));
+    let (close, _) = plan_hinted(&requests, None, Depth::Quick, Placement::Close);
+    assert_eq!(close.size, 4213);
+    assert_eq!(close.offsets, vec![0, 4000, 4100, 4110]);
+    assert!(is_run_order(&requests, &close.offsets));
+    // The same requests with the first block a quarter of it: the run's
+    // order is 9% over the lowest, and the close plan is the lowest.
+    let mut small = requests;
+    small[0] = Request::new(1000, 1, 0, 5);
+    let (lowest, _) = plan_hinted(&small, None, Depth::Quick, Placement::Lowest);
+    let (close, _) = plan_hinted(&small, None, Depth::Quick, Placement::Close);
+    assert_eq!(close.offsets, lowest.offsets);
+    assert_eq!(close.size, 1113);
 }
 
 /// A block live throughout, then one freed early, a small one that lives

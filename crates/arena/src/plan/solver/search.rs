@@ -5,7 +5,7 @@
 use super::bound::{aligned_bound, Item};
 use super::conflicts::{Conflicts, Lifetimes};
 use super::min_table::MinTable;
-use super::placement::{Placement, LEEWAY};
+use super::placement::Placement;
 use super::{align_up, is_active, stacked, Request, Solution};
 use std::cmp::Reverse;
 use std::sync::Arc;
@@ -78,8 +78,9 @@ pub(crate) struct Hint {
 /// structure ended on; ignored unless it orders exactly the requests that
 /// take part) as well as from its usual orders, with the same work budget.
 /// Never worse than `plan` started from the hint's placement alone, nor
-/// than greedy by size, nor, where `placement` is robust, than a tenth
-/// over the plan `Lowest` would find. Returns the solution and the order
+/// than greedy by size, nor, where `placement` has a leeway
+/// ([`Placement::leeway`]), than that fraction over the plan `Lowest`
+/// would find. Returns the solution and the order
 /// to start the next search of the structure from.
 pub(crate) fn plan_hinted(
     requests: &[Request],
@@ -101,13 +102,16 @@ pub(crate) fn plan_hinted(
         search.budget = search.budget.max(FIRST_WORK);
         search.improve(&problem, round);
     }
-    // The run's own order where it is as low (for a robust plan, within
-    // the leeway); else as long a start of it as keeps the footprint; else
+    // The run's own order where it is as low (within the placement's
+    // leeway, where it has one); else as long a start of it as keeps the footprint; else
     // outputs low.
     let order = problem.run_order();
-    let robust = placement == Placement::Robust;
-    let within = if robust { search.best / LEEWAY } else { 0 };
-    let dynamic = search.as_dynamic(&problem, &order, !hinted || robust, within)
+    let leeway = placement.leeway();
+    let within = leeway.map_or(0, |n| search.best / n);
+    // With a leeway, the run's order is placed at every shape (one greedy
+    // placement, stopped at the leeway): whether it is close at one shape
+    // says little of the next.
+    let dynamic = search.as_dynamic(&problem, &order, !hinted || leeway.is_some(), within)
         || search.dynamic_start(&problem, &order, !hinted);
     if !dynamic {
         search.settle(&problem);
