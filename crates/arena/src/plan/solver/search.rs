@@ -80,8 +80,8 @@ pub(crate) struct Hint {
 /// Never worse than `plan` started from the hint's placement alone, nor
 /// than greedy by size, nor, where `placement` has a leeway
 /// ([`Placement::leeway`]), than that fraction over the plan `Lowest`
-/// would find. Returns the solution and the order
-/// to start the next search of the structure from.
+/// would find. Returns the solution and the order to start the next
+/// search of the structure from.
 pub(crate) fn plan_hinted(
     requests: &[Request],
     hint: Option<&Hint>,
@@ -103,8 +103,8 @@ pub(crate) fn plan_hinted(
         search.improve(&problem, round);
     }
     // The run's own order where it is as low (within the placement's
-    // leeway, where it has one); else as long a start of it as keeps the footprint; else
-    // outputs low.
+    // leeway, where it has one); else as long a start of it as keeps the
+    // footprint; else outputs low.
     let order = problem.run_order();
     let leeway = placement.leeway();
     let within = leeway.map_or(0, |n| search.best / n);
