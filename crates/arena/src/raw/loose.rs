@@ -49,6 +49,9 @@ pub(super) struct Loose {
     irregular: Vec<(u32, usize, usize)>,
     /// Blocks moved so far.
     moved: u32,
+    /// Planned blocks live past the plan's block: `(index, offset from the
+    /// block's start, bytes)`.
+    past: Vec<(u32, usize, usize)>,
 }
 
 impl Loose {
@@ -74,6 +77,7 @@ impl Loose {
             life,
             irregular: Vec::new(),
             moved: 0,
+            past: Vec::new(),
         })
     }
 
@@ -94,10 +98,31 @@ impl Loose {
         self.moved += 1;
     }
 
+    /// Whether the run's block with no room inside the plan's block may go
+    /// past it: only the run's first block off its slot (counted as a
+    /// move). Past that, the run does more than one twist of the plan, and
+    /// blocks past the plan's block would pile up there.
+    pub(super) fn may_go_past(&mut self) -> bool {
+        if self.moved > 0 {
+            return false;
+        }
+        self.moved += 1;
+        true
+    }
+
+    /// Planned block `index`, `bytes` long, lies past the plan's block, at
+    /// `off` from its start.
+    pub(super) fn went_past(&mut self, index: u32, off: usize, bytes: usize) {
+        self.past.push((index, off, bytes));
+    }
+
     /// Block `index` was freed.
     pub(super) fn freed(&mut self, index: u32) {
         if let Some(i) = self.irregular.iter().position(|e| e.0 == index) {
             self.irregular.swap_remove(i);
+        }
+        if let Some(i) = self.past.iter().position(|e| e.0 == index) {
+            self.past.swap_remove(i);
         }
     }
 
@@ -134,6 +159,14 @@ impl Loose {
                 _ => NEVER,
             };
             fixed.push((*self.offsets.get(i)?, bytes, end));
+        }
+        // Blocks past the plan's block, where they lie, until their free.
+        for &(i, off, bytes) in &self.past {
+            let end = match self.life.get(i as usize) {
+                Some(&(_, f)) if f > now => f,
+                _ => NEVER,
+            };
+            fixed.push((off, bytes, end));
         }
         let items: Vec<repair::Item> = (k..n)
             .map(|j| {

@@ -182,6 +182,11 @@ struct Serve {
     /// Blocks the plan does not have that the run made where the plan
     /// allocates, served beside it ([`tentative`]).
     extras: u32,
+    /// Whether the run's next block goes past the plan's block: it has no
+    /// room inside, and the rest of the plan placed again around what is
+    /// live would reach further than the block and it together
+    /// ([`RawArena::leave_block`]).
+    past_next: bool,
 }
 
 /// A block drawn from the pool to serve a planned run.
@@ -698,25 +703,7 @@ impl<M: Memory> RawArena<M> {
         };
         #[cfg(not(debug_assertions))]
         let _ = location;
-        // A repaired run's planned block goes where the rest of the plan
-        // was placed again, if that is free ([`repair`]).
-        let repaired = self
-            .run
-            .as_ref()
-            .filter(|_| planable)
-            .and_then(|r| r.serve.as_ref())
-            .is_some_and(|s| s.repair.is_some());
-        let (raw, placed) = match repaired.then(|| self.alloc_repaired(size, align, tag)) {
-            Some(Some((raw, off))) => (raw, Some(off)),
-            _ => {
-                // A block outside the plan of a run on one: past the plan.
-                let past = !planable && self.run.as_ref().is_some_and(|r| r.serve.is_some());
-                match past.then(|| self.alloc_past_plan(size, align, tag)) {
-                    Some(Some(raw)) => (raw, None),
-                    _ => (self.pool.alloc(size, align, tag)?, None),
-                }
-            }
-        };
+        let (raw, placed) = self.place_block(size, align, tag, planable)?;
         self.allocs += 1;
         let in_use = self.in_use();
         self.peak_in_use = self.peak_in_use.max(in_use);

@@ -70,6 +70,7 @@ impl<M: Memory> RawArena<M> {
             undo: None,
             tentative: None,
             extras: 0,
+            past_next: false,
         })
     }
 
@@ -215,6 +216,36 @@ impl<M: Memory> RawArena<M> {
         Some((raw, rel))
     }
 
+    /// Where the open run's pool block goes: a repaired run's planned
+    /// block where the rest of the plan was placed again, if that is free
+    /// ([`repair`](super::repair)); a block outside the plan of a run on
+    /// one, or one the run has no room for inside its plan's block
+    /// ([`RawArena::leave_block`]), past the plan's block; else where the
+    /// pool places it. Returns the block and, for a repaired one, its
+    /// offset from the dissolved plan block.
+    #[inline]
+    pub(super) fn place_block(
+        &mut self,
+        size: usize,
+        align: usize,
+        tag: Tag,
+        planable: bool,
+    ) -> Result<(RawBlock<M::Ptr>, Option<usize>), ArenaError> {
+        let Some(serve) = self.run.as_mut().and_then(|r| r.serve.as_mut()) else {
+            return Ok((self.pool.alloc(size, align, tag)?, None));
+        };
+        if planable && serve.repair.is_some() {
+            if let Some((raw, off)) = self.alloc_repaired(size, align, tag) {
+                return Ok((raw, Some(off)));
+            }
+        } else if !planable || core::mem::take(&mut serve.past_next) {
+            if let Some(raw) = self.alloc_past_plan(size, align, tag, planable) {
+                return Ok((raw, None));
+            }
+        }
+        Ok((self.pool.alloc(size, align, tag)?, None))
+    }
+
     /// A block outside the plan of the open run that still follows its
     /// plan ([`RawArena::beside_plan`]), `size` bytes at `align`, right
     /// past the plan's block, where a dynamic arena would put it on a
@@ -229,16 +260,30 @@ impl<M: Memory> RawArena<M> {
         size: usize,
         align: usize,
         tag: Tag,
+        planable: bool,
     ) -> Option<RawBlock<M::Ptr>> {
-        let serve = self.run.as_mut()?.serve.as_mut().filter(|s| !s.deviated)?;
+        let serve = self.run.as_mut()?.serve.as_mut()?;
+        if serve.deviated && serve.loose.is_none() {
+            return None;
+        }
         serve.beside = true;
         let pb = self.plan_blocks.get(serve.slot as usize)?.as_ref()?;
         if pb.dissolved {
             return None;
         }
-        let (rid, off) = (pb.raw.rid, pb.raw.off.checked_add(pb.raw.size)?);
-        let off = off.checked_next_multiple_of(align.max(1))?;
-        self.pool.alloc_range(rid, off, size, align, tag)
+        let (rid, base) = (pb.raw.rid, pb.raw.off);
+        let off = base
+            .checked_add(pb.raw.size)?
+            .checked_next_multiple_of(align.max(1))?;
+        let raw = self.pool.alloc_range(rid, off, size, align, tag)?;
+        if planable {
+            // A planned block of a run served loosely: in the way of the
+            // rest of the plan, if it is ever placed again.
+            if let Some(loose) = serve.loose.as_mut() {
+                loose.went_past(tag.rec, off - base, size);
+            }
+        }
+        Some(raw)
     }
 
     /// Records the free of block `index`, following it in the serving plan.

@@ -15,6 +15,7 @@ mod grown_block;
 mod heap_layer;
 mod large_extras;
 mod learning;
+mod leaving;
 mod model;
 mod never_a_loss;
 mod planner;
