@@ -410,8 +410,11 @@ impl Fit {
         let tiers = tiers_for(&varied, obs);
         let (volume_min, volume_max) = volume_range(obs, &varied);
         let q = quantum as f64;
+        let mut all_but_one = outlier::AllButOne::new(obs, &varied, q);
         let models: Vec<Option<SizeModel>> = (0..obs[0].sizes.len())
-            .map(|b| model_of(obs, b, &tiers, q, volume_min, volume_max))
+            .map(|b| {
+                model_of(obs, b, &tiers, q, volume_min, volume_max).or_else(|| all_but_one.model(b))
+            })
             .collect();
         Self::assemble(obs, models, varied, quantum)
     }
@@ -780,6 +783,8 @@ pub(super) fn scaled(ms: &[f64], sizes: &[f64], q: f64) -> Option<Vec<(f64, f64)
     vertices(ms, sizes, q, Some((0.0, q)))
 }
 
+#[path = "fit_outlier.rs"]
+mod outlier;
 #[path = "fit_predict.rs"]
 mod predict;
 #[path = "fit_refit.rs"]

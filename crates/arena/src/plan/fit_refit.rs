@@ -21,6 +21,7 @@ impl Fit {
         let (volume_min, volume_max) = volume_range(obs, &varied);
         // Built only if a block must be fitted from scratch.
         let mut tiers: Option<Vec<Tier>> = None;
+        let mut all_but_one = outlier::AllButOne::new(obs, &varied, q);
         let models = (0..blocks)
             .map(|b| {
                 let sizes: Vec<f64> = obs.iter().map(|o| o.sizes[b] as f64).collect();
@@ -60,6 +61,7 @@ impl Fit {
                     let tiers = tiers.get_or_insert_with(|| tiers_for(&varied, obs));
                     model_of(obs, b, tiers, q, volume_min, volume_max)
                 })
+                .or_else(|| all_but_one.model(b))
             })
             .collect();
         Fit::assemble(obs, models, varied, quantum)

@@ -530,15 +530,14 @@ fn a_model_that_leaves_out_a_dimension_far_below_its_range_is_ambiguous() {
     assert!(f.predict(&[1, 60]).unwrap().least.is_none());
 }
 
-/// A block no model explains over every shape (one run's block the data
-/// made twice its size: 773 + 124 w, doubled at `[2, 201]`), predicted
-/// from the shapes nearest the key: the doubled shape is one of the three
-/// nearest `[6, 114]`, and their model predicted 47,232 bytes for a block
-/// of 14,912 (kept at 2.5x its run's need). The other threes among the
-/// nearest four explain the block without it, and the prediction says
-/// where they part (`least`), so the family refuses the key.
+/// A block whose size the data made twice what its dimensions give at one
+/// shape (773 + 124 w, doubled at `[2, 201]`). No model explains every
+/// shape; every shape but the doubled one follows one, and the block
+/// follows it: predicted at its size at `[6, 114]`. (From the shapes
+/// nearest the key, the doubled one among them, it was 47,232 bytes for a
+/// block of 14,912, and the key was refused where the nearest four part.)
 #[test]
-fn local_models_that_part_over_the_nearest_four_say_so() {
+fn a_shape_the_data_made_larger_is_left_out() {
     let r = |x: u64| round(x, 64);
     let block = |w: u64| 773 + 124 * w;
     let seen = |d: [u64; 2], doubled: bool| {
@@ -549,23 +548,61 @@ fn local_models_that_part_over_the_nearest_four_say_so() {
         };
         obs(&d, &[r(size)])
     };
-    let f = Fit::new(
-        &[
-            seen([2, 54], false),
-            seen([7, 38], false),
-            seen([2, 201], true),
-            seen([8, 75], false),
-            seen([4, 112], false),
-        ],
-        64,
+    let shapes = [
+        seen([2, 54], false),
+        seen([7, 38], false),
+        seen([2, 201], true),
+        seen([8, 75], false),
+        seen([4, 112], false),
+    ];
+    let f = Fit::new(&shapes, 64);
+    assert_eq!(
+        f.unfit(),
+        0,
+        "every shape but the doubled one follows one model"
     );
-    assert_eq!(f.unfit(), 1, "no model over every shape");
     let at = f.predict(&[6, 114]).unwrap();
-    assert!(at.sizes[0] > 3 * r(block(114)), "{at:?}");
-    let least = at.least.expect("the nearest four part");
     assert!(
-        least[0] >= r(block(114)) && least[0] <= r(block(114)) + 64,
-        "{least:?}"
+        at.sizes[0] >= r(block(114)) && at.sizes[0] <= r(block(114)) + 64,
+        "{at:?}"
+    );
+    // Refitted shape by shape, the same.
+    let mut g = Fit::new(&shapes[..2], 64);
+    for k in 3..=shapes.len() {
+        g = g.refit(&shapes[..k], 64);
+    }
+    assert_eq!(g.predict(&[6, 114]).unwrap().sizes, at.sizes);
+}
+
+/// A shape is left out only where it is much larger than the model of the
+/// rest, and one at most: a block capped past some width (smaller than
+/// the model there), a shape a quarter over, or two shapes made larger
+/// keep the block without a model over every shape.
+#[test]
+fn only_one_much_larger_shape_is_left_out() {
+    let f = |sizes: &[(u64, usize)]| {
+        // Beside a large constant block, so that the runs' lower bounds
+        // grow with their dimensions (a run that needs less at a larger
+        // shape is a key that explains nothing, fitted no further).
+        let shapes: Vec<Observation> = sizes
+            .iter()
+            .map(|&(w, s)| obs(&[1, w], &[1 << 20, s]))
+            .collect();
+        Fit::new(&shapes, 64)
+    };
+    // Proportional to w, the last capped: smaller than the model there.
+    assert_eq!(
+        f(&[(10, 640), (20, 1280), (30, 1920), (40, 1984)]).unfit(),
+        1
+    );
+    // Constant, one shape doubled: left out.
+    assert_eq!(f(&[(10, 640), (20, 640), (30, 1280), (40, 640)]).unfit(), 0);
+    // Constant, one shape a quarter larger: not much larger.
+    assert_eq!(f(&[(10, 640), (20, 640), (30, 832), (40, 640)]).unfit(), 1);
+    // Two shapes made larger.
+    assert_eq!(
+        f(&[(10, 640), (20, 640), (30, 1280), (40, 1280)]).unfit(),
+        1
     );
 }
 
