@@ -574,6 +574,44 @@ fn a_shape_the_data_made_larger_is_left_out() {
     assert_eq!(g.predict(&[6, 114]).unwrap().sizes, at.sizes);
 }
 
+/// The same block a third larger at `[2, 201]`: not left out (the data
+/// may grow a block a little anywhere), so no model explains every shape
+/// and the block is predicted from the shapes nearest the key, the larger
+/// one among them; the other threes among the nearest four explain it
+/// without it, and the prediction says where they part (`least`), so the
+/// family refuses the key.
+#[test]
+fn local_models_that_part_over_the_nearest_four_say_so() {
+    let r = |x: u64| round(x, 64);
+    let block = |w: u64| 773 + 124 * w;
+    let seen = |d: [u64; 2], larger: bool| {
+        let size = if larger {
+            block(d[1]) * 4 / 3
+        } else {
+            block(d[1])
+        };
+        obs(&d, &[r(size)])
+    };
+    let f = Fit::new(
+        &[
+            seen([2, 54], false),
+            seen([7, 38], false),
+            seen([2, 201], true),
+            seen([8, 75], false),
+            seen([4, 112], false),
+        ],
+        64,
+    );
+    assert_eq!(f.unfit(), 1, "no model over every shape");
+    let at = f.predict(&[6, 114]).unwrap();
+    assert!(at.sizes[0] > r(block(114)) + 64, "{at:?}");
+    let least = at.least.expect("the nearest four part");
+    assert!(
+        least[0] >= r(block(114)) && least[0] <= r(block(114)) + 64,
+        "{least:?}"
+    );
+}
+
 /// A shape is left out only where it is much larger than the model of the
 /// rest, and one at most: a block capped past some width (smaller than
 /// the model there), a shape a quarter over, or two shapes made larger
