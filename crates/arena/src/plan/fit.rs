@@ -410,7 +410,7 @@ impl Fit {
         let tiers = tiers_for(&varied, obs);
         let (volume_min, volume_max) = volume_range(obs, &varied);
         let q = quantum as f64;
-        let mut all_but_one = outlier::AllButOne::new(obs, &varied, q);
+        let mut all_but_one = outlier::AllButOne::new(obs, &varied, q, quantum);
         let models: Vec<Option<SizeModel>> = (0..obs[0].sizes.len())
             .map(|b| {
                 model_of(obs, b, &tiers, q, volume_min, volume_max).or_else(|| all_but_one.model(b))
@@ -446,7 +446,6 @@ impl Fit {
         varied: Vec<bool>,
         quantum: usize,
     ) -> Fit {
-        let blocks = models.len();
         let (_, volume_max) = volume_range(obs, &varied);
         let degree = models
             .iter()
@@ -460,12 +459,7 @@ impl Fit {
             .max()
             .unwrap_or(1)
             .max(1);
-        let monotone = obs.iter().all(|a| {
-            obs.iter().all(|b| {
-                let within = a.dims.iter().zip(&b.dims).all(|(x, y)| x <= y);
-                !within || a.lower_bound <= b.lower_bound + b.lower_bound / 16 + quantum * blocks
-            })
-        });
+        let monotone = monotone(obs, quantum);
         Fit {
             monotone,
             models,
@@ -785,6 +779,7 @@ pub(super) fn scaled(ms: &[f64], sizes: &[f64], q: f64) -> Option<Vec<(f64, f64)
 
 #[path = "fit_outlier.rs"]
 mod outlier;
+use outlier::monotone;
 #[path = "fit_predict.rs"]
 mod predict;
 #[path = "fit_refit.rs"]

@@ -46,7 +46,11 @@ struct Rest {
 }
 
 impl<'a> AllButOne<'a> {
-    pub(super) fn new(obs: &'a [Observation], varied: &'a [bool], q: f64) -> Self {
+    /// For the shapes `obs`, varying in `varied`, sizes known to `quantum`
+    /// (`q` as a float). Leaves nothing out where the shapes do not need
+    /// more as their dimensions grow: the fit predicts nothing then.
+    pub(super) fn new(obs: &'a [Observation], varied: &'a [bool], q: f64, quantum: usize) -> Self {
+        let obs = if monotone(obs, quantum) { obs } else { &[] };
         AllButOne {
             obs,
             varied,
@@ -106,6 +110,20 @@ impl<'a> AllButOne<'a> {
         }
         found
     }
+}
+
+/// Whether the shapes seen needed more as their dimensions grew: no shape
+/// at dimensions at most another's needed more than it (by more than a
+/// sixteenth, and a quantum a block). A key that explains nothing (a
+/// request counter) breaks this ([`Fit::unfit`]).
+pub(crate) fn monotone(obs: &[Observation], quantum: usize) -> bool {
+    let blocks = obs.first().map_or(0, |o| o.sizes.len());
+    obs.iter().all(|a| {
+        obs.iter().all(|b| {
+            let within = a.dims.iter().zip(&b.dims).all(|(x, y)| x <= y);
+            !within || a.lower_bound <= b.lower_bound + b.lower_bound / 16 + quantum * blocks
+        })
+    })
 }
 
 /// The largest size `model` gives at `dims`, over its fits and the

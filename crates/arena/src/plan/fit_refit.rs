@@ -21,7 +21,7 @@ impl Fit {
         let (volume_min, volume_max) = volume_range(obs, &varied);
         // Built only if a block must be fitted from scratch.
         let mut tiers: Option<Vec<Tier>> = None;
-        let mut all_but_one = outlier::AllButOne::new(obs, &varied, q);
+        let mut all_but_one = outlier::AllButOne::new(obs, &varied, q, quantum);
         let models = (0..blocks)
             .map(|b| {
                 let sizes: Vec<f64> = obs.iter().map(|o| o.sizes[b] as f64).collect();
