@@ -530,6 +530,24 @@ fn a_model_that_leaves_out_a_dimension_far_below_its_range_is_ambiguous() {
     assert!(f.predict(&[1, 60]).unwrap().least.is_none());
 }
 
+/// 773 + 124 w bytes at `[b, w]`, rounded to 64.
+fn affine_block(w: u64) -> usize {
+    round(773 + 124 * w, 64)
+}
+
+/// Five shapes of a block in 773 + 124 w, the data making it
+/// `larger(size)` at `[2, 201]`.
+fn one_shape_larger(larger: impl Fn(u64) -> u64) -> Vec<Observation> {
+    [[2, 54], [7, 38], [2, 201], [8, 75], [4, 112]]
+        .iter()
+        .map(|d| {
+            let size = 773 + 124 * d[1];
+            let size = if d[1] == 201 { larger(size) } else { size };
+            obs(d, &[round(size, 64)])
+        })
+        .collect()
+}
+
 /// A block whose size the data made twice what its dimensions give at one
 /// shape (773 + 124 w, doubled at `[2, 201]`). No model explains every
 /// shape; every shape but the doubled one follows one, and the block
@@ -538,23 +556,7 @@ fn a_model_that_leaves_out_a_dimension_far_below_its_range_is_ambiguous() {
 /// block of 14,912, and the key was refused where the nearest four part.)
 #[test]
 fn a_shape_the_data_made_larger_is_left_out() {
-    let r = |x: u64| round(x, 64);
-    let block = |w: u64| 773 + 124 * w;
-    let seen = |d: [u64; 2], doubled: bool| {
-        let size = if doubled {
-            2 * block(d[1])
-        } else {
-            block(d[1])
-        };
-        obs(&d, &[r(size)])
-    };
-    let shapes = [
-        seen([2, 54], false),
-        seen([7, 38], false),
-        seen([2, 201], true),
-        seen([8, 75], false),
-        seen([4, 112], false),
-    ];
+    let shapes = one_shape_larger(|s| 2 * s);
     let f = Fit::new(&shapes, 64);
     assert_eq!(
         f.unfit(),
@@ -562,10 +564,8 @@ fn a_shape_the_data_made_larger_is_left_out() {
         "every shape but the doubled one follows one model"
     );
     let at = f.predict(&[6, 114]).unwrap();
-    assert!(
-        at.sizes[0] >= r(block(114)) && at.sizes[0] <= r(block(114)) + 64,
-        "{at:?}"
-    );
+    let want = affine_block(114);
+    assert!(at.sizes[0] >= want && at.sizes[0] <= want + 64, "{at:?}");
     // Refitted shape by shape, the same.
     let mut g = Fit::new(&shapes[..2], 64);
     for k in 3..=shapes.len() {
@@ -582,34 +582,13 @@ fn a_shape_the_data_made_larger_is_left_out() {
 /// family refuses the key.
 #[test]
 fn local_models_that_part_over_the_nearest_four_say_so() {
-    let r = |x: u64| round(x, 64);
-    let block = |w: u64| 773 + 124 * w;
-    let seen = |d: [u64; 2], larger: bool| {
-        let size = if larger {
-            block(d[1]) * 4 / 3
-        } else {
-            block(d[1])
-        };
-        obs(&d, &[r(size)])
-    };
-    let f = Fit::new(
-        &[
-            seen([2, 54], false),
-            seen([7, 38], false),
-            seen([2, 201], true),
-            seen([8, 75], false),
-            seen([4, 112], false),
-        ],
-        64,
-    );
+    let f = Fit::new(&one_shape_larger(|s| s * 4 / 3), 64);
     assert_eq!(f.unfit(), 1, "no model over every shape");
     let at = f.predict(&[6, 114]).unwrap();
-    assert!(at.sizes[0] > r(block(114)) + 64, "{at:?}");
+    let want = affine_block(114);
+    assert!(at.sizes[0] > want + 64, "{at:?}");
     let least = at.least.expect("the nearest four part");
-    assert!(
-        least[0] >= r(block(114)) && least[0] <= r(block(114)) + 64,
-        "{least:?}"
-    );
+    assert!(least[0] >= want && least[0] <= want + 64, "{least:?}");
 }
 
 /// A shape is left out only where it is much larger than the model of the

@@ -247,12 +247,14 @@ impl<M: Memory> RawArena<M> {
     }
 
     /// A block outside the plan of the open run that still follows its
-    /// plan ([`RawArena::beside_plan`]), `size` bytes at `align`, right
-    /// past the plan's block, where a dynamic arena would put it on a
-    /// fresh region, if the pool has that place free and committed: the
-    /// pool's usual placement may take it from anywhere in cached memory
-    /// above (24 KiB past the block for a 128-byte block, seen). `None`:
-    /// the pool places it.
+    /// plan ([`RawArena::beside_plan`]), or a `planable` block of a run
+    /// served loosely that has no room inside the plan's block
+    /// ([`RawArena::leave_block`]), `size` bytes at `align`, right past
+    /// the plan's block, where a dynamic arena would put it on a fresh
+    /// region, if the pool has that place free and committed: the pool's
+    /// usual placement may take it from anywhere in cached memory above
+    /// (24 KiB past the block for a 128-byte block, seen). `None`: the
+    /// pool places it.
     #[cold]
     #[inline(never)]
     pub(super) fn alloc_past_plan(
