@@ -131,12 +131,8 @@ pub(crate) fn monotone(obs: &[Observation], quantum: usize) -> bool {
 fn largest_at(model: &SizeModel, dims: &[u64]) -> f64 {
     match model {
         SizeModel::Const { size, .. } => *size as f64,
-        SizeModel::Scaled(fits) | SizeModel::Affine(fits) => fits
-            .iter()
-            .flat_map(|(m, vs)| {
-                let v = m.eval(dims);
-                vs.iter().map(move |&(a, c)| a + c * v)
-            })
-            .fold(0.0, f64::max),
+        SizeModel::Scaled(fits) | SizeModel::Affine(fits) => {
+            super::predict::tier_range(fits, dims, |_| 1.0).0
+        }
     }
 }

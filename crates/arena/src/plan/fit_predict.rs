@@ -254,7 +254,7 @@ fn telling(g: u64) -> bool {
 /// twin divided further) do and disagree at `dims`. A tier's least is its
 /// prediction times `below` of its monomial (how far a key lies below the
 /// shapes seen in the dimensions the tier leaves out).
-fn tier_range(
+pub(super) fn tier_range(
     fits: &[(Monomial, Vec<(f64, f64)>)],
     dims: &[u64],
     below: impl Fn(&Monomial) -> f64,

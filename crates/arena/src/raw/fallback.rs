@@ -6,7 +6,7 @@
 use super::loose::Loose;
 use super::repair::Repair;
 use super::RawArena;
-use crate::freemap::{FreeError, RunOp, SpanId};
+use crate::freemap::{align_up, FreeError, RunOp, SpanId};
 use crate::memory::Memory;
 use crate::plan::Plan;
 use crate::pool::Tag;
@@ -151,7 +151,7 @@ impl<M: Memory> RawArena<M> {
             return;
         };
         let (slot, plan, straight) = (serve.slot, Arc::clone(&serve.plan), serve.straight);
-        let Some(size) = len.checked_add(granule - 1).map(|s| s & !(granule - 1)) else {
+        let Some(size) = align_up(len, granule) else {
             return;
         };
         let placed = self
