@@ -410,13 +410,14 @@ impl Fit {
         let tiers = tiers_for(&varied, obs);
         let (volume_min, volume_max) = volume_range(obs, &varied);
         let q = quantum as f64;
-        let mut all_but_one = outlier::AllButOne::new(obs, &varied, q, quantum);
+        let grows = monotone(obs, quantum);
+        let mut all_but_one = outlier::AllButOne::new(obs, &varied, q, grows);
         let models: Vec<Option<SizeModel>> = (0..obs[0].sizes.len())
             .map(|b| {
                 model_of(obs, b, &tiers, q, volume_min, volume_max).or_else(|| all_but_one.model(b))
             })
             .collect();
-        Self::assemble(obs, models, varied, quantum)
+        Self::assemble(obs, models, varied, quantum, grows)
     }
 
     /// Which dimensions vary among `obs`, and the quantum their sizes are
@@ -439,12 +440,14 @@ impl Fit {
         (varied, quantum)
     }
 
-    /// The fit of `obs` made of each block's model.
+    /// The fit of `obs` made of each block's model; `monotone`: whether
+    /// the shapes needed more as their dimensions grew ([`monotone`]).
     pub(super) fn assemble(
         obs: &[Observation],
         models: Vec<Option<SizeModel>>,
         varied: Vec<bool>,
         quantum: usize,
+        monotone: bool,
     ) -> Fit {
         let (_, volume_max) = volume_range(obs, &varied);
         let degree = models
@@ -459,7 +462,6 @@ impl Fit {
             .max()
             .unwrap_or(1)
             .max(1);
-        let monotone = monotone(obs, quantum);
         Fit {
             monotone,
             models,

@@ -46,11 +46,12 @@ struct Rest {
 }
 
 impl<'a> AllButOne<'a> {
-    /// For the shapes `obs`, varying in `varied`, sizes known to `quantum`
-    /// (`q` as a float). Leaves nothing out where the shapes do not need
-    /// more as their dimensions grow: the fit predicts nothing then.
-    pub(super) fn new(obs: &'a [Observation], varied: &'a [bool], q: f64, quantum: usize) -> Self {
-        let obs = if monotone(obs, quantum) { obs } else { &[] };
+    /// For the shapes `obs`, varying in `varied`, sizes known to `q`.
+    /// Leaves nothing out where the shapes do not need more as their
+    /// dimensions grow (`grows`, [`monotone`]): the fit predicts nothing
+    /// then.
+    pub(super) fn new(obs: &'a [Observation], varied: &'a [bool], q: f64, grows: bool) -> Self {
+        let obs = if grows { obs } else { &[] };
         AllButOne {
             obs,
             varied,

@@ -21,7 +21,8 @@ impl Fit {
         let (volume_min, volume_max) = volume_range(obs, &varied);
         // Built only if a block must be fitted from scratch.
         let mut tiers: Option<Vec<Tier>> = None;
-        let mut all_but_one = outlier::AllButOne::new(obs, &varied, q, quantum);
+        let grows = outlier::monotone(obs, quantum);
+        let mut all_but_one = outlier::AllButOne::new(obs, &varied, q, grows);
         let models = (0..blocks)
             .map(|b| {
                 let sizes: Vec<f64> = obs.iter().map(|o| o.sizes[b] as f64).collect();
@@ -64,7 +65,7 @@ impl Fit {
                 .or_else(|| all_but_one.model(b))
             })
             .collect();
-        Fit::assemble(obs, models, varied, quantum)
+        Fit::assemble(obs, models, varied, quantum, grows)
     }
 }
 
